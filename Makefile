@@ -1,0 +1,29 @@
+# Two entry points for a fresh machine: `make demo` and `make test`. Both install what they need first.
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+DATA_DIR ?= annotate-data
+PROMPT ?= dog. cat.
+
+.PHONY: install demo test lint bench clean
+
+$(INSTALLED): pyproject.toml package.json scripts/install.sh scripts/native_wheels.sh
+	scripts/install.sh
+	touch $@
+
+install: $(INSTALLED)
+
+demo: install
+	$(BIN)/annotate run samples/ --prompt "$(PROMPT)" --profile tiny --data-dir $(DATA_DIR)
+	$(BIN)/annotate query --data-dir $(DATA_DIR) \
+	  "SELECT source_uri, status, error, len(detections) AS boxes FROM images ORDER BY source_uri"
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: install lint
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) node_modules $(DATA_DIR)

@@ -1,0 +1,19 @@
+"""Detect: find the request's phrases in one image with Grounding DINO."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.parser import event_parser
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from shared import steps
+from shared.contracts import ImageTask
+from shared.observability import logger
+from shared.settings import get_settings
+
+
+@logger.inject_lambda_context(clear_state=True)
+@event_parser(model=ImageTask)
+def handler(event: ImageTask, context: LambdaContext) -> dict[str, Any]:
+    return steps.detect(event, get_settings()).model_dump(mode="json")

@@ -1,0 +1,217 @@
+"""Typed boundaries: the prompt message, the batch manifest, each workflow state's input and output, results.
+
+Field names here are the names the ASL uses (``state_machine/pipeline.asl.json``); a test keeps them in step.
+Boxes are in pixels of the image as a viewer shows it (EXIF orientation applied): x0, y0 top-left, x1, y1
+bottom-right.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_PROMPT_CHARS = 512
+MAX_PHRASES = 32
+MAX_PHRASE_CHARS = 64
+MAX_IMAGES_PER_MESSAGE = 10_000
+_PHRASE_SEPARATOR = re.compile(r"\s*\.\s*")
+_PRINTABLE_TEXT = re.compile(r"^[^\x00-\x1f\x7f]*$")
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+Score = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+def split_phrases(prompt: str) -> list[str]:
+    """'dog. cat. hamster.' -> ['dog', 'cat', 'hamster'] (lower-cased, blanks and duplicates dropped)."""
+    phrases: list[str] = []
+    for phrase in _PHRASE_SEPARATOR.split(prompt.strip().lower()):
+        phrase = " ".join(phrase.split())
+        if phrase and phrase not in phrases:
+            phrases.append(phrase)
+    return phrases
+
+
+class AnnotationRequest(Frozen):
+    """What to look for in every image of a batch, and how."""
+
+    prompt: str = Field(description="Phrases to detect, separated by periods: 'dog. cat. hamster.'")
+    box_threshold: Score = Field(0.35, description="Lowest box score kept")
+    text_threshold: Score = Field(0.25, description="Lowest phrase score for a box to take that phrase")
+
+    @field_validator("prompt")
+    @classmethod
+    def _bounded_prompt(cls, prompt: str) -> str:
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise ValueError(f"prompt is {len(prompt)} characters; at most {MAX_PROMPT_CHARS} are accepted")
+        if not _PRINTABLE_TEXT.match(prompt):
+            raise ValueError("prompt contains control characters")
+        phrases = split_phrases(prompt)
+        if not phrases:
+            raise ValueError("prompt names nothing to detect; write phrases separated by periods: 'dog. cat.'")
+        if len(phrases) > MAX_PHRASES:
+            raise ValueError(f"prompt has {len(phrases)} phrases; at most {MAX_PHRASES} are accepted")
+        too_long = [p for p in phrases if len(p) > MAX_PHRASE_CHARS]
+        if too_long:
+            raise ValueError(f"phrase {too_long[0][:20]!r}... is over {MAX_PHRASE_CHARS} characters")
+        return prompt
+
+    @property
+    def phrases(self) -> list[str]:
+        return split_phrases(self.prompt)
+
+
+class PromptMessage(AnnotationRequest):
+    """The SQS message (or `annotate send` file): images to annotate and the request for all of them.
+
+    ``images`` holds S3 URIs (``s3://bucket/key.jpg``), S3 prefixes (``s3://bucket/folder/``) or local paths
+    (files or folders; local mode only).
+    """
+
+    images: list[str] = Field(min_length=1, max_length=MAX_IMAGES_PER_MESSAGE)
+
+    @field_validator("images")
+    @classmethod
+    def _non_blank(cls, images: list[str]) -> list[str]:
+        if any(not item.strip() for item in images):
+            raise ValueError("image locations must not be blank")
+        return images
+
+    def request(self) -> AnnotationRequest:
+        return AnnotationRequest.model_validate(self.model_dump(exclude={"images"}))
+
+
+class ImageRef(Frozen):
+    image_id: str = Field(pattern=r"^[0-9a-f]{16}$", description="Hash of the source location and content")
+    source_uri: str
+
+
+class BatchManifest(Frozen):
+    """One workflow execution's input: the images of a batch and the request for all of them."""
+
+    batch_id: str = Field(pattern=r"^b-[0-9a-f]{20}$", description="Hash of the inputs' content and request")
+    request: AnnotationRequest
+    images: list[ImageRef] = Field(min_length=1)
+    results_uri: str = Field(description="Root under which results and tables are written")
+
+
+class Box(Frozen):
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Box:
+        if self.x1 < self.x0 or self.y1 < self.y0:
+            raise ValueError(f"box corners are out of order: {self}")
+        return self
+
+    @property
+    def area(self) -> float:
+        return (self.x1 - self.x0) * (self.y1 - self.y0)
+
+
+class Detection(Frozen):
+    label: str = Field(description="The prompt phrase this box matched")
+    score: Score
+    box: Box
+
+
+class StepFailure(BaseModel):
+    """What a Catch puts at its ResultPath: Step Functions' own field names."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    Error: str
+    Cause: str = ""
+
+    @property
+    def reason(self) -> str:
+        """'ImageRejected: file is empty' from a Lambda error's JSON cause, else the raw cause."""
+        try:
+            cause = json.loads(self.Cause)
+        except ValueError:
+            cause = None
+        if isinstance(cause, dict) and "errorMessage" in cause:
+            return f"{cause.get('errorType', self.Error)}: {cause['errorMessage']}"
+        return f"{self.Error}: {self.Cause}" if self.Cause else self.Error
+
+
+class ImageTask(Frozen):
+    """A Map iteration's input: one image of the batch, with what the whole batch shares."""
+
+    batch_id: str
+    request: AnnotationRequest
+    image: ImageRef
+    results_uri: str
+
+
+class DetectOutput(Frozen):
+    width: int = Field(gt=0)
+    height: int = Field(gt=0)
+    detections: list[Detection]
+
+
+class WriteResultInput(ImageTask):
+    """The image task with what the steps produced (``detection``) or why they failed (``failures``)."""
+
+    detection: DetectOutput | None = None
+    failures: dict[str, StepFailure] = Field(default_factory=dict)
+
+
+class Status(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class ImageOutcome(Frozen):
+    """A Map iteration's output, kept small: the full record is in the result document."""
+
+    image_id: str
+    source_uri: str
+    status: Status
+    error: str | None = None
+    result_uri: str | None = None
+    write_failure: StepFailure | None = Field(None, description="Set when writing the result itself failed")
+
+
+class ImageResult(Frozen):
+    """Everything known about one input image; one JSON document and one row of the ``images`` table."""
+
+    image_id: str
+    source_uri: str
+    batch_id: str
+    status: Status
+    error: str | None = None
+    failed_step: str | None = None
+    width: int | None = None
+    height: int | None = None
+    prompt: str
+    detections: list[Detection] = Field(default_factory=list)
+    annotated_uri: str | None = None
+    result_uri: str | None = None
+    processed_at: datetime
+
+
+class WriteTableInput(Frozen):
+    batch_id: str
+    request: AnnotationRequest
+    results_uri: str
+    outcomes: list[ImageOutcome]
+
+
+class BatchSummary(Frozen):
+    batch_id: str
+    succeeded: int
+    failed: int
+    images_table_uri: str
+    detections_table_uri: str

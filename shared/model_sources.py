@@ -1,0 +1,86 @@
+"""Where model files come from: a local folder, an S3 prefix, a Hugging Face hub id, or a built tiny model.
+
+Every loader turns its setting into a local folder with :func:`resolve_model_dir` and loads from that folder,
+so the three real sources share one code path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+from shared.errors import ModelUnavailable
+from shared.observability import logger
+from shared.settings import Settings
+from shared.storage import is_s3, join_uri, split_s3, store_for
+
+# S3 prefix -> folder of links to memory files, which stay open for the life of the process.
+_in_memory: dict[str, Path] = {}
+_lock = threading.Lock()
+
+
+def resolve_model_dir(source: str, settings: Settings) -> Path:
+    """A local folder holding the files of ``source``.
+
+    Raises:
+        ModelUnavailable: the source cannot be reached; the message says how to provide the model.
+    """
+    if source.startswith("tiny:"):
+        from shared.tiny_models import build_tiny_model
+
+        return build_tiny_model(source.removeprefix("tiny:"), settings)
+    if is_s3(source):
+        return _s3_prefix_in_memory(source, settings)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if source.startswith((".", "/", "~")):
+        raise ModelUnavailable(f"model folder {source} does not exist")
+    return _hub_snapshot(source, settings)
+
+
+def _hub_snapshot(repo_id: str, settings: Settings) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=settings.hf_offline))
+    except Exception as error:  # the hub client raises many types for "not reachable" and "not cached"
+        raise ModelUnavailable(
+            f"model {repo_id!r} is not in the local Hugging Face cache and the hub could not be reached "
+            f"({type(error).__name__}). Connect to the internet once to download it, point the setting at a "
+            "local folder or an s3:// prefix holding its files, or run with --profile tiny (offline, random "
+            "weights)."
+        ) from error
+
+
+def _s3_prefix_in_memory(prefix_uri: str, settings: Settings) -> Path:
+    """Read every object under ``prefix_uri`` into memory files and return a folder of links to them.
+
+    Lambda's /tmp is small (512 MB with SnapStart) and slow to fill; memory files cost only memory, and a
+    SnapStart snapshot taken after loading keeps them. The links name this process's descriptors, so the
+    folder is this process's own.
+    """
+    with _lock:
+        if prefix_uri in _in_memory:
+            return _in_memory[prefix_uri]
+        bucket, prefix = split_s3(prefix_uri)
+        digest = hashlib.sha256(prefix_uri.encode()).hexdigest()[:16]
+        folder = settings.model_cache_dir / "s3" / f"{digest}-{os.getpid()}"
+        store = store_for(prefix_uri)
+        uris = list(store.list_uris(join_uri(f"s3://{bucket}", prefix)))
+        if not uris:
+            raise ModelUnavailable(f"no model files under {prefix_uri}; upload them first (annotate models push)")
+        for uri in uris:
+            relative = uri.removeprefix(f"s3://{bucket}/").removeprefix(prefix).lstrip("/")
+            link = folder / relative
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.unlink(missing_ok=True)
+            fd = os.memfd_create(relative.replace("/", "_"))
+            with os.fdopen(fd, "wb", closefd=False) as memory_file:
+                memory_file.write(store.read_bytes(uri))
+            link.symlink_to(f"/proc/self/fd/{fd}")
+        _in_memory[prefix_uri] = folder
+        logger.info("model read into memory", extra={"source": prefix_uri, "files": len(uris)})
+        return folder

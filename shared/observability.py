@@ -1,0 +1,12 @@
+"""The one structured logger (Powertools) and metrics every module and function uses."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from aws_lambda_powertools import Logger, Metrics
+
+# stderr: in Lambda it reaches CloudWatch like stdout; on a terminal it stays out of the command's output.
+logger = Logger(service="annotate", logger_handler=logging.StreamHandler(sys.stderr))
+metrics = Metrics(namespace="Annotate", service="annotate")

@@ -1,0 +1,99 @@
+"""All configuration, in one place: every field typed, bounded and described.
+
+Values come from the environment (prefix ``ANNOTATE_``; ``template.yaml`` sets them in AWS) or, locally, from the
+command line through :func:`use_settings`. No other module reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Profile(StrEnum):
+    DEFAULT = "default"
+    TINY = "tiny"
+
+
+# What each profile loads when a model setting is left empty. `tiny:` sources are built from configs with
+# random weights and cached on disk, so they work offline; the default ones are the real checkpoints.
+PROFILE_MODELS: dict[Profile, dict[str, str]] = {
+    Profile.DEFAULT: {"detector_model": "IDEA-Research/grounding-dino-tiny"},
+    Profile.TINY: {"detector_model": "tiny:grounding-dino"},
+}
+
+
+def _default_cache_dir() -> Path:
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "annotate"
+
+
+class Settings(BaseSettings):
+    """Settings of the pipeline; one instance per process."""
+
+    model_config = SettingsConfigDict(env_prefix="ANNOTATE_", frozen=True, extra="ignore")
+
+    profile: Profile = Field(Profile.DEFAULT, description="Which models to load when not named explicitly")
+    data_dir: Path = Field(Path("annotate-data"), description="Local results folder of the local runner")
+    model_cache_dir: Path = Field(
+        default_factory=_default_cache_dir, description="Where built tiny models and S3 model copies are kept"
+    )
+    hf_offline: bool = Field(False, description="Never contact the Hugging Face hub; use its local cache only")
+
+    detector_model: str = Field(
+        "", description="Grounding DINO: hub id, local folder, s3:// prefix or tiny:grounding-dino"
+    )
+    detection_short_side: int = Field(
+        800, ge=224, le=1333, description="Short side the detector resizes to: the accuracy/speed setting"
+    )
+    max_detections: int = Field(20, ge=1, le=300, description="Most boxes kept per image, best first")
+    nms_iou: float = Field(0.5, gt=0, le=1, description="Boxes of one label overlapping more are merged")
+    torch_threads: int = Field(0, ge=0, le=64, description="Threads for torch; 0 uses every core")
+
+    max_image_bytes: int = Field(25_000_000, ge=1_000, le=200_000_000, description="Largest accepted file")
+    max_image_pixels: int = Field(
+        40_000_000, ge=10_000, le=200_000_000, description="Largest accepted width x height, checked before decode"
+    )
+    max_prompt_chars: int = Field(512, ge=16, le=4096, description="Longest accepted detection prompt")
+    max_images_per_batch: int = Field(500, ge=1, le=5_000, description="Largest batch one execution runs")
+
+    aws_region: str = Field("us-east-1", description="Region of the deployed stack")
+    state_machine_arn: str = Field("", description="The deployed workflow (AWS mode)")
+    results_uri: str = Field("", description="Where results go; empty means data_dir (local mode)")
+
+    @model_validator(mode="after")
+    def _fill_profile_models(self) -> Settings:
+        for name, source in PROFILE_MODELS[self.profile].items():
+            if not getattr(self, name):
+                object.__setattr__(self, name, source)
+        return self
+
+    @property
+    def results_root(self) -> str:
+        return self.results_uri or str(self.data_dir.resolve())
+
+
+_override: Settings | None = None
+
+
+@lru_cache(maxsize=1)
+def _from_environment() -> Settings:
+    return Settings()
+
+
+def get_settings() -> Settings:
+    """The settings in force: the ones given to :func:`use_settings`, else the environment's."""
+    return _override if _override is not None else _from_environment()
+
+
+def use_settings(settings: Settings | None = None, **fields: Any) -> Settings:
+    """Put ``settings`` in force for this process, or new settings built from the environment and ``fields``."""
+    global _override
+    _override = settings if settings is not None else Settings(**fields)
+    return _override

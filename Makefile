@@ -21,6 +21,7 @@ demo: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy shared
 
 test: install lint
 	$(BIN)/python -m pytest

@@ -47,9 +47,7 @@ def run(
     _quiet_logs(verbose)
     settings = use_settings(profile=profile, data_dir=data_dir)
     try:
-        message = PromptMessage(
-            prompt=prompt, images=paths, box_threshold=box_threshold, text_threshold=text_threshold
-        )
+        message = PromptMessage(prompt=prompt, images=paths, box_threshold=box_threshold, text_threshold=text_threshold)
     except ValidationError as error:
         raise _fail(_validation_message(error)) from None
     manifests = plan_batches(message, settings, settings.results_root)

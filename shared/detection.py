@@ -58,7 +58,9 @@ class GroundingDinoDetector:
             Detection(
                 label=phrases[int(labels[i])],
                 score=round(float(scores[i]), 4),
-                box=Box(**{name: round(float(v), 2) for name, v in zip(("x0", "y0", "x1", "y1"), boxes[i])}),
+                box=Box(
+                    **{name: round(float(v), 2) for name, v in zip(("x0", "y0", "x1", "y1"), boxes[i], strict=True)}
+                ),
             )
             for i in kept
         ]

@@ -16,17 +16,20 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from unittest import mock
 
 from shared.contracts import BatchManifest, BatchSummary
 from shared.observability import logger
 from shared.workflow import FUNCTION_PLACEHOLDERS, substitute
 
+if TYPE_CHECKING:
+    from moto.core.config import DefaultConfig
+
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
 FUNCTION_PREFIX = "annotate-"
-MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
+MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
 
 # (function name, payload, error or None), after each invocation: the CLI's progress display listens.
 InvocationListener = Callable[[str, dict[str, Any], BaseException | None], None]
@@ -86,7 +89,9 @@ class HandlerDispatcher:
 
 
 @contextmanager
-def local_workflow(listener: InvocationListener | None = None) -> Iterator[Callable[[BatchManifest], ExecutionResult]]:
+def local_workflow(
+    listener: InvocationListener | None = None,
+) -> Iterator[Callable[[BatchManifest], ExecutionResult]]:
     """Inside: a function that runs one batch through the workflow and waits for it to end."""
     import boto3
     from moto import mock_aws

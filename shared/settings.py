@@ -58,7 +58,10 @@ class Settings(BaseSettings):
 
     max_image_bytes: int = Field(25_000_000, ge=1_000, le=200_000_000, description="Largest accepted file")
     max_image_pixels: int = Field(
-        40_000_000, ge=10_000, le=200_000_000, description="Largest accepted width x height, checked before decode"
+        40_000_000,
+        ge=10_000,
+        le=200_000_000,
+        description="Largest accepted width x height, checked before decode",
     )
     max_prompt_chars: int = Field(512, ge=16, le=4096, description="Longest accepted detection prompt")
     max_images_per_batch: int = Field(500, ge=1, le=5_000, description="Largest batch one execution runs")

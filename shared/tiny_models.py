@@ -71,7 +71,7 @@ def _build_grounding_dino(folder: Path) -> None:
         depths=[1, 1, 1, 1],
         num_heads=[1, 1, 2, 2],
         window_size=7,
-        out_features=["stage2", "stage3", "stage4"],
+        out_features=["stage2", "stage3", "stage4"],  # type: ignore[call-arg]  # a BackboneMixin field
     )
     text = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
     config = GroundingDinoConfig(
@@ -91,6 +91,4 @@ def _build_grounding_dino(folder: Path) -> None:
     torch.manual_seed(_SEED)
     GroundingDinoForObjectDetection(config).eval().save_pretrained(folder)
     tokenizer = BertTokenizer(vocab=bert_base_uncased_vocab(), do_lower_case=True)
-    GroundingDinoProcessor(image_processor=GroundingDinoImageProcessor(), tokenizer=tokenizer).save_pretrained(
-        folder
-    )
+    GroundingDinoProcessor(image_processor=GroundingDinoImageProcessor(), tokenizer=tokenizer).save_pretrained(folder)

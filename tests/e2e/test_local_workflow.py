@@ -1,0 +1,108 @@
+"""The whole workflow through the local runner: the real ASL on moto's interpreter, the real handlers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from shared import steps
+from shared.batches import plan_batches
+from shared.cli import app
+from shared.contracts import PromptMessage
+from shared.local_runner import local_workflow
+from shared.query import run_local_query
+from shared.settings import Settings
+from tests.conftest import SAMPLES
+
+pytestmark = pytest.mark.slow
+cli = CliRunner()
+
+
+def annotate(*args: str) -> tuple[int, str]:
+    result = cli.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def rows(sql: str, data_dir: Path) -> list[dict]:
+    return run_local_query(sql, data_dir).to_pylist()
+
+
+def test_a_hostile_folder_gives_every_input_one_row_and_a_failing_exit(
+    hostile_folder: Path, tmp_path: Path, tiny_settings: Settings
+) -> None:
+    data_dir = tmp_path / "data"
+
+    code, output = annotate(
+        "run", str(hostile_folder), "--prompt", "dog. cat.", "--profile", "tiny", "--data-dir", str(data_dir)
+    )
+
+    assert code == 1, output
+    assert "2 succeeded, 4 failed" in output
+    images = {Path(r["source_uri"]).name: r for r in rows("SELECT * FROM images", data_dir)}
+    assert set(images) == {p.name for p in hostile_folder.iterdir()}
+    assert {n for n, r in images.items() if r["status"] == "succeeded"} == {"cat.jpg", "cat.png"}
+    assert "file is empty" in images["empty.jpg"]["error"]
+    assert "truncated or corrupt" in images["truncated.jpg"]["error"]
+    assert "not an image" in images["notes.txt"]["error"]
+    assert "81,000,000 pixels, over the limit" in images["huge.png"]["error"]
+    assert all(r["failed_step"] == "detect" for r in images.values() if r["status"] == "failed")
+    for row in (images["cat.jpg"], images["cat.png"]):
+        assert (row["width"], row["height"]) == (451, 300)
+        assert Path(row["annotated_uri"]).read_bytes().startswith(b"\x89PNG")
+        document = json.loads(Path(row["result_uri"]).read_text())
+        assert [(d["label"], d["box"]["x0"]) for d in document["detections"]] == [
+            (d["label"], d["x0"]) for d in row["detections"]
+        ]
+    boxes = rows("SELECT count(*) AS n FROM detections", data_dir)[0]["n"]
+    assert boxes == sum(len(r["detections"]) for r in images.values())
+
+    code, _ = annotate(
+        "run", str(hostile_folder), "--prompt", "dog. cat.", "--profile", "tiny", "--data-dir", str(data_dir)
+    )
+
+    assert code == 1
+    assert rows("SELECT count(*) AS n FROM images", data_dir)[0]["n"] == 6  # replaced, not appended
+    code, output = annotate(
+        "query",
+        "--data-dir",
+        str(data_dir),
+        "--format",
+        "json",
+        "SELECT status, count(*) AS n FROM images GROUP BY status ORDER BY status",
+    )
+    assert code == 0
+    assert json.loads(output) == [{"status": "failed", "n": 4}, {"status": "succeeded", "n": 2}]
+
+
+def test_the_samples_all_succeed(tmp_path: Path, tiny_settings: Settings) -> None:
+    code, output = annotate("run", str(SAMPLES), "--prompt", "cat.", "--profile", "tiny", "--data-dir", str(tmp_path))
+    assert code == 0, output
+    assert f"{len(list(SAMPLES.iterdir()))} succeeded, 0 failed" in output
+
+
+def test_a_failure_while_writing_a_result_still_ends_as_a_failure_row(
+    settings_in: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_drawing(*args: object) -> bytes:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(steps, "draw_detections", broken_drawing)
+    message = PromptMessage(prompt="cat.", images=[str(SAMPLES / "coffee.webp")])
+    [manifest] = plan_batches(message, settings_in, settings_in.results_root)
+
+    with local_workflow() as run:
+        result = run(manifest)
+
+    assert result.summary is not None and result.summary.failed == 1
+    [row] = rows("SELECT failed_step, error, status FROM images", settings_in.data_dir)
+    assert row == {"failed_step": "write_result", "error": "OSError: disk full", "status": "failed"}
+
+
+def test_a_bad_prompt_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    code, output = annotate("run", str(SAMPLES), "--prompt", " . . ", "--data-dir", str(tmp_path))
+    assert code == 2
+    assert "names nothing to detect" in output
+    assert not tmp_path.joinpath("tables").exists()

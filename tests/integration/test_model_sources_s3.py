@@ -1,0 +1,54 @@
+"""Models read from S3 into memory files load through the same folder code path as local ones."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from shared import storage
+from shared.detection import load_detector
+from shared.errors import ModelUnavailable
+from shared.model_sources import resolve_model_dir
+from shared.settings import Settings
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def s3() -> Iterator[object]:
+    with mock_aws():
+        storage._s3_store.cache_clear()
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="models")
+        yield client
+    storage._s3_store.cache_clear()
+
+
+def upload_folder(client: object, folder: Path, prefix: str) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.name.startswith("."):
+            client.put_object(Bucket="models", Key=f"{prefix}{path.relative_to(folder)}", Body=path.read_bytes())
+
+
+def test_an_s3_prefix_is_read_into_memory_and_loads(s3: object, tiny_settings: Settings, tmp_path: Path) -> None:
+    upload_folder(s3, resolve_model_dir("tiny:grounding-dino", tiny_settings), "models/gd/")
+    settings = tiny_settings.model_copy(
+        update={"detector_model": "s3://models/models/gd/", "model_cache_dir": tmp_path}
+    )
+
+    folder = resolve_model_dir(settings.detector_model, settings)
+
+    weights = folder / "model.safetensors"
+    assert weights.is_symlink() and str(weights.readlink()).startswith("/proc/self/fd/")
+    assert resolve_model_dir(settings.detector_model, settings) == folder  # read once per process
+    assert load_detector(settings).detect  # transformers loads from the memory files
+
+
+def test_an_empty_s3_prefix_says_to_upload_first(s3: object, tmp_path: Path) -> None:
+    settings = Settings(model_cache_dir=tmp_path)
+    with pytest.raises(ModelUnavailable, match="annotate models push"):
+        resolve_model_dir("s3://models/nothing-here/", settings)

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from shared.contracts import (
+    MAX_PHRASES,
+    MAX_PROMPT_CHARS,
+    AnnotationRequest,
+    Box,
+    PromptMessage,
+    StepFailure,
+    split_phrases,
+)
+
+
+def test_phrases_are_split_on_periods_lowercased_and_deduplicated() -> None:
+    assert split_phrases(" Dog.  cat . hamster. DOG. ") == ["dog", "cat", "hamster"]
+
+
+def test_a_prompt_without_periods_is_one_phrase() -> None:
+    assert AnnotationRequest(prompt="golden retriever").phrases == ["golden retriever"]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "reason"),
+    [
+        (" . . ", "names nothing to detect"),
+        ("x" * (MAX_PROMPT_CHARS + 1), "at most"),
+        (". ".join(f"thing{i}" for i in range(MAX_PHRASES + 1)), "phrases"),
+        ("dog.\x00cat", "control characters"),
+        ("a" * 65, "over 64 characters"),
+    ],
+)
+def test_bad_prompts_are_rejected_with_the_reason(prompt: str, reason: str) -> None:
+    with pytest.raises(ValidationError, match=reason):
+        AnnotationRequest(prompt=prompt)
+
+
+def test_thresholds_are_bounded() -> None:
+    with pytest.raises(ValidationError):
+        AnnotationRequest(prompt="dog.", box_threshold=1.5)
+
+
+def test_a_message_needs_at_least_one_image_and_no_unknown_fields() -> None:
+    with pytest.raises(ValidationError, match="at least 1"):
+        PromptMessage(prompt="dog.", images=[])
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        PromptMessage.model_validate({"prompt": "dog.", "images": ["a.jpg"], "colour": "red"})
+
+
+def test_the_message_request_carries_the_options_without_the_images() -> None:
+    message = PromptMessage(prompt="dog.", images=["a.jpg"], box_threshold=0.5)
+    assert message.request() == AnnotationRequest(prompt="dog.", box_threshold=0.5)
+
+
+def test_box_corners_must_be_ordered() -> None:
+    assert Box(x0=1, y0=2, x1=3, y1=4).area == 4
+    with pytest.raises(ValidationError, match="out of order"):
+        Box(x0=5, y0=0, x1=1, y1=1)
+
+
+def test_a_lambda_error_cause_becomes_a_readable_reason() -> None:
+    cause = json.dumps({"errorType": "ImageRejected", "errorMessage": "file is empty", "stackTrace": []})
+    assert StepFailure(Error="ImageRejected", Cause=cause).reason == "ImageRejected: file is empty"
+    assert StepFailure(Error="States.Timeout", Cause="").reason == "States.Timeout"
+    assert StepFailure(Error="States.Runtime", Cause="boom").reason == "States.Runtime: boom"

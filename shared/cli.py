@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -38,6 +38,11 @@ def run(
     profile: Annotated[Profile, typer.Option(help="default: real checkpoints; tiny: offline")] = Profile.DEFAULT,
     box_threshold: Annotated[float, typer.Option(help="Lowest box score kept")] = 0.35,
     text_threshold: Annotated[float, typer.Option(help="Lowest phrase score for a box")] = 0.25,
+    attribute: Annotated[
+        list[str] | None,
+        typer.Option(help="An attribute vocabulary, NAME=VALUE,VALUE,... (repeatable; replaces color and pattern)"),
+    ] = None,
+    top_k: Annotated[int, typer.Option(help="Classes kept per box")] = 3,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the structured logs")] = False,
 ) -> None:
     """Annotate images through the real workflow definition, executed on this machine."""
@@ -46,8 +51,11 @@ def run(
 
     _quiet_logs(verbose)
     settings = use_settings(profile=profile, data_dir=data_dir)
+    options: dict[str, Any] = {"box_threshold": box_threshold, "text_threshold": text_threshold, "top_k": top_k}
+    if attribute:
+        options["attributes"] = _vocabularies(attribute)
     try:
-        message = PromptMessage(prompt=prompt, images=paths, box_threshold=box_threshold, text_threshold=text_threshold)
+        message = PromptMessage(prompt=prompt, images=paths, **options)
     except ValidationError as error:
         raise _fail(_validation_message(error)) from None
     manifests = plan_batches(message, settings, settings.results_root)
@@ -57,6 +65,16 @@ def run(
     out.print(f"{succeeded} succeeded, {failed} failed", highlight=False)
     out.print(f"results in {settings.results_root}; query them with: annotate query --data-dir {data_dir} 'SQL'")
     raise typer.Exit(1 if failed else 0)
+
+
+def _vocabularies(options: list[str]) -> dict[str, list[str]]:
+    vocabularies: dict[str, list[str]] = {}
+    for option in options:
+        name, separator, values = option.partition("=")
+        if not separator:
+            raise _fail(f"--attribute {option!r} must look like NAME=VALUE,VALUE")
+        vocabularies[name.strip()] = [value.strip() for value in values.split(",") if value.strip()]
+    return vocabularies
 
 
 def _run_batches(manifests: list) -> tuple[int, int]:

@@ -19,6 +19,15 @@ MAX_PROMPT_CHARS = 512
 MAX_PHRASES = 32
 MAX_PHRASE_CHARS = 64
 MAX_IMAGES_PER_MESSAGE = 10_000
+MAX_ATTRIBUTES = 8
+MAX_ATTRIBUTE_VALUES = 32
+MAX_VALUE_CHARS = 40
+MAX_TOP_K = 10
+DEFAULT_ATTRIBUTES: dict[str, list[str]] = {
+    "color": ["black", "white", "gray", "brown", "beige", "red", "orange", "yellow", "green", "blue", "purple", "pink"],
+    "pattern": ["solid", "striped", "spotted", "plaid", "checkered", "floral", "patchy"],
+}
+_ATTRIBUTE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _PHRASE_SEPARATOR = re.compile(r"\s*\.\s*")
 _PRINTABLE_TEXT = re.compile(r"^[^\x00-\x1f\x7f]*$")
 
@@ -46,6 +55,11 @@ class AnnotationRequest(Frozen):
     prompt: str = Field(description="Phrases to detect, separated by periods: 'dog. cat. hamster.'")
     box_threshold: Score = Field(0.35, description="Lowest box score kept")
     text_threshold: Score = Field(0.25, description="Lowest phrase score for a box to take that phrase")
+    attributes: dict[str, list[str]] = Field(
+        default_factory=lambda: {name: list(values) for name, values in DEFAULT_ATTRIBUTES.items()},
+        description="Attribute vocabularies to tag each box with, e.g. {'color': ['red', 'green']}",
+    )
+    top_k: int = Field(3, ge=1, le=MAX_TOP_K, description="How many classes to keep per box")
 
     @field_validator("prompt")
     @classmethod
@@ -63,6 +77,29 @@ class AnnotationRequest(Frozen):
         if too_long:
             raise ValueError(f"phrase {too_long[0][:20]!r}... is over {MAX_PHRASE_CHARS} characters")
         return prompt
+
+    @field_validator("attributes")
+    @classmethod
+    def _bounded_vocabularies(cls, attributes: dict[str, list[str]]) -> dict[str, list[str]]:
+        if not attributes:
+            raise ValueError("give at least one attribute vocabulary, e.g. color=red,green")
+        if len(attributes) > MAX_ATTRIBUTES:
+            raise ValueError(f"{len(attributes)} attributes; at most {MAX_ATTRIBUTES} are accepted")
+        for name, values in attributes.items():
+            if not _ATTRIBUTE_NAME.match(name):
+                raise ValueError(f"attribute name {name[:40]!r} must be lower-case letters, digits or _ (<= 32)")
+            if not values:
+                raise ValueError(f"attribute {name!r} has an empty vocabulary")
+            if len(values) > MAX_ATTRIBUTE_VALUES:
+                raise ValueError(f"attribute {name!r} has {len(values)} values; at most {MAX_ATTRIBUTE_VALUES}")
+            for value in values:
+                if not value.strip() or len(value) > MAX_VALUE_CHARS or not _PRINTABLE_TEXT.match(value):
+                    raise ValueError(
+                        f"attribute {name!r}: value {value[:20]!r} must be 1-{MAX_VALUE_CHARS} printable characters"
+                    )
+            if len(set(values)) != len(values):
+                raise ValueError(f"attribute {name!r} repeats a value")
+        return attributes
 
     @property
     def phrases(self) -> list[str]:
@@ -120,10 +157,28 @@ class Box(Frozen):
         return (self.x1 - self.x0) * (self.y1 - self.y0)
 
 
+class ClassScore(Frozen):
+    label: str
+    score: Score
+
+
+class AttributeScore(Frozen):
+    name: str
+    value: str
+    score: Score
+
+
 class Detection(Frozen):
+    """One box; the describe steps (Classify, Tag) fill the fields after ``box``."""
+
     label: str = Field(description="The prompt phrase this box matched")
     score: Score
     box: Box
+    class_label: str | None = None
+    class_score: Score | None = None
+    top_k: list[ClassScore] = Field(default_factory=list)
+    attributes: list[AttributeScore] = Field(default_factory=list)
+    skipped: str | None = Field(None, description="Why the describe steps skipped this box")
 
 
 class StepFailure(BaseModel):
@@ -161,10 +216,43 @@ class DetectOutput(Frozen):
     detections: list[Detection]
 
 
+class DescribeInput(ImageTask):
+    """Classify's and Tag's input: the image task and its boxes."""
+
+    detections: list[Detection] = Field(min_length=1)
+
+
+class BoxClasses(Frozen):
+    top_k: list[ClassScore] = Field(default_factory=list)
+    skipped: str | None = None
+
+
+class ClassifyOutput(Frozen):
+    classes: list[BoxClasses] = Field(description="One entry per detection, in order")
+
+
+class BoxAttributes(Frozen):
+    attributes: list[AttributeScore] = Field(default_factory=list)
+    skipped: str | None = None
+
+
+class TagOutput(Frozen):
+    tags: list[BoxAttributes] = Field(description="One entry per detection, in order")
+
+
+class BranchFailure(Frozen):
+    """A Parallel branch whose step failed; its Catch turned the error into this output."""
+
+    failure: StepFailure
+
+
 class WriteResultInput(ImageTask):
-    """The image task with what the steps produced (``detection``) or why they failed (``failures``)."""
+    """The image task with what the steps produced (``detection``, ``description``) or why they failed."""
 
     detection: DetectOutput | None = None
+    description: tuple[ClassifyOutput | BranchFailure, TagOutput | BranchFailure] | None = Field(
+        None, description="The Describe Parallel state's output: [Classify branch, Tag branch]"
+    )
     failures: dict[str, StepFailure] = Field(default_factory=dict)
 
 

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from PIL import Image
 
 from shared.contracts import Box, Detection
-from shared.model_sources import resolve_model_dir
+from shared.model_sources import prepare_torch, resolve_model_dir
 from shared.observability import logger
 from shared.settings import Settings
 
@@ -94,13 +94,9 @@ def load_detector(settings: Settings) -> GroundingDinoDetector:
     key = (settings.detector_model, settings.detection_short_side, settings.max_detections, settings.nms_iou)
     with _load_lock:
         if key not in _loaded:
-            import torch
             from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
-            from transformers.utils import logging as transformers_logging
 
-            transformers_logging.disable_progress_bar()
-            if settings.torch_threads:
-                torch.set_num_threads(settings.torch_threads)
+            prepare_torch(settings)
             folder = resolve_model_dir(settings.detector_model, settings)
             model = AutoModelForZeroShotObjectDetection.from_pretrained(folder).eval()
             processor = AutoProcessor.from_pretrained(folder)

@@ -21,6 +21,17 @@ _in_memory: dict[str, Path] = {}
 _lock = threading.Lock()
 
 
+def prepare_torch(settings: Settings) -> None:
+    """Process-wide torch and transformers set-up that every model loader needs: threads, quiet loading."""
+    import torch
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    transformers_logging.set_verbosity_error()
+    if settings.torch_threads and torch.get_num_threads() != settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+
+
 def resolve_model_dir(source: str, settings: Settings) -> Path:
     """A local folder holding the files of ``source``.
 

@@ -12,7 +12,7 @@ _PALETTE = ["#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#
 
 
 def draw_detections(image: Image.Image, detections: list[Detection]) -> bytes:
-    """PNG bytes of ``image`` with each detection's box and 'label score' caption."""
+    """PNG bytes of ``image`` with each detection's box and 'label score class attributes' caption."""
     canvas = image.copy()
     draw = ImageDraw.Draw(canvas)
     line = max(2, round(min(canvas.size) / 200))
@@ -23,6 +23,10 @@ def draw_detections(image: Image.Image, detections: list[Detection]) -> bytes:
         box = detection.box
         draw.rectangle((box.x0, box.y0, box.x1, box.y1), outline=color, width=line)
         text = f"{detection.label} {detection.score:.2f}"
+        if detection.class_label:
+            text += f" {detection.class_label}"
+        if detection.attributes:
+            text += " " + " ".join(attribute.value for attribute in detection.attributes)
         left, top, right, bottom = draw.textbbox((box.x0, box.y0), text, font=font)
         lift = min(bottom - top + 2 * line, box.y0)  # above the box when there is room
         draw.rectangle((left, top - lift, right + 2 * line, bottom - lift + line), fill=color)

@@ -23,9 +23,22 @@ class Profile(StrEnum):
 
 # What each profile loads when a model setting is left empty. `tiny:` sources are built from configs with
 # random weights and cached on disk, so they work offline; the default ones are the real checkpoints.
-PROFILE_MODELS: dict[Profile, dict[str, str]] = {
-    Profile.DEFAULT: {"detector_model": "IDEA-Research/grounding-dino-tiny"},
-    Profile.TINY: {"detector_model": "tiny:grounding-dino"},
+# ImageNet-1k class ids (the order every ImageNet classifier shares): dog breeds and domestic cats.
+IMAGENET_CLASS_FILTER = {"dog": ["151-268"], "cat": ["281-285"]}
+
+PROFILE_MODELS: dict[Profile, dict[str, Any]] = {
+    Profile.DEFAULT: {
+        "detector_model": "IDEA-Research/grounding-dino-tiny",
+        "classifier_model": "facebook/convnext-tiny-224",
+        "tagger_models": ["Marqo/marqo-fashionSigLIP", "timm/vit_base_patch32_clip_224.openai"],
+        "class_filter": IMAGENET_CLASS_FILTER,
+    },
+    Profile.TINY: {
+        "detector_model": "tiny:grounding-dino",
+        "classifier_model": "tiny:convnext",
+        "tagger_models": ["tiny:clip"],
+        "class_filter": IMAGENET_CLASS_FILTER,
+    },
 }
 
 
@@ -54,6 +67,21 @@ class Settings(BaseSettings):
     )
     max_detections: int = Field(20, ge=1, le=300, description="Most boxes kept per image, best first")
     nms_iou: float = Field(0.5, gt=0, le=1, description="Boxes of one label overlapping more are merged")
+    classifier_model: str = Field(
+        "",
+        description="ConvNeXt: hub id, local folder, s3:// prefix, tiny:convnext, or a folder with "
+        "torchscript.pt + labels.txt (a traced fine-tuned model)",
+    )
+    class_filter: dict[str, list[str]] | None = Field(
+        None,
+        description="Per detected label, the classes a box may take: class names or id ranges ('151-268'); "
+        "labels not named are scored against every class. {} turns filtering off",
+    )
+    crop_margin: float = Field(0.1, ge=0, le=1, description="Margin added around each box before cropping")
+    tagger_models: list[str] | None = Field(
+        None, description="open_clip models to try in order (hub id, local folder, s3:// prefix, tiny:clip)"
+    )
+    text_cache_size: int = Field(4096, ge=16, le=1_000_000, description="Text embeddings kept per process")
     torch_threads: int = Field(0, ge=0, le=64, description="Threads for torch; 0 uses every core")
 
     max_image_bytes: int = Field(25_000_000, ge=1_000, le=200_000_000, description="Largest accepted file")
@@ -73,7 +101,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _fill_profile_models(self) -> Settings:
         for name, source in PROFILE_MODELS[self.profile].items():
-            if not getattr(self, name):
+            if getattr(self, name) in ("", None):
                 object.__setattr__(self, name, source)
         return self
 

@@ -5,16 +5,28 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+from PIL import Image
+
+from shared.classification import Classifier, load_classifier
 from shared.contracts import (
     BatchSummary,
+    BoxAttributes,
+    BoxClasses,
+    BranchFailure,
+    ClassifyOutput,
+    DescribeInput,
+    Detection,
     DetectOutput,
     ImageOutcome,
     ImageResult,
     ImageTask,
     Status,
+    StepFailure,
+    TagOutput,
     WriteResultInput,
     WriteTableInput,
 )
+from shared.crops import crop_boxes
 from shared.detection import Detector, load_detector
 from shared.errors import ImageRejected
 from shared.images import load_image
@@ -23,6 +35,7 @@ from shared.render import draw_detections
 from shared.settings import Settings
 from shared.storage import join_uri, store_for
 from shared.tables import write_batch_tables
+from shared.tagging import Tagger, load_tagger
 
 RESULTS_PREFIX = "results"
 
@@ -47,29 +60,96 @@ def detect(task: ImageTask, settings: Settings, detector: Detector | None = None
     return DetectOutput(width=image.width, height=image.height, detections=detections)
 
 
+def _crops(task: DescribeInput, settings: Settings) -> tuple[list[int], list[Image.Image], dict[int, str]]:
+    """The image's box crops: (indices of the boxes that have one, their crops, why the others have none)."""
+    image = load_image(task.image.source_uri, settings)
+    crops = crop_boxes(image.pixels, [d.box for d in task.detections], settings.crop_margin)
+    skipped = {i: crop for i, crop in enumerate(crops) if isinstance(crop, str)}
+    kept = [i for i in range(len(crops)) if i not in skipped]
+    return kept, [crop for crop in crops if not isinstance(crop, str)], skipped
+
+
+def classify(task: DescribeInput, settings: Settings, classifier: Classifier | None = None) -> ClassifyOutput:
+    """Classify every box of the image, in one batch."""
+    kept, crops, skipped = _crops(task, settings)
+    classifier = classifier or load_classifier(settings)
+    scores = iter(classifier.classify(crops, [task.detections[i].label for i in kept], task.request.top_k))
+    classes = [
+        BoxClasses(skipped=skipped[i]) if i in skipped else BoxClasses(top_k=next(scores))
+        for i in range(len(task.detections))
+    ]
+    logger.info("classified", extra={"image_id": task.image.image_id, "boxes": len(kept), "skipped": len(skipped)})
+    return ClassifyOutput(classes=classes)
+
+
+def tag(task: DescribeInput, settings: Settings, tagger: Tagger | None = None) -> TagOutput:
+    """Tag every box of the image with the request's attribute vocabularies, in one batch."""
+    kept, crops, skipped = _crops(task, settings)
+    tagger = tagger or load_tagger(settings)
+    scores = iter(tagger.tag(crops, [task.detections[i].label for i in kept], task.request.attributes))
+    tags = [
+        BoxAttributes(skipped=skipped[i]) if i in skipped else BoxAttributes(attributes=next(scores))
+        for i in range(len(task.detections))
+    ]
+    logger.info("tagged", extra={"image_id": task.image.image_id, "boxes": len(kept), "skipped": len(skipped)})
+    return TagOutput(tags=tags)
+
+
+def describe_detections(
+    detections: list[Detection], description: tuple[ClassifyOutput | BranchFailure, TagOutput | BranchFailure] | None
+) -> tuple[list[Detection], dict[str, StepFailure]]:
+    """The detections with what Classify and Tag found merged in, and the failures of those that failed."""
+    if description is None:
+        return detections, {}
+    classified, tagged = description
+    failures = {}
+    if isinstance(classified, BranchFailure):
+        failures["classify"] = classified.failure
+    else:
+        detections = [
+            d.model_copy(
+                update={
+                    "top_k": c.top_k,
+                    "class_label": c.top_k[0].label if c.top_k else None,
+                    "class_score": c.top_k[0].score if c.top_k else None,
+                    "skipped": c.skipped,
+                }
+            )
+            for d, c in zip(detections, classified.classes, strict=True)
+        ]
+    if isinstance(tagged, BranchFailure):
+        failures["tag"] = tagged.failure
+    else:
+        detections = [
+            d.model_copy(update={"attributes": t.attributes, "skipped": d.skipped or t.skipped})
+            for d, t in zip(detections, tagged.tags, strict=True)
+        ]
+    return detections, failures
+
+
 def write_result(state: WriteResultInput, settings: Settings) -> ImageOutcome:
     """Write the image's result document (and, when it succeeded, the annotated picture)."""
     json_uri, png_uri = result_uris(state)
-    failed_step, failure = next(iter(state.failures.items()), (None, None))
-    error = failure.reason if failure else None
-    if failure is None and state.detection is None:
-        failed_step, error = "detect", "the workflow produced no detection result"
+    detections, failures = describe_detections(state.detection.detections if state.detection else [], state.description)
+    failures = state.failures | failures
+    if not failures and state.detection is None:
+        failures = {"detect": StepFailure(Error="NoDetectionResult", Cause="the workflow produced no detection result")}
     annotated_uri = None
-    if failed_step is None and state.detection is not None:
+    if state.detection is not None:
         image = load_image(state.image.source_uri, settings)
-        store_for(png_uri).write_bytes(png_uri, draw_detections(image.pixels, state.detection.detections), "image/png")
+        store_for(png_uri).write_bytes(png_uri, draw_detections(image.pixels, detections), "image/png")
         annotated_uri = png_uri
     result = ImageResult(
         image_id=state.image.image_id,
         source_uri=state.image.source_uri,
         batch_id=state.batch_id,
-        status=Status.FAILED if failed_step else Status.SUCCEEDED,
-        error=error,
-        failed_step=failed_step,
+        status=Status.FAILED if failures else Status.SUCCEEDED,
+        error="; ".join(f"{step}: {failure.reason}" for step, failure in failures.items()) or None,
+        failed_step=",".join(failures) or None,
         width=state.detection.width if state.detection else None,
         height=state.detection.height if state.detection else None,
         prompt=state.request.prompt,
-        detections=state.detection.detections if state.detection else [],
+        detections=detections,
         annotated_uri=annotated_uri,
         result_uri=json_uri,
         processed_at=datetime.now(UTC),

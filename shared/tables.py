@@ -11,21 +11,31 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shared.contracts import Detection, ImageResult
+from shared.contracts import DEFAULT_ATTRIBUTES, Detection, ImageResult
 from shared.storage import join_uri, store_for
 
 TABLES_PREFIX = "tables"
+
+CLASS_SCORE_STRUCT = pa.struct([("label", pa.string()), ("score", pa.float64())])
+ATTRIBUTE_STRUCT = pa.struct([("name", pa.string()), ("value", pa.string()), ("score", pa.float64())])
+BOX_FIELDS = [(name, pa.float64()) for name in ("x0", "y0", "x1", "y1")]
 
 DETECTION_STRUCT = pa.struct(
     [
         ("label", pa.string()),
         ("score", pa.float64()),
-        ("x0", pa.float64()),
-        ("y0", pa.float64()),
-        ("x1", pa.float64()),
-        ("y1", pa.float64()),
+        *BOX_FIELDS,
+        ("class_label", pa.string()),
+        ("class_score", pa.float64()),
+        ("top_k", pa.list_(CLASS_SCORE_STRUCT)),
+        ("attributes", pa.list_(ATTRIBUTE_STRUCT)),
+        ("skipped", pa.string()),
     ]
 )
+
+# The default attributes get a column each in `detections` (value and score); every attribute, the request's
+# own vocabularies included, is also in its `attributes` list.
+FLAT_ATTRIBUTES = tuple(DEFAULT_ATTRIBUTES)
 
 IMAGES_SCHEMA = pa.schema(
     [
@@ -51,7 +61,18 @@ DETECTIONS_SCHEMA = pa.schema(
         ("source_uri", pa.string()),
         ("batch_id", pa.string()),
         ("detection_index", pa.int32()),
-        *((field.name, field.type) for field in DETECTION_STRUCT),
+        ("label", pa.string()),
+        ("score", pa.float64()),
+        *BOX_FIELDS,
+        ("class_label", pa.string()),
+        ("class_score", pa.float64()),
+        *(
+            (column, type_)
+            for name in FLAT_ATTRIBUTES
+            for column, type_ in ((name, pa.string()), (f"{name}_score", pa.float64()))
+        ),
+        ("attributes", pa.list_(ATTRIBUTE_STRUCT)),
+        ("skipped", pa.string()),
         ("processed_at", pa.timestamp("ms", tz="UTC")),
     ]
 )
@@ -61,7 +82,16 @@ PARTITION_COLUMN = "dt"
 
 
 def _detection_row(detection: Detection) -> dict[str, object]:
-    return {"label": detection.label, "score": detection.score, **detection.box.model_dump()}
+    return {**detection.model_dump(exclude={"box"}), **detection.box.model_dump()}
+
+
+def _flat_attributes(detection: Detection) -> dict[str, object]:
+    found = {a.name: a for a in detection.attributes}
+    columns: dict[str, object] = {}
+    for name in FLAT_ATTRIBUTES:
+        columns[name] = found[name].value if name in found else None
+        columns[f"{name}_score"] = found[name].score if name in found else None
+    return columns
 
 
 def images_table(results: list[ImageResult]) -> pa.Table:
@@ -83,6 +113,7 @@ def detections_table(results: list[ImageResult]) -> pa.Table:
             "batch_id": result.batch_id,
             "detection_index": index,
             **_detection_row(detection),
+            **_flat_attributes(detection),
             "processed_at": result.processed_at,
         }
         for result in results

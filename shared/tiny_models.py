@@ -22,7 +22,11 @@ _VERSION = "v1"  # bump when a recipe changes, so stale caches are rebuilt
 
 def build_tiny_model(name: str, settings: Settings) -> Path:
     """The folder of tiny model ``name``, built on first use."""
-    builders: dict[str, Callable[[Path], None]] = {"grounding-dino": _build_grounding_dino}
+    builders: dict[str, Callable[[Path], None]] = {
+        "grounding-dino": _build_grounding_dino,
+        "convnext": _build_convnext,
+        "clip": _build_clip,
+    }
     if name not in builders:
         raise ModelUnavailable(f"no tiny model named {name!r}; known: {sorted(builders)}")
     folder = settings.model_cache_dir / "tiny" / f"{name}-{_VERSION}"
@@ -31,6 +35,9 @@ def build_tiny_model(name: str, settings: Settings) -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{name}-"))
     try:
+        from shared.model_sources import prepare_torch
+
+        prepare_torch(settings)
         builders[name](staging)
         (staging / ".complete").touch()
         shutil.rmtree(folder, ignore_errors=True)
@@ -92,3 +99,51 @@ def _build_grounding_dino(folder: Path) -> None:
     GroundingDinoForObjectDetection(config).eval().save_pretrained(folder)
     tokenizer = BertTokenizer(vocab=bert_base_uncased_vocab(), do_lower_case=True)
     GroundingDinoProcessor(image_processor=GroundingDinoImageProcessor(), tokenizer=tokenizer).save_pretrained(folder)
+
+
+def imagenet_labels() -> list[str]:
+    """The 1000 ImageNet-1k class names, in class-id order, as torchvision ships them (offline)."""
+    from torchvision.models import ConvNeXt_Tiny_Weights
+
+    return list(ConvNeXt_Tiny_Weights.IMAGENET1K_V1.meta["categories"])
+
+
+def _build_convnext(folder: Path) -> None:
+    import torch
+    from transformers import ConvNextConfig, ConvNextForImageClassification, ConvNextImageProcessor
+
+    labels = imagenet_labels()
+    config = ConvNextConfig(
+        depths=[1, 1, 1, 1],
+        hidden_sizes=[8, 16, 32, 64],
+        num_labels=len(labels),  # type: ignore[call-arg]  # a PretrainedConfig field
+        id2label=dict(enumerate(labels)),
+        label2id={label: index for index, label in enumerate(labels)},
+    )
+    torch.manual_seed(_SEED)
+    ConvNextForImageClassification(config).eval().save_pretrained(folder)
+    ConvNextImageProcessor().save_pretrained(folder)
+
+
+# open_clip's own config format: ViT-B-32's layout, shrunk to one narrow layer per tower.
+TINY_CLIP_CONFIG = {
+    "embed_dim": 32,
+    "vision_cfg": {"image_size": 224, "layers": 1, "width": 64, "patch_size": 32, "head_width": 32},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+}
+
+
+def _build_clip(folder: Path) -> None:
+    import json
+
+    import open_clip
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(_SEED)
+    model = open_clip.CLIP(**TINY_CLIP_CONFIG)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "open_clip_model.safetensors")
+    preprocess = {"mean": [0.48145466, 0.4578275, 0.40821073], "std": [0.26862954, 0.26130258, 0.27577711]}
+    (folder / "open_clip_config.json").write_text(
+        json.dumps({"model_cfg": TINY_CLIP_CONFIG, "preprocess_cfg": preprocess}, indent=2)
+    )

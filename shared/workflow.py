@@ -11,6 +11,8 @@ _PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 # ASL placeholder -> the function folder (functions/<name>/app.py) whose handler serves it.
 FUNCTION_PLACEHOLDERS = {
     "DetectFunctionArn": "detect",
+    "ClassifyFunctionArn": "classify",
+    "TagFunctionArn": "tag",
     "WriteResultFunctionArn": "write_result",
     "WriteTableFunctionArn": "write_table",
 }

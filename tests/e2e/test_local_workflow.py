@@ -12,6 +12,7 @@ from shared import steps
 from shared.batches import plan_batches
 from shared.cli import app
 from shared.contracts import PromptMessage
+from shared.errors import ModelUnavailable
 from shared.local_runner import local_workflow
 from shared.query import run_local_query
 from shared.settings import Settings
@@ -49,6 +50,7 @@ def test_a_hostile_folder_gives_every_input_one_row_and_a_failing_exit(
     assert "not an image" in images["notes.txt"]["error"]
     assert "81,000,000 pixels, over the limit" in images["huge.png"]["error"]
     assert all(r["failed_step"] == "detect" for r in images.values() if r["status"] == "failed")
+    assert all(r["error"].startswith("detect: ImageRejected: ") for r in images.values() if r["status"] == "failed")
     for row in (images["cat.jpg"], images["cat.png"]):
         assert (row["width"], row["height"]) == (451, 300)
         assert Path(row["annotated_uri"]).read_bytes().startswith(b"\x89PNG")
@@ -56,6 +58,10 @@ def test_a_hostile_folder_gives_every_input_one_row_and_a_failing_exit(
         assert [(d["label"], d["box"]["x0"]) for d in document["detections"]] == [
             (d["label"], d["x0"]) for d in row["detections"]
         ]
+        assert row["detections"], "the tiny detector finds boxes at the default thresholds"
+        for detection in row["detections"]:  # described by Classify and Tag
+            assert detection["class_label"] and detection["top_k"][0]["label"] == detection["class_label"]
+            assert [a["name"] for a in detection["attributes"]] == ["color", "pattern"]
     boxes = rows("SELECT count(*) AS n FROM detections", data_dir)[0]["n"]
     assert boxes == sum(len(r["detections"]) for r in images.values())
 
@@ -106,3 +112,70 @@ def test_a_bad_prompt_is_refused_before_anything_runs(tmp_path: Path) -> None:
     assert code == 2
     assert "names nothing to detect" in output
     assert not tmp_path.joinpath("tables").exists()
+
+
+def test_attribute_vocabularies_from_the_command_line_are_honoured(tmp_path: Path, tiny_settings: Settings) -> None:
+    code, output = annotate(
+        "run",
+        str(SAMPLES / "chelsea-the-cat.jpg"),
+        "--prompt",
+        "cat.",
+        "--profile",
+        "tiny",
+        "--data-dir",
+        str(tmp_path),
+        "--attribute",
+        "color=red,green",
+        "--attribute",
+        "size=small,large",
+    )
+    assert code == 0, output
+    found = rows(
+        "SELECT color, list_transform(attributes, lambda a: a.name) AS names, "
+        "list_transform(attributes, lambda a: a.value)[2] AS size FROM detections",
+        tmp_path,
+    )
+    assert found
+    for row in found:
+        assert row["color"] in {"red", "green"} and row["size"] in {"small", "large"}
+        assert row["names"] == ["color", "size"]
+    counts = rows("SELECT class_label, color, count(*) AS n FROM detections GROUP BY ALL", tmp_path)
+    assert sum(r["n"] for r in counts) == len(found)
+
+
+def run_message(message: PromptMessage, settings: Settings, listener=None) -> list[dict]:
+    [manifest] = plan_batches(message, settings, settings.results_root)
+    with local_workflow(listener) as run:
+        assert run(manifest).summary is not None
+    return rows("SELECT * FROM images", settings.data_dir)
+
+
+def test_attribute_vocabularies_from_a_prompt_message_are_honoured(settings_in: Settings) -> None:
+    message = PromptMessage.model_validate(
+        {"prompt": "cat.", "images": [str(SAMPLES / "coffee.webp")], "attributes": {"mood": ["calm", "angry"]}}
+    )
+    [row] = run_message(message, settings_in)
+    assert row["detections"]
+    assert {a["value"] for d in row["detections"] for a in d["attributes"]} <= {"calm", "angry"}
+
+
+def test_an_image_without_boxes_skips_classify_and_tag(settings_in: Settings) -> None:
+    invoked: list[str] = []
+    message = PromptMessage(prompt="cat.", images=[str(SAMPLES / "coffee.webp")], box_threshold=1.0)
+    [row] = run_message(message, settings_in, lambda name, payload, error: invoked.append(name))
+    assert row["status"] == "succeeded" and row["detections"] == []
+    assert invoked == ["detect", "write_result", "write_table"]
+
+
+def test_a_classify_failure_is_recorded_and_the_tags_are_kept(
+    settings_in: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unavailable(settings: Settings) -> None:
+        raise ModelUnavailable("classifier weights are missing")
+
+    monkeypatch.setattr(steps, "load_classifier", unavailable)
+    [row] = run_message(PromptMessage(prompt="cat.", images=[str(SAMPLES / "coffee.webp")]), settings_in)
+    assert row["status"] == "failed" and row["failed_step"] == "classify"
+    assert row["error"] == "classify: ModelUnavailable: classifier weights are missing"
+    assert row["detections"] and all(d["attributes"] and d["class_label"] is None for d in row["detections"])
+    assert row["annotated_uri"]

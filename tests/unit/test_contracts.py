@@ -67,3 +67,24 @@ def test_a_lambda_error_cause_becomes_a_readable_reason() -> None:
     assert StepFailure(Error="ImageRejected", Cause=cause).reason == "ImageRejected: file is empty"
     assert StepFailure(Error="States.Timeout", Cause="").reason == "States.Timeout"
     assert StepFailure(Error="States.Runtime", Cause="boom").reason == "States.Runtime: boom"
+
+
+def test_requests_default_to_color_and_pattern_vocabularies() -> None:
+    assert set(AnnotationRequest(prompt="dog.").attributes) == {"color", "pattern"}
+
+
+@pytest.mark.parametrize(
+    ("attributes", "reason"),
+    [
+        ({}, "at least one attribute"),
+        ({"color": []}, "empty vocabulary"),
+        ({"color": [f"c{i}" for i in range(33)]}, "at most 32"),
+        ({f"a{i}": ["x"] for i in range(9)}, "at most 8"),
+        ({"Color!": ["red"]}, "lower-case"),
+        ({"color": ["x" * 41]}, "printable characters"),
+        ({"color": ["red", "red"]}, "repeats"),
+    ],
+)
+def test_bad_vocabularies_are_rejected_before_any_model_runs(attributes: dict, reason: str) -> None:
+    with pytest.raises(ValidationError, match=reason):
+        AnnotationRequest(prompt="dog.", attributes=attributes)

@@ -1,0 +1,19 @@
+"""Tag: zero-shot attributes (color, pattern, or the request's own vocabularies) of each box with open_clip."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.parser import event_parser
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from shared import steps
+from shared.contracts import DescribeInput
+from shared.observability import logger
+from shared.settings import get_settings
+
+
+@logger.inject_lambda_context(clear_state=True)
+@event_parser(model=DescribeInput)
+def handler(event: DescribeInput, context: LambdaContext) -> dict[str, Any]:
+    return steps.tag(event, get_settings()).model_dump(mode="json")

@@ -43,6 +43,7 @@ def run(
         typer.Option(help="An attribute vocabulary, NAME=VALUE,VALUE,... (repeatable; replaces color and pattern)"),
     ] = None,
     top_k: Annotated[int, typer.Option(help="Classes kept per box")] = 3,
+    caption: Annotated[bool, typer.Option(help="Write a caption with the LLM")] = True,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the structured logs")] = False,
 ) -> None:
     """Annotate images through the real workflow definition, executed on this machine."""
@@ -51,7 +52,12 @@ def run(
 
     _quiet_logs(verbose)
     settings = use_settings(profile=profile, data_dir=data_dir)
-    options: dict[str, Any] = {"box_threshold": box_threshold, "text_threshold": text_threshold, "top_k": top_k}
+    options: dict[str, Any] = {
+        "box_threshold": box_threshold,
+        "text_threshold": text_threshold,
+        "top_k": top_k,
+        "caption": caption,
+    }
     if attribute:
         options["attributes"] = _vocabularies(attribute)
     try:

@@ -11,7 +11,7 @@ import json
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -60,6 +60,10 @@ class AnnotationRequest(Frozen):
         description="Attribute vocabularies to tag each box with, e.g. {'color': ['red', 'green']}",
     )
     top_k: int = Field(3, ge=1, le=MAX_TOP_K, description="How many classes to keep per box")
+    caption: bool = Field(True, description="Write a caption with the LLM")
+    caption_format: Literal["text", "json"] = Field(
+        "text", description="json: the LLM is constrained to {'caption': str, 'tags': [str]}"
+    )
 
     @field_validator("prompt")
     @classmethod
@@ -240,6 +244,19 @@ class TagOutput(Frozen):
     tags: list[BoxAttributes] = Field(description="One entry per detection, in order")
 
 
+class CaptionOutput(Frozen):
+    """The caption and how it was made: the model, and the speed and memory measured while writing it."""
+
+    caption: str
+    tags: list[str] = Field(default_factory=list)
+    model: str
+    ttft_ms: float = Field(description="Time to first token")
+    tokens_per_s: float = Field(description="Speed of the tokens after the first")
+    prompt_tokens: int
+    completion_tokens: int
+    peak_rss_mb: float
+
+
 class BranchFailure(Frozen):
     """A Parallel branch whose step failed; its Catch turned the error into this output."""
 
@@ -253,6 +270,7 @@ class WriteResultInput(ImageTask):
     description: tuple[ClassifyOutput | BranchFailure, TagOutput | BranchFailure] | None = Field(
         None, description="The Describe Parallel state's output: [Classify branch, Tag branch]"
     )
+    caption: CaptionOutput | None = None
     failures: dict[str, StepFailure] = Field(default_factory=dict)
 
 
@@ -285,6 +303,7 @@ class ImageResult(Frozen):
     height: int | None = None
     prompt: str
     detections: list[Detection] = Field(default_factory=list)
+    caption: CaptionOutput | None = None
     annotated_uri: str | None = None
     result_uri: str | None = None
     processed_at: datetime

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import threading
 import time
 import traceback
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from unittest import mock
 
 from shared.contracts import BatchManifest, BatchSummary
-from shared.observability import logger
+from shared.observability import logger, metrics
 from shared.workflow import FUNCTION_PLACEHOLDERS, substitute
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ class HandlerDispatcher:
                     "errorMessage": str(caught),
                     "stackTrace": traceback.format_tb(caught.__traceback__),
                 }
+            metrics.clear_metrics()  # disabled locally (see local_workflow), so nothing else clears them
         if self._listener:
             self._listener(name, payload, error)
         return response, error is not None
@@ -111,7 +113,12 @@ def local_workflow(
             for placeholder, name in FUNCTION_PLACEHOLDERS.items()
         }
     )
-    with mock_aws(config=MOTO_CONFIG), mock.patch.object(LambdaSimpleBackend, "invoke", invoke):
+    with (
+        mock_aws(config=MOTO_CONFIG),
+        mock.patch.object(LambdaSimpleBackend, "invoke", invoke),
+        # Locally the measurements are in the image rows; EMF is for CloudWatch and would flood the terminal.
+        mock.patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"}),
+    ):
         client = boto3.client("stepfunctions", region_name=REGION)
         machine_arn = client.create_state_machine(
             name="annotate-local",

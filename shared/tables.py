@@ -49,6 +49,14 @@ IMAGES_SCHEMA = pa.schema(
         ("height", pa.int32()),
         ("prompt", pa.string()),
         ("detections", pa.list_(DETECTION_STRUCT)),
+        ("caption", pa.string()),
+        ("caption_tags", pa.list_(pa.string())),
+        ("caption_model", pa.string()),
+        ("caption_ttft_ms", pa.float64()),
+        ("caption_tokens_per_s", pa.float64()),
+        ("caption_prompt_tokens", pa.int32()),
+        ("caption_completion_tokens", pa.int32()),
+        ("caption_peak_rss_mb", pa.float64()),
         ("annotated_uri", pa.string()),
         ("result_uri", pa.string()),
         ("processed_at", pa.timestamp("ms", tz="UTC")),
@@ -94,11 +102,18 @@ def _flat_attributes(detection: Detection) -> dict[str, object]:
     return columns
 
 
+def _caption_columns(result: ImageResult) -> dict[str, object]:
+    """The caption and its measurements, as ``caption`` and ``caption_<field>`` columns."""
+    fields = result.caption.model_dump() if result.caption else {}
+    return {"caption": fields.pop("caption", None), **{f"caption_{name}": value for name, value in fields.items()}}
+
+
 def images_table(results: list[ImageResult]) -> pa.Table:
     rows = [
         {
-            **result.model_dump(include=set(IMAGES_SCHEMA.names) - {"detections"}),
+            **result.model_dump(exclude={"detections", "caption"}),
             "detections": [_detection_row(d) for d in result.detections],
+            **_caption_columns(result),
         }
         for result in results
     ]

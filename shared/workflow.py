@@ -13,6 +13,7 @@ FUNCTION_PLACEHOLDERS = {
     "DetectFunctionArn": "detect",
     "ClassifyFunctionArn": "classify",
     "TagFunctionArn": "tag",
+    "CaptionFunctionArn": "caption",
     "WriteResultFunctionArn": "write_result",
     "WriteTableFunctionArn": "write_table",
 }

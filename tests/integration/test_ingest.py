@@ -1,0 +1,157 @@
+"""The ingest function on moto: S3 events and prompt messages become executions, exactly once each."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from functions.ingest.app import handler
+from shared import storage
+from shared.contracts import BatchManifest
+from shared.ingest import deployed_starter
+from shared.local_runner import LocalContext
+from shared.settings import Settings, use_settings
+from tests.conftest import SAMPLES
+
+REGION = "us-east-1"
+S3_EVENT = json.loads((Path(__file__).parent.parent / "events" / "s3_object_created_eventbridge.json").read_text())
+PASS_DEFINITION = json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}})
+
+
+def sqs_event(*bodies: str, message_ids: list[str] | None = None) -> dict[str, Any]:
+    ids = message_ids or [str(uuid.uuid4()) for _ in bodies]
+    return {
+        "Records": [
+            {
+                "messageId": message_id,
+                "receiptHandle": "handle",
+                "body": body,
+                "attributes": {"ApproximateReceiveCount": "1"},
+                "messageAttributes": {},
+                "md5OfBody": "",
+                "eventSource": "aws:sqs",
+                "eventSourceARN": f"arn:aws:sqs:{REGION}:123456789012:annotate-prompts",
+                "awsRegion": REGION,
+            }
+            for message_id, body in zip(ids, bodies, strict=True)
+        ]
+    }
+
+
+@pytest.fixture
+def aws(tiny_settings: Settings) -> Iterator[Any]:
+    with mock_aws():
+        storage._s3_store.cache_clear()
+        deployed_starter.cache_clear()
+        s3 = boto3.client("s3", region_name=REGION)
+        for bucket in ("annotate-input", "annotate-results"):
+            s3.create_bucket(Bucket=bucket)
+        cat = (SAMPLES / "chelsea-the-cat.jpg").read_bytes()
+        for key in ("incoming/cat.jpg", "incoming/pets/a.jpg", "incoming/pets/b.jpg", "other/c.jpg"):
+            s3.put_object(Bucket="annotate-input", Key=key, Body=cat + key.encode())
+        sfn = boto3.client("stepfunctions", region_name=REGION)
+        arn = sfn.create_state_machine(
+            name="annotate", definition=PASS_DEFINITION, roleArn="arn:aws:iam::123456789012:role/sfn"
+        )["stateMachineArn"]
+        use_settings(
+            tiny_settings.model_copy(update={"state_machine_arn": arn, "results_uri": "s3://annotate-results"})
+        )
+        yield sfn, arn
+        use_settings(tiny_settings)
+    storage._s3_store.cache_clear()
+    deployed_starter.cache_clear()
+
+
+def invoke(event: dict[str, Any]) -> dict[str, Any]:
+    return handler(event, LocalContext(function_name="ingest", aws_request_id=str(uuid.uuid4())))
+
+
+def executions(aws: Any) -> list[BatchManifest]:
+    sfn, arn = aws
+    listed = sfn.list_executions(stateMachineArn=arn)["executions"]
+    return [
+        BatchManifest.model_validate_json(sfn.describe_execution(executionArn=e["executionArn"])["input"])
+        for e in listed
+    ]
+
+
+def test_an_s3_object_created_event_starts_exactly_one_execution(aws: Any) -> None:
+    response = invoke(sqs_event(json.dumps(S3_EVENT)))
+
+    assert response == {"batchItemFailures": []}
+    [manifest] = executions(aws)
+    assert [image.source_uri for image in manifest.images] == ["s3://annotate-input/incoming/cat.jpg"]
+    assert manifest.request.prompt == "dog. cat."
+    assert manifest.results_uri == "s3://annotate-results"
+    stored = boto3.client("s3", region_name=REGION).get_object(
+        Bucket="annotate-results", Key=f"manifests/{manifest.batch_id}.json"
+    )
+    assert BatchManifest.model_validate_json(stored["Body"].read()) == manifest
+
+
+def test_the_same_event_delivered_twice_starts_one_execution(aws: Any) -> None:
+    body = json.dumps(S3_EVENT)
+    invoke(sqs_event(body, message_ids=["m-1"]))
+    invoke(sqs_event(body, message_ids=["m-2"]))  # EventBridge and SQS both deliver at least once
+    assert len(executions(aws)) == 1
+
+
+def test_s3_events_of_one_sqs_batch_are_grouped_into_one_execution(aws: Any) -> None:
+    events = []
+    for key in ("incoming/pets/a.jpg", "incoming/pets/b.jpg"):
+        event = json.loads(json.dumps(S3_EVENT))
+        event["detail"]["object"]["key"] = key
+        events.append(json.dumps(event))
+    invoke(sqs_event(*events))
+    [manifest] = executions(aws)
+    assert len(manifest.images) == 2
+
+
+def test_a_prompt_message_with_a_prefix_expands_to_the_images_under_it(aws: Any) -> None:
+    message = {
+        "prompt": "hamster.",
+        "images": ["s3://annotate-input/incoming/pets/", "s3://annotate-input/other/c.jpg"],
+    }
+    assert invoke(sqs_event(json.dumps(message))) == {"batchItemFailures": []}
+    [manifest] = executions(aws)
+    assert sorted(image.source_uri for image in manifest.images) == [
+        "s3://annotate-input/incoming/pets/a.jpg",
+        "s3://annotate-input/incoming/pets/b.jpg",
+        "s3://annotate-input/other/c.jpg",
+    ]
+    assert manifest.request.phrases == ["hamster"]
+
+
+def test_a_redelivered_prompt_message_starts_nothing_new(aws: Any) -> None:
+    body = json.dumps({"prompt": "cat.", "images": ["s3://annotate-input/other/c.jpg"]})
+    invoke(sqs_event(body, message_ids=["same-message"]))
+    invoke(sqs_event(body, message_ids=["same-message"]))
+    assert len(executions(aws)) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("not json at all", "not JSON"),
+        (json.dumps({"prompt": "cat."}), "images: Field required"),
+        (json.dumps({"prompt": " . ", "images": ["s3://annotate-input/other/c.jpg"]}), "names nothing to detect"),
+        (json.dumps({"prompt": "cat.", "images": ["s3://annotate-input/nothing-here/"]}), "hold no images"),
+    ],
+)
+def test_a_malformed_message_fails_alone_with_its_reason(
+    aws: Any, body: str, reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = json.dumps({"prompt": "cat.", "images": ["s3://annotate-input/other/c.jpg"]})
+    response = invoke(sqs_event(good, body, json.dumps(S3_EVENT), message_ids=["good", "bad", "s3"]))
+
+    assert response == {"batchItemFailures": [{"itemIdentifier": "bad"}]}
+    assert len(executions(aws)) == 2  # the good message and the S3 event went on
+    rejected = [json.loads(line) for line in capsys.readouterr().err.splitlines() if '"message rejected"' in line]
+    assert [(r["message_id"], reason in r["reason"]) for r in rejected] == [("bad", True)]

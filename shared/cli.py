@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from shared.errors import validation_reason
-from shared.settings import Profile, use_settings
+from shared.settings import Profile, Settings, use_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 out = Console()
@@ -160,10 +160,15 @@ def query(
     sql: Annotated[str, typer.Argument(help="SQL over the tables `images` and `detections`")],
     data_dir: DataDir = Path("annotate-data"),
     output: Annotated[str, typer.Option("--format", help="table, json or csv")] = "table",
+    athena: Annotated[
+        bool, typer.Option("--athena", help="Query the deployed tables with Athena (ANNOTATE_ATHENA_* settings)")
+    ] = False,
 ) -> None:
-    """Run SQL over the local results with DuckDB."""
+    """Run SQL over the local results with DuckDB, or over the deployed ones with Athena."""
     import duckdb
 
+    from shared.athena import run_athena_query
+    from shared.errors import RequestRejected, TransientError
     from shared.query import OutputFormat, format_rows, run_local_query
 
     try:
@@ -171,8 +176,8 @@ def query(
     except ValueError:
         raise _fail(f"--format must be one of {[f.value for f in OutputFormat]}") from None
     try:
-        rows = run_local_query(sql, data_dir)
-    except duckdb.Error as error:
+        rows = run_athena_query(sql, Settings()) if athena else run_local_query(sql, data_dir)
+    except (duckdb.Error, RequestRejected, TransientError) as error:
         raise _fail(str(error)) from None
     if output_format is OutputFormat.TABLE:
         _print_table(rows)

@@ -110,6 +110,9 @@ class Settings(BaseSettings):
     ingest_prompt: str = Field(
         "dog. cat.", max_length=512, description="The prompt for images dropped into the input bucket"
     )
+    athena_workgroup: str = Field("", description="The stack's Athena workgroup (output AthenaWorkGroupName)")
+    athena_database: str = Field("", description="The stack's Glue database (output GlueDatabaseName)")
+    athena_timeout_s: float = Field(300, gt=0, le=3600, description="Longest wait for an Athena query")
     aws_region: str = Field("us-east-1", description="Region of the deployed stack")
     state_machine_arn: str = Field("", description="The deployed workflow (AWS mode)")
     results_uri: str = Field("", description="Where results go; empty means data_dir (local mode)")

@@ -49,3 +49,63 @@ def hostile_folder(tmp_path: Path) -> Path:
     (folder / "notes.txt").write_text("not an image\n")
     (folder / "huge.png").write_bytes(encode(Image.new("1", (9000, 9000)), "PNG"))  # 81 MP, 10 kB
     return folder
+
+
+@pytest.fixture(scope="session")
+def results_with_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Local tables holding a succeeded image with a described, captioned 'dog' box and a failed image."""
+    from datetime import UTC, datetime
+
+    from shared.contracts import AttributeScore, Box, CaptionOutput, ClassScore, Detection, ImageResult, Status
+    from shared.tables import write_batch_tables
+
+    root = tmp_path_factory.mktemp("tables")
+    now = datetime.now(UTC)
+    dog = Detection(
+        label="dog",
+        score=0.8,
+        box=Box(x0=1, y0=2, x1=30, y1=40),
+        class_label="beagle",
+        class_score=0.6,
+        top_k=[ClassScore(label="beagle", score=0.6)],
+        attributes=[
+            AttributeScore(name="color", value="brown", score=0.7),
+            AttributeScore(name="pattern", value="spotted", score=0.5),
+        ],
+    )
+    caption = CaptionOutput(
+        caption="A brown beagle.",
+        model="m",
+        ttft_ms=20.0,
+        tokens_per_s=50.0,
+        prompt_tokens=200,
+        completion_tokens=6,
+        peak_rss_mb=500.0,
+    )
+    results = [
+        ImageResult(
+            image_id="a" * 16,
+            source_uri="s3://in/dog.jpg",
+            batch_id="b-" + "1" * 20,
+            status=Status.SUCCEEDED,
+            width=64,
+            height=48,
+            prompt="dog.",
+            detections=[dog],
+            caption=caption,
+            annotated_uri="s3://out/a.png",
+            processed_at=now,
+        ),
+        ImageResult(
+            image_id="b" * 16,
+            source_uri="s3://in/empty.jpg",
+            batch_id="b-" + "1" * 20,
+            status=Status.FAILED,
+            error="detect: ImageRejected: file is empty",
+            failed_step="detect",
+            prompt="dog.",
+            processed_at=now,
+        ),
+    ]
+    write_batch_tables(results, str(root), "b-" + "1" * 20, now)
+    return root

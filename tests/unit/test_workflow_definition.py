@@ -14,10 +14,20 @@ from tests.conftest import REPO
 
 
 class CloudFormationLoader(yaml.SafeLoader):
-    """Reads !Ref, !Sub, !GetAtt ... as plain values."""
+    """Reads the short forms !Ref, !Sub, !GetAtt ... as their long forms {"Ref": ...}, {"Fn::Sub": ...}."""
 
 
-CloudFormationLoader.add_multi_constructor("!", lambda loader, suffix, node: suffix)
+def _intrinsic(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict[str, Any]:
+    if isinstance(node, yaml.ScalarNode):
+        value: Any = loader.construct_scalar(node)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
+    return {suffix if suffix == "Ref" else f"Fn::{suffix}": value}
+
+
+CloudFormationLoader.add_multi_constructor("!", _intrinsic)
 
 
 def template() -> dict[str, Any]:

@@ -1,0 +1,112 @@
+"""template.yaml: least privilege, Glue tables that read what the code writes, named queries that run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlglot
+
+from shared.query import run_local_query
+from shared.steps import RESULTS_PREFIX
+from shared.tables import SCHEMAS, TABLES_PREFIX, glue_type
+from tests.conftest import REPO
+from tests.unit.test_workflow_definition import template
+
+TEMPLATE_TEXT = (REPO / "template.yaml").read_text()
+RESOURCES = template()["Resources"]
+
+
+def statements(resource: dict[str, Any]) -> list[dict[str, Any]]:
+    properties = resource.get("Properties", {})
+    documents = [p for p in properties.get("Policies", []) if isinstance(p, dict) and "Statement" in p]
+    if "PolicyDocument" in properties:
+        documents.append(properties["PolicyDocument"])
+    return [statement for document in documents for statement in document["Statement"]]
+
+
+def test_every_wildcard_in_a_policy_is_justified_by_a_comment_on_its_line() -> None:
+    wildcard_lines = [
+        line
+        for line in TEMPLATE_TEXT.splitlines()
+        if re.search(r"(Action|Resource|Principal):\s*\"?[\w:]*\*\"?\s*(#|$)", line)
+    ]
+    assert wildcard_lines, "the TLS-only Deny statements use s3:*, so the check must see them"
+    unjustified = [line.strip() for line in wildcard_lines if "#" not in line]
+    assert unjustified == []
+
+
+def test_allow_statements_name_actions_and_never_a_bare_wildcard_action() -> None:
+    for name, resource in RESOURCES.items():
+        for statement in statements(resource):
+            if statement["Effect"] != "Allow":
+                continue
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            assert all("*" not in action for action in actions), f"{name}: {actions}"
+
+
+def test_every_function_has_its_own_role_from_its_own_policies() -> None:
+    functions = {n: r for n, r in RESOURCES.items() if r["Type"] == "AWS::Serverless::Function"}
+    deployed = {
+        r["Properties"].get("CodeUri", "").strip("/").removeprefix("functions/")
+        or r["Metadata"]["DockerBuildArgs"]["FUNCTION"]
+        for r in functions.values()
+    }
+    assert deployed == {p.name for p in (REPO / "functions").iterdir() if (p / "app.py").is_file()}
+    for name, function in functions.items():
+        assert "Role" not in function["Properties"], f"{name} shares a role"
+        assert function["Properties"].get("Policies"), f"{name} has no policies"
+
+
+def test_buckets_are_encrypted_private_and_tls_only() -> None:
+    buckets = [n for n, r in RESOURCES.items() if r["Type"] == "AWS::S3::Bucket"]
+    policies = {r["Properties"]["Bucket"]["Ref"] for r in RESOURCES.values() if r["Type"] == "AWS::S3::BucketPolicy"}
+    assert sorted(buckets) == ["InputBucket", "ModelsBucket", "ResultsBucket"]
+    for name in buckets:
+        properties = RESOURCES[name]["Properties"]
+        assert properties["BucketEncryption"] and all(properties["PublicAccessBlockConfiguration"].values())
+    assert policies == set(buckets)
+
+
+def test_queues_are_encrypted_and_have_dead_letter_queues() -> None:
+    queues = {n: r["Properties"] for n, r in RESOURCES.items() if r["Type"] == "AWS::SQS::Queue"}
+    for name, properties in queues.items():
+        assert properties["SqsManagedSseEnabled"] is True, name
+        if not name.endswith("DeadLetterQueue"):
+            assert properties["RedrivePolicy"]["maxReceiveCount"] >= 1
+
+
+@pytest.mark.parametrize("table", ["images", "detections"])
+def test_glue_columns_equal_the_parquet_schema_the_code_writes(table: str) -> None:
+    [glue] = [
+        r
+        for r in RESOURCES.values()
+        if r["Type"] == "AWS::Glue::Table" and r["Properties"]["TableInput"]["Name"] == table
+    ]
+    table_input = glue["Properties"]["TableInput"]
+    columns = [(c["Name"], c["Type"]) for c in table_input["StorageDescriptor"]["Columns"]]
+    assert columns == [(field.name, glue_type(field.type)) for field in SCHEMAS[table]]
+    assert table_input["PartitionKeys"] == [{"Name": "dt", "Type": "string"}]
+    assert f"/{TABLES_PREFIX}/{table}/dt=" in TEMPLATE_TEXT
+
+
+def named_queries() -> dict[str, str]:
+    return {
+        r["Properties"]["Name"]: r["Properties"]["QueryString"]
+        for r in RESOURCES.values()
+        if r["Type"] == "AWS::Athena::NamedQuery"
+    }
+
+
+def test_the_named_queries_cover_the_common_questions() -> None:
+    assert {"labels-per-day", "images-containing-dog", "breeds-and-colors", "failed-images"} <= set(named_queries())
+
+
+def test_every_named_query_runs_on_the_local_tables(results_with_rows: Path) -> None:
+    for name, athena_sql in named_queries().items():
+        [duckdb_sql] = sqlglot.transpile(athena_sql, read="athena", write="duckdb")
+        rows = run_local_query(duckdb_sql, results_with_rows).to_pylist()
+        assert rows, f"{name} returned nothing over rows that hold answers"
+    assert RESULTS_PREFIX  # results and tables live under the prefixes the IAM statements name

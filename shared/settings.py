@@ -113,6 +113,7 @@ class Settings(BaseSettings):
     athena_workgroup: str = Field("", description="The stack's Athena workgroup (output AthenaWorkGroupName)")
     athena_database: str = Field("", description="The stack's Glue database (output GlueDatabaseName)")
     athena_timeout_s: float = Field(300, gt=0, le=3600, description="Longest wait for an Athena query")
+    preload_models: bool = Field(False, description="Load each function's model at init (set in Lambda)")
     aws_region: str = Field("us-east-1", description="Region of the deployed stack")
     state_machine_arn: str = Field("", description="The deployed workflow (AWS mode)")
     results_uri: str = Field("", description="Where results go; empty means data_dir (local mode)")

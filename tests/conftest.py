@@ -15,19 +15,25 @@ REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "samples"
 
 
+@pytest.fixture(autouse=True)
+def _settings_are_restored_after_each_test() -> Iterator[None]:
+    from shared import settings
+
+    before = settings.get_settings()
+    yield
+    use_settings(before)
+
+
 @pytest.fixture(scope="session")
-def tiny_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+def tiny_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     """The tiny profile, with the machine's model cache (tiny models are built once per machine)."""
-    settings = use_settings(profile=Profile.TINY, data_dir=tmp_path_factory.mktemp("annotate-data"))
-    yield settings
+    return Settings(profile=Profile.TINY, data_dir=tmp_path_factory.mktemp("annotate-data"))
 
 
 @pytest.fixture
-def settings_in(tmp_path: Path, tiny_settings: Settings) -> Iterator[Settings]:
-    """The tiny profile writing into this test's own folder."""
-    settings = use_settings(tiny_settings.model_copy(update={"data_dir": tmp_path / "data"}))
-    yield settings
-    use_settings(tiny_settings)
+def settings_in(tmp_path: Path, tiny_settings: Settings) -> Settings:
+    """The tiny profile writing into this test's own folder, in force for this test."""
+    return use_settings(tiny_settings.model_copy(update={"data_dir": tmp_path / "data"}))
 
 
 def encode(image: Image.Image, fmt: str, **options: object) -> bytes:

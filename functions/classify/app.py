@@ -11,6 +11,9 @@ from shared import steps
 from shared.contracts import DescribeInput
 from shared.observability import logger
 from shared.settings import get_settings
+from shared.warmup import prepare_function
+
+prepare_function("classify")
 
 
 @logger.inject_lambda_context(clear_state=True)

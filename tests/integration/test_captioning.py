@@ -91,7 +91,7 @@ def test_the_packaged_gemma_is_assembled_once_into_the_cache(tiny_settings: Sett
 
 
 def test_the_caption_handler_emits_its_measurements_as_emf_metrics(
-    tiny_settings: Settings, tiny_llm_settings: Settings, monkeypatch: pytest.MonkeyPatch
+    tiny_llm_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from functions.caption.app import handler
     from shared.local_runner import LocalContext
@@ -106,11 +106,8 @@ def test_the_caption_handler_emits_its_measurements_as_emf_metrics(
         detection=DetectOutput(width=400, height=300, detections=[]),
     ).model_dump(mode="json")
     printed = io.StringIO()
-    try:
-        with redirect_stdout(printed):
-            output = handler(event, LocalContext(function_name="caption", aws_request_id="test"))
-    finally:
-        use_settings(tiny_settings)
+    with redirect_stdout(printed):
+        output = handler(event, LocalContext(function_name="caption", aws_request_id="test"))
     emf = json.loads(printed.getvalue().strip().splitlines()[-1])
     names = {metric["Name"] for metric in emf["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
     assert {"CaptionTimeToFirstToken", "CaptionTokensPerSecond", "CaptionPeakMemory"} <= names

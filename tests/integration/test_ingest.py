@@ -64,7 +64,6 @@ def aws(tiny_settings: Settings) -> Iterator[Any]:
             tiny_settings.model_copy(update={"state_machine_arn": arn, "results_uri": "s3://annotate-results"})
         )
         yield sfn, arn
-        use_settings(tiny_settings)
     storage._s3_store.cache_clear()
     deployed_starter.cache_clear()
 

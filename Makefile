@@ -28,3 +28,17 @@ test: install lint
 
 clean:
 	rm -rf $(VENV) node_modules $(DATA_DIR)
+
+# `sam build` (BuildMethod: makefile) calls these with ARTIFACTS_DIR set; run it with --use-container so the
+# wheels match Lambda's Python 3.12 and glibc.
+build-SharedLayer:
+	python3 -m pip install --quiet --target "$(ARTIFACTS_DIR)/python" -r layers/shared/requirements.txt
+	cp -r shared "$(ARTIFACTS_DIR)/python/shared"
+
+build-ArrowLayer:
+	python3 -m pip install --quiet --target "$(ARTIFACTS_DIR)/python" -r layers/arrow/requirements.txt
+	layers/arrow/prune.sh "$(ARTIFACTS_DIR)/python"
+
+build-LlamaCppLayer:
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" python3 -m pip install --quiet --no-deps --target "$(ARTIFACTS_DIR)/python" \
+	  -r layers/llama-cpp/requirements.txt

@@ -36,7 +36,6 @@ from shared.observability import MetricUnit, logger, metrics
 from shared.render import draw_detections
 from shared.settings import Settings
 from shared.storage import join_uri, store_for
-from shared.tables import write_batch_tables
 from shared.tagging import Tagger, load_tagger
 
 RESULTS_PREFIX = "results"
@@ -191,6 +190,8 @@ def write_result(state: WriteResultInput, settings: Settings) -> ImageOutcome:
 
 def write_table(state: WriteTableInput, settings: Settings) -> BatchSummary:
     """Gather the batch's result documents into the ``images`` and ``detections`` tables."""
+    from shared.tables import write_batch_tables  # pyarrow: only WriteTable's package carries it
+
     now = datetime.now(UTC)
     results = [_result_of(outcome, state, now) for outcome in state.outcomes]
     uris = write_batch_tables(results, state.results_uri, state.batch_id, now)

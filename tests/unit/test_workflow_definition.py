@@ -6,32 +6,14 @@ import json
 from typing import Any
 
 import pytest
-import yaml
 
 from shared.contracts import BatchManifest, ImageTask, WriteResultInput, WriteTableInput
+from shared.sam_template import load_template
 from shared.workflow import DEFINITION_PATH, FUNCTION_PLACEHOLDERS, placeholders, substitute
-from tests.conftest import REPO
-
-
-class CloudFormationLoader(yaml.SafeLoader):
-    """Reads the short forms !Ref, !Sub, !GetAtt ... as their long forms {"Ref": ...}, {"Fn::Sub": ...}."""
-
-
-def _intrinsic(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict[str, Any]:
-    if isinstance(node, yaml.ScalarNode):
-        value: Any = loader.construct_scalar(node)
-    elif isinstance(node, yaml.SequenceNode):
-        value = loader.construct_sequence(node, deep=True)
-    else:
-        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
-    return {suffix if suffix == "Ref" else f"Fn::{suffix}": value}
-
-
-CloudFormationLoader.add_multi_constructor("!", _intrinsic)
 
 
 def template() -> dict[str, Any]:
-    return yaml.load((REPO / "template.yaml").read_text(), Loader=CloudFormationLoader)
+    return load_template()
 
 
 def states(definition: dict[str, Any]) -> dict[str, Any]:
@@ -56,7 +38,7 @@ def test_every_placeholder_is_substituted_by_the_template() -> None:
 def test_every_function_placeholder_has_a_handler_folder() -> None:
     assert placeholders() == set(FUNCTION_PLACEHOLDERS)
     for name in FUNCTION_PLACEHOLDERS.values():
-        assert (REPO / "functions" / name / "app.py").is_file()
+        assert (DEFINITION_PATH.parent.parent / "functions" / name / "app.py").is_file()
 
 
 def test_every_task_has_retry_and_catch() -> None:

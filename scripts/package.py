@@ -1,0 +1,173 @@
+"""Build each function's package as Lambda receives it and report its unzipped size against the limit.
+
+Zip functions: the function folder plus its layers, with Lambda's Python 3.12 manylinux wheels, against the
+250 MB unzipped limit (code and layers together). Image functions: the site-packages the Dockerfile installs
+(torch measured from the CPU wheel on this machine, as PyTorch's CPU index is out of reach here), against the
+10 GB image limit; the base image (public.ecr.aws/lambda/python:3.12) comes on top.
+
+    .venv/bin/python scripts/package.py [--out build/package]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from shared.sam_template import functions, load_template  # noqa: E402
+
+MB = 1_000_000
+ZIP_LIMIT_MB, IMAGE_LIMIT_MB = 250, 10_240
+# Lambda's python3.12 runtime is Amazon Linux 2023 (glibc 2.34): manylinux_2_28 wheels and older run on it.
+LAMBDA_WHEELS = [
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--platform",
+    "manylinux2014_x86_64",
+    "--python-version",
+    "3.12",
+    "--implementation",
+    "cp",
+    "--only-binary=:all:",
+]
+TORCH_CPU_WHEEL = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+
+
+def pip_install(target: Path, *arguments: str) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--target",
+        str(target),
+        *arguments,
+    ]
+    subprocess.run(command, check=True, cwd=REPO)
+
+
+def tree_size(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file() and not path.is_symlink())
+
+
+def zipped_size(folder: Path, archive: Path) -> int:
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                bundle.write(path, path.relative_to(folder))
+    return archive.stat().st_size
+
+
+def build_layer(name: str, out: Path) -> Path:
+    folder = out / "layers" / name
+    if folder.exists():
+        return folder
+    python = folder / "python"
+    if name == "SharedLayer":
+        pip_install(python, *LAMBDA_WHEELS, "-r", "layers/shared/requirements.txt")
+        shutil.copytree(REPO / "shared", python / "shared", ignore=shutil.ignore_patterns("__pycache__"))
+    elif name == "ArrowLayer":
+        pip_install(python, *LAMBDA_WHEELS, "-r", "layers/arrow/requirements.txt")
+        subprocess.run(["layers/arrow/prune.sh", str(python)], check=True, cwd=REPO)
+    elif name == "LlamaCppLayer":
+        wheels = subprocess.run(
+            ["scripts/native_wheels.sh", sys.executable, "llama-cpp-python==0.3.36"],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "CMAKE_ARGS": "-DGGML_NATIVE=OFF"},
+        ).stdout.strip()
+        pip_install(python, "--no-deps", "--find-links", wheels, "llama-cpp-python==0.3.36")
+        pip_install(python, *LAMBDA_WHEELS, "--no-deps", "diskcache==5.6.3", "jinja2==3.1.6", "markupsafe==3.0.3")
+    else:
+        raise SystemExit(f"no recipe for layer {name}")
+    return folder
+
+
+def zip_function(name: str, resource: dict, out: Path) -> tuple[int, int]:
+    properties = resource["Properties"]
+    code = REPO / properties["CodeUri"]
+    function_dir = out / "functions" / name
+    shutil.rmtree(function_dir, ignore_errors=True)
+    shutil.copytree(code, function_dir, ignore=shutil.ignore_patterns("__pycache__", "__init__.py"))
+    layers = [build_layer(layer["Ref"], out) for layer in properties.get("Layers", [])]
+    unzipped = tree_size(function_dir) + sum(tree_size(layer) for layer in layers)
+    zipped = zipped_size(function_dir, out / f"{name}.zip") + sum(
+        zipped_size(layer, out / f"{layer.name}.zip") for layer in layers
+    )
+    return unzipped, zipped
+
+
+def image_site_packages(out: Path) -> int:
+    folder = out / "image" / "site-packages"
+    if not folder.exists():
+        # Everything the requirements pull in, except PyPI's CUDA torch stack: the image takes torch from
+        # PyTorch's CPU index instead, measured here from the CPU wheel on this machine.
+        report = out / "image" / "resolution.json"
+        report.parent.mkdir(parents=True, exist_ok=True)
+        pip_install(
+            folder,
+            *LAMBDA_WHEELS,
+            "--dry-run",
+            "--ignore-installed",
+            "--report",
+            str(report),
+            "-r",
+            "layers/torch-image/requirements.txt",
+        )
+        pinned = [
+            f"{item['metadata']['name']}=={item['metadata']['version']}"
+            for item in json.loads(report.read_text())["install"]
+            if not re.match(r"^(torch|torchvision|triton|nvidia-.*|cuda-.*)$", item["metadata"]["name"].lower())
+        ]
+        pip_install(folder, *LAMBDA_WHEELS, "--no-deps", "torchvision==0.29.1", *pinned)
+        with zipfile.ZipFile(TORCH_CPU_WHEEL) as wheel:
+            wheel.extractall(folder)
+        for pruned in ("torch/include", "torch/share"):  # as the Dockerfile prunes them
+            shutil.rmtree(folder / pruned, ignore_errors=True)
+    return tree_size(folder) + tree_size(REPO / "shared")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=REPO / "build" / "package")
+    arguments = parser.parse_args()
+    out = arguments.out
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, resource in sorted(functions(load_template()).items()):
+        if resource["Properties"].get("PackageType") == "Image":
+            size, limit, zipped = image_site_packages(out), IMAGE_LIMIT_MB, None
+        else:
+            (size, zipped), limit = zip_function(name, resource, out), ZIP_LIMIT_MB
+        rows.append((name, "image" if zipped is None else "zip", size / MB, zipped, limit))
+    lines = [
+        "| function | package | unzipped MB | zipped MB | limit MB | fits |",
+        "|---|---|---:|---:|---:|---|",
+        *(
+            f"| {name} | {kind} | {size:.1f} | {'' if zipped is None else f'{zipped / MB:.1f}'} | {limit:,} | "
+            f"{'yes' if size < limit else 'NO'} |"
+            for name, kind, size, zipped, limit in rows
+        ),
+    ]
+    report = "\n".join(lines)
+    (out / "report.md").write_text(report + "\n")
+    print(report)
+    if any(size >= limit for _, _, size, _, limit in rows):
+        raise SystemExit("a package is over its limit")
+
+
+if __name__ == "__main__":
+    main()

@@ -185,6 +185,30 @@ def query(
         sys.stdout.write(format_rows(rows, output_format) + "\n")
 
 
+models = typer.Typer(help="Model files for the deployed stack")
+app.add_typer(models, name="models")
+
+
+@models.command("push")
+def models_push(
+    bucket: Annotated[str, typer.Option(help="The stack's models bucket (output ModelsBucketName)")],
+    prefix: Annotated[str, typer.Option(help="The template's ModelsPrefix")] = "models/",
+    profile: Annotated[Profile, typer.Option(help="Which models to push")] = Profile.DEFAULT,
+) -> None:
+    """Upload the profile's models (from the Hugging Face cache, local folders or packages) to S3."""
+    from shared.errors import ModelUnavailable
+    from shared.models_push import push_models
+
+    _quiet_logs(False)
+    try:
+        pushed = push_models(use_settings(profile=profile), bucket, prefix)
+    except ModelUnavailable as error:
+        raise _fail(str(error)) from None
+    for model in pushed:
+        line = f"{model.parameter}: {model.source} -> {model.uri} ({model.files} files, {model.bytes / 1e6:.1f} MB)"
+        out.print(line, soft_wrap=True, highlight=False)
+
+
 def _print_table(rows, title: str | None = None) -> None:
     table = Table(title=title, show_lines=False)
     for name in rows.column_names:

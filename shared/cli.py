@@ -41,6 +41,13 @@ def run(
     ] = None,
     top_k: Annotated[int, typer.Option(help="Classes kept per box")] = 3,
     caption: Annotated[bool, typer.Option(help="Write a caption with the LLM")] = True,
+    variants: Annotated[int, typer.Option(help="Variants to generate per image (stable-diffusion.cpp)")] = 0,
+    variant_prompt: Annotated[str, typer.Option(help="What the variants show")] = "",
+    variant_mode: Annotated[str, typer.Option(help="img2img (from the image) or txt2img")] = "img2img",
+    variant_strength: Annotated[float, typer.Option(help="img2img: how far from the image")] = 0.6,
+    variant_steps: Annotated[int, typer.Option(help="Sampling steps")] = 2,
+    variant_size: Annotated[int, typer.Option(help="Width and height of the variants")] = 512,
+    variant_seed: Annotated[int | None, typer.Option(help="Seed of the first variant")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the structured logs")] = False,
 ) -> None:
     """Annotate images through the real workflow definition, executed on this machine."""
@@ -56,6 +63,16 @@ def run(
     }
     if attribute:
         options["attributes"] = _vocabularies(attribute)
+    if variants:
+        options["variants"] = {
+            "count": variants,
+            "prompt": variant_prompt,
+            "mode": variant_mode,
+            "strength": variant_strength,
+            "steps": variant_steps,
+            "size": variant_size,
+            "seed": variant_seed,
+        }
     try:
         message = PromptMessage(prompt=prompt, images=paths, **options)
     except ValidationError as error:
@@ -124,13 +141,28 @@ def _annotate(message: Any, delivery: str, settings: Any) -> None:
         else:
             succeeded += result.summary.succeeded
             failed += result.summary.failed
+    batch_ids = [manifest.batch_id for manifest, _ in starter.results]
     if failed:
-        _print_failures([manifest.batch_id for manifest, _ in starter.results], settings.data_dir)
+        _print_failures(batch_ids, settings.data_dir)
+    if message.variants:
+        _print_variants(batch_ids, settings.data_dir)
     out.print(f"{succeeded} succeeded, {failed} failed", highlight=False)
     out.print(
         f"results in {settings.results_root}; query them with: annotate query --data-dir {settings.data_dir} 'SQL'"
     )
     raise typer.Exit(1 if failed else 0)
+
+
+def _print_variants(batch_ids: list[str], data_dir: Path) -> None:
+    from shared.query import run_local_query
+
+    ids = ", ".join(f"'{batch_id}'" for batch_id in batch_ids)
+    rows = run_local_query(
+        f"SELECT source_uri, unnest(variant_uris) AS variant, unnest(variant_seeds) AS seed FROM images "
+        f"WHERE batch_id IN ({ids}) ORDER BY source_uri, variant",
+        data_dir,
+    )
+    _print_table(rows, title="variants")
 
 
 def _print_failures(batch_ids: list[str], data_dir: Path) -> None:

@@ -49,6 +49,42 @@ def split_phrases(prompt: str) -> list[str]:
     return phrases
 
 
+MAX_VARIANTS = 4
+MAX_VARIANT_STEPS = 50
+MAX_VARIANT_SIZE = 768
+MAX_VARIANT_PROMPT_CHARS = 300
+
+
+class VariantsRequest(Frozen):
+    """Generated variants of each image: img2img from the image (or txt2img), all bounded before a model loads."""
+
+    prompt: str = Field(min_length=1, max_length=MAX_VARIANT_PROMPT_CHARS, description="What the variants show")
+    negative_prompt: str = Field("", max_length=MAX_VARIANT_PROMPT_CHARS)
+    count: int = Field(1, ge=1, le=MAX_VARIANTS, description="Variants per image")
+    mode: Literal["img2img", "txt2img"] = Field("img2img", description="From the image, or from the prompt alone")
+    strength: float = Field(0.6, ge=0.05, le=1.0, description="img2img: how far from the image")
+    steps: int = Field(2, ge=1, le=MAX_VARIANT_STEPS, description="Sampling steps (distilled models need 1-4)")
+    cfg_scale: float = Field(1.0, ge=0.0, le=20.0, description="Classifier-free guidance (1 = off)")
+    size: int = Field(512, description=f"Width and height in pixels: a multiple of 64, 128 to {MAX_VARIANT_SIZE}")
+    seed: int | None = Field(None, ge=0, lt=2**31, description="Seed of the first variant; default from the image")
+
+    @field_validator("size")
+    @classmethod
+    def _bounded_size(cls, size: int) -> int:
+        if not 128 <= size <= MAX_VARIANT_SIZE:
+            raise ValueError(f"{size} px is outside 128 to {MAX_VARIANT_SIZE} px")
+        if size % 64:
+            raise ValueError(f"{size} px is not a multiple of 64")
+        return size
+
+    @field_validator("prompt", "negative_prompt")
+    @classmethod
+    def _printable(cls, text: str) -> str:
+        if not _PRINTABLE_TEXT.match(text):
+            raise ValueError("contains control characters")
+        return text
+
+
 class AnnotationRequest(Frozen):
     """What to look for in every image of a batch, and how."""
 
@@ -64,6 +100,7 @@ class AnnotationRequest(Frozen):
     caption_format: Literal["text", "json"] = Field(
         "text", description="json: the LLM is constrained to {'caption': str, 'tags': [str]}"
     )
+    variants: VariantsRequest | None = Field(None, description="Generate variants of each image (on Fargate)")
 
     @field_validator("prompt")
     @classmethod
@@ -257,6 +294,29 @@ class CaptionOutput(Frozen):
     peak_rss_mb: float
 
 
+class VariantJob(Frozen):
+    """What the Variants container receives (in its environment) for one image."""
+
+    batch_id: str
+    image: ImageRef
+    results_uri: str
+    variants: VariantsRequest
+
+
+class Variant(Frozen):
+    uri: str
+    seed: int
+    seconds: float
+
+
+class VariantsOutput(Frozen):
+    """The Variants container's result document, beside the image's result."""
+
+    model: str
+    mode: str
+    images: list[Variant]
+
+
 class BranchFailure(Frozen):
     """A Parallel branch whose step failed; its Catch turned the error into this output."""
 
@@ -271,6 +331,7 @@ class WriteResultInput(ImageTask):
         None, description="The Describe Parallel state's output: [Classify branch, Tag branch]"
     )
     caption: CaptionOutput | None = None
+    variant_job: VariantJob | None = Field(None, description="Set when the Variants step ran for this image")
     failures: dict[str, StepFailure] = Field(default_factory=dict)
 
 
@@ -304,6 +365,7 @@ class ImageResult(Frozen):
     prompt: str
     detections: list[Detection] = Field(default_factory=list)
     caption: CaptionOutput | None = None
+    variants: VariantsOutput | None = None
     annotated_uri: str | None = None
     result_uri: str | None = None
     processed_at: datetime

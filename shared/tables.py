@@ -57,6 +57,9 @@ IMAGES_SCHEMA = pa.schema(
         ("caption_prompt_tokens", pa.int32()),
         ("caption_completion_tokens", pa.int32()),
         ("caption_peak_rss_mb", pa.float64()),
+        ("variants_model", pa.string()),
+        ("variant_uris", pa.list_(pa.string())),
+        ("variant_seeds", pa.list_(pa.int64())),
         ("annotated_uri", pa.string()),
         ("result_uri", pa.string()),
         ("processed_at", pa.timestamp("ms", tz="UTC")),
@@ -108,12 +111,22 @@ def _caption_columns(result: ImageResult) -> dict[str, object]:
     return {"caption": fields.pop("caption", None), **{f"caption_{name}": value for name, value in fields.items()}}
 
 
+def _variant_columns(result: ImageResult) -> dict[str, object]:
+    variants = result.variants
+    return {
+        "variants_model": variants.model if variants else None,
+        "variant_uris": [v.uri for v in variants.images] if variants else [],
+        "variant_seeds": [v.seed for v in variants.images] if variants else [],
+    }
+
+
 def images_table(results: list[ImageResult]) -> pa.Table:
     rows = [
         {
-            **result.model_dump(exclude={"detections", "caption"}),
+            **result.model_dump(exclude={"detections", "caption", "variants"}),
             "detections": [_detection_row(d) for d in result.detections],
             **_caption_columns(result),
+            **_variant_columns(result),
         }
         for result in results
     ]
@@ -163,6 +176,8 @@ def glue_type(arrow_type: pa.DataType) -> str:
         return "double"
     if pa.types.is_int32(arrow_type):
         return "int"
+    if pa.types.is_int64(arrow_type):
+        return "bigint"
     if pa.types.is_timestamp(arrow_type):
         return "timestamp"
     if pa.types.is_list(arrow_type):

@@ -26,6 +26,7 @@ def build_tiny_model(name: str, settings: Settings) -> Path:
         "grounding-dino": _build_grounding_dino,
         "convnext": _build_convnext,
         "clip": _build_clip,
+        "sdxs": _build_sdxs,
     }
     if name not in builders:
         raise ModelUnavailable(f"no tiny model named {name!r}; known: {sorted(builders)}")
@@ -147,3 +148,46 @@ def _build_clip(folder: Path) -> None:
     (folder / "open_clip_config.json").write_text(
         json.dumps({"model_cfg": TINY_CLIP_CONFIG, "preprocess_cfg": preprocess}, indent=2)
     )
+
+
+def _build_sdxs(folder: Path) -> None:
+    """An SDXS-512-style model in diffusers layout: a UNet without middle block (one res block, three levels),
+    the CLIP ViT-L text encoder and a tiny (TAESD) VAE. stable-diffusion.cpp fixes the architecture per version,
+    so the shapes are the real ones (316M + 123M parameters, saved in fp16); only the weights are random."""
+    import torch
+    from diffusers import AutoencoderTiny, UNet2DConditionModel
+    from safetensors.torch import save_file
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(_SEED)
+    unet = UNet2DConditionModel(
+        sample_size=64,
+        block_out_channels=(320, 640, 1280),
+        layers_per_block=1,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+        mid_block_type=None,
+        cross_attention_dim=768,
+        attention_head_dim=8,
+    )
+    unet.to(torch.float16).save_pretrained(folder / "unet")
+    AutoencoderTiny().save_pretrained(folder / "vae")
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            hidden_size=768,
+            intermediate_size=3072,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            max_position_embeddings=77,
+            vocab_size=49408,
+            projection_dim=768,
+        )
+    ).to(torch.float16)  # type: ignore[arg-type]  # transformers' decorator hides nn.Module.to
+    # transformers 5 drops the "text_model." prefix when saving; stable-diffusion.cpp needs it to tell the version.
+    weights = {
+        (key if key.startswith("text_model.") else f"text_model.{key}"): tensor.contiguous()
+        for key, tensor in text_encoder.state_dict().items()
+    }
+    (folder / "text_encoder").mkdir()
+    save_file(weights, folder / "text_encoder" / "model.safetensors")
+    text_encoder.config.save_pretrained(folder / "text_encoder")

@@ -19,6 +19,16 @@ FUNCTION_PLACEHOLDERS = {
 }
 
 
+# The placeholders of the Variants state (ECS RunTask on Fargate).
+FARGATE_PLACEHOLDERS = (
+    "VariantsClusterArn",
+    "VariantsTaskDefinitionArn",
+    "VariantsSubnetA",
+    "VariantsSubnetB",
+    "VariantsSecurityGroup",
+)
+
+
 def placeholders(definition: str | None = None) -> set[str]:
     text = definition if definition is not None else DEFINITION_PATH.read_text()
     return set(_PLACEHOLDER.findall(text))

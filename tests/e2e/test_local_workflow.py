@@ -232,3 +232,55 @@ def test_annotate_send_keeps_a_malformed_message_with_its_reason(tmp_path: Path,
     [kept] = (tmp_path / "data" / "dead-letter").iterdir()
     record = json.loads(kept.read_text())
     assert record["body"] == body and reason in record["reason"] and record["source"] == str(message)
+
+
+def test_variants_run_through_the_fargate_state_and_land_in_the_row(tmp_path: Path, tiny_settings: Settings) -> None:
+    code, output = annotate(
+        "run",
+        str(SAMPLES / "chelsea-the-cat.jpg"),
+        "--prompt",
+        "cat.",
+        "--profile",
+        "tiny",
+        "--data-dir",
+        str(tmp_path),
+        "--no-caption",
+        "--variants",
+        "2",
+        "--variant-prompt",
+        "the same cat as a watercolor painting",
+        "--variant-size",
+        "128",
+        "--variant-steps",
+        "1",
+        "--variant-seed",
+        "7",
+    )
+    assert code == 0, output
+    [row] = rows("SELECT variant_uris, variant_seeds, variants_model FROM images", tmp_path)
+    assert row["variant_seeds"] == [7, 8] and row["variants_model"] == "tiny:sdxs"
+    assert all(Path(uri).read_bytes().startswith(b"\x89PNG") for uri in row["variant_uris"])
+    assert "variant-0.png" in output  # shown in the local results output
+
+
+def test_a_variants_failure_is_caught_as_a_task_failure_and_the_rest_is_kept(
+    settings_in: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shared import variants
+
+    def no_model(settings: Settings) -> None:
+        raise ModelUnavailable("no diffusion model here")
+
+    monkeypatch.setattr(variants, "load_generator", no_model)
+    message = PromptMessage.model_validate(
+        {
+            "prompt": "cat.",
+            "images": [str(SAMPLES / "coffee.webp")],
+            "caption": False,
+            "variants": {"prompt": "a watercolor", "size": 128, "steps": 1},
+        }
+    )
+    [row] = run_message(message, settings_in)
+    assert (row["status"], row["failed_step"], row["variant_uris"]) == ("failed", "variants", [])
+    assert row["error"].startswith("variants: States.TaskFailed: Essential container in task exited: ModelUnavailable")
+    assert row["detections"] and row["annotated_uri"]

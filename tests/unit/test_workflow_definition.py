@@ -9,7 +9,7 @@ import pytest
 
 from shared.contracts import BatchManifest, ImageTask, WriteResultInput, WriteTableInput
 from shared.sam_template import load_template
-from shared.workflow import DEFINITION_PATH, FUNCTION_PLACEHOLDERS, placeholders, substitute
+from shared.workflow import DEFINITION_PATH, FARGATE_PLACEHOLDERS, FUNCTION_PLACEHOLDERS, placeholders, substitute
 
 
 def template() -> dict[str, Any]:
@@ -36,7 +36,7 @@ def test_every_placeholder_is_substituted_by_the_template() -> None:
 
 
 def test_every_function_placeholder_has_a_handler_folder() -> None:
-    assert placeholders() == set(FUNCTION_PLACEHOLDERS)
+    assert placeholders() == set(FUNCTION_PLACEHOLDERS) | set(FARGATE_PLACEHOLDERS)
     for name in FUNCTION_PLACEHOLDERS.values():
         assert (DEFINITION_PATH.parent.parent / "functions" / name / "app.py").is_file()
 

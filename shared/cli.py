@@ -217,6 +217,67 @@ def query(
         sys.stdout.write(format_rows(rows, output_format) + "\n")
 
 
+@app.command()
+def bench(
+    images: Annotated[list[Path] | None, typer.Argument(help="Images to run on (default: samples/)")] = None,
+    repeats: Annotated[int, typer.Option(help="Alternating runs per image and side")] = 3,
+    threads: Annotated[int, typer.Option(help="torch and llama.cpp threads; 0 = every core")] = 0,
+    short_side: Annotated[int, typer.Option(help="The pipeline's detection resolution")] = 800,
+    crops: Annotated[int, typer.Option(help="Boxes per image for Classify and Tag")] = 8,
+    models: Annotated[str, typer.Option(help="random (full-size architectures) or tiny")] = "random",
+    bf16: Annotated[bool, typer.Option(help="The pipeline's detector under bf16 autocast")] = True,
+    variants: Annotated[bool, typer.Option(help="Also time variants at 256 and 512 px")] = True,
+    out_dir: Annotated[Path, typer.Option(help="Where bench.json and bench.md go")] = Path("bench"),
+) -> None:
+    """Time this pipeline against the straightforward way, side by side, and write the report."""
+    from shared.bench import BenchOptions, run_bench
+
+    _quiet_logs(False)
+    samples = Path(__file__).resolve().parent.parent / "samples"
+    try:
+        options = BenchOptions(
+            images=images or sorted(samples.iterdir()),
+            repeats=repeats,
+            threads=threads,
+            short_side=short_side,
+            crops=crops,
+            models=models,
+            bf16=bf16,
+            variants=variants,
+            out_dir=out_dir,
+        )
+    except ValidationError as error:
+        raise _fail(validation_reason(error)) from None
+    report = run_bench(options, progress=lambda text: err.print(f"[dim]{text}[/dim]"))
+    out.print((out_dir / "bench.md").read_text(), highlight=False, soft_wrap=True)
+    out.print(f"whole image: {report['whole_image']['speedup']}x the reference; written to {out_dir}/")
+
+
+@app.command()
+def cost(
+    bench_file: Annotated[Path, typer.Option("--bench", help="A bench.json written by annotate bench")] = Path(
+        "bench/bench.json"
+    ),
+    prices_file: Annotated[Path | None, typer.Option("--prices", help="Prices (default: shared/data)")] = None,
+    out_dir: Annotated[Path, typer.Option(help="Where cost.md, cost.json and cost.png go")] = Path("bench"),
+) -> None:
+    """Cost per 1,000 images and per month for the original study's scenarios, from measured seconds."""
+    import json
+
+    from shared.cost import cost_table, load_prices, markdown_table, write_chart
+
+    if not bench_file.is_file():
+        raise _fail(f"{bench_file} does not exist: run annotate bench first")
+    prices = load_prices(prices_file)
+    rows = cost_table(json.loads(bench_file.read_text()), prices)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "cost.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out_dir / "cost.md").write_text(markdown_table(rows, prices))
+    write_chart(rows, out_dir / "cost.png")
+    out.print(markdown_table(rows, prices), highlight=False, soft_wrap=True)
+    out.print(f"written to {out_dir}/cost.md, cost.json and cost.png")
+
+
 models = typer.Typer(help="Model files for the deployed stack")
 app.add_typer(models, name="models")
 

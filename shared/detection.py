@@ -29,6 +29,7 @@ class GroundingDinoDetector:
     short_side: int
     max_detections: int
     nms_iou: float
+    bf16: bool = False
 
     def detect(
         self, image: Image.Image, phrases: list[str], box_threshold: float, text_threshold: float
@@ -44,12 +45,12 @@ class GroundingDinoDetector:
             return_tensors="pt",
             size={"shortest_edge": self.short_side, "longest_edge": self.short_side * 1333 // 800},
         )
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
             outputs = self.model(**inputs)
-        token_scores = outputs.logits[0].sigmoid()  # (queries, text positions)
+        token_scores = outputs.logits[0].float().sigmoid()  # (queries, text positions)
         phrase_scores = torch.stack([token_scores[:, start:end].max(dim=1).values for start, end in spans], dim=1)
         scores, labels = phrase_scores.max(dim=1)
-        boxes = _pixel_boxes(outputs.pred_boxes[0], image.width, image.height)
+        boxes = _pixel_boxes(outputs.pred_boxes[0].float(), image.width, image.height)
         keep = (scores >= max(box_threshold, text_threshold)) & (boxes[:, 2] - boxes[:, 0] >= 1)
         keep &= boxes[:, 3] - boxes[:, 1] >= 1
         boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
@@ -85,13 +86,19 @@ def _pixel_boxes(normalized_cxcywh: Any, width: int, height: int) -> Any:
     return (corners * scale).clamp(min=0).minimum(scale)
 
 
-_loaded: dict[tuple[str, int, int, float], GroundingDinoDetector] = {}
+_loaded: dict[tuple[str, int, int, float, bool], GroundingDinoDetector] = {}
 _load_lock = threading.Lock()
 
 
 def load_detector(settings: Settings) -> GroundingDinoDetector:
     """The Grounding DINO detector the settings name, loaded once per process."""
-    key = (settings.detector_model, settings.detection_short_side, settings.max_detections, settings.nms_iou)
+    key = (
+        settings.detector_model,
+        settings.detection_short_side,
+        settings.max_detections,
+        settings.nms_iou,
+        settings.detector_bf16,
+    )
     with _load_lock:
         if key not in _loaded:
             from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
@@ -101,7 +108,12 @@ def load_detector(settings: Settings) -> GroundingDinoDetector:
             model = AutoModelForZeroShotObjectDetection.from_pretrained(folder).eval()
             processor = AutoProcessor.from_pretrained(folder)
             _loaded[key] = GroundingDinoDetector(
-                model, processor, settings.detection_short_side, settings.max_detections, settings.nms_iou
+                model,
+                processor,
+                settings.detection_short_side,
+                settings.max_detections,
+                settings.nms_iou,
+                bf16=settings.detector_bf16,
             )
             logger.info("detector loaded", extra={"model": settings.detector_model, "folder": str(folder)})
         return _loaded[key]

@@ -38,10 +38,10 @@ def resolve_model_dir(source: str, settings: Settings) -> Path:
     Raises:
         ModelUnavailable: the source cannot be reached; the message says how to provide the model.
     """
-    if source.startswith("tiny:"):
+    if source.startswith(("tiny:", "random:")):
         from shared.tiny_models import build_tiny_model
 
-        return build_tiny_model(source.removeprefix("tiny:"), settings)
+        return build_tiny_model(source.split(":", 1)[1], settings)
     if is_s3(source):
         return _s3_prefix_in_memory(source, settings)
     path = Path(source).expanduser()

@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     detection_short_side: int = Field(
         800, ge=224, le=1333, description="Short side the detector resizes to: the accuracy/speed setting"
     )
+    detector_bf16: bool = Field(
+        False, description="Run Grounding DINO under bf16 autocast (CPUs with native bf16; see annotate bench)"
+    )
     max_detections: int = Field(20, ge=1, le=300, description="Most boxes kept per image, best first")
     nms_iou: float = Field(0.5, gt=0, le=1, description="Boxes of one label overlapping more are merged")
     classifier_model: str = Field(

@@ -1,7 +1,9 @@
-"""Tiny random-weight models with the real architectures, built from configs and cached on disk.
+"""Random-weight models with the real architectures, built from configs and cached on disk.
 
-They let the whole pipeline run offline (``--profile tiny``): the code paths are the real ones, the outputs
-are meaningless. Each is built once per machine and then loaded like any local model folder.
+``tiny:`` models let the whole pipeline run offline (``--profile tiny``): the code paths are the real ones,
+the outputs are meaningless. ``random:`` models have the full size of the default checkpoints, so their
+compute (what the benchmark measures) is the real one. Each is built once per machine and then loaded like any
+local model folder.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import tempfile
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from shared.errors import ModelUnavailable
 from shared.observability import logger
@@ -27,6 +30,9 @@ def build_tiny_model(name: str, settings: Settings) -> Path:
         "convnext": _build_convnext,
         "clip": _build_clip,
         "sdxs": _build_sdxs,
+        "grounding-dino-tiny": lambda folder: _build_grounding_dino(folder, full_size=True),
+        "convnext-tiny-224": lambda folder: _build_convnext(folder, full_size=True),
+        "clip-vit-b-32": lambda folder: _build_clip(folder, full_size=True),
     }
     if name not in builders:
         raise ModelUnavailable(f"no tiny model named {name!r}; known: {sorted(builders)}")
@@ -62,7 +68,7 @@ def bert_base_uncased_vocab() -> dict[str, int]:
     return {token: index for index, token in enumerate(text.splitlines())}
 
 
-def _build_grounding_dino(folder: Path) -> None:
+def _build_grounding_dino(folder: Path, full_size: bool = False) -> None:
     import torch
     from transformers import (
         BertConfig,
@@ -96,6 +102,8 @@ def _build_grounding_dino(folder: Path) -> None:
         encoder_attention_heads=2,
         decoder_attention_heads=2,
     )
+    if full_size:  # the defaults are exactly grounding-dino-tiny: Swin-T and BERT-base, 172M parameters
+        config = GroundingDinoConfig()
     torch.manual_seed(_SEED)
     GroundingDinoForObjectDetection(config).eval().save_pretrained(folder)
     tokenizer = BertTokenizer(vocab=bert_base_uncased_vocab(), do_lower_case=True)
@@ -109,14 +117,14 @@ def imagenet_labels() -> list[str]:
     return list(ConvNeXt_Tiny_Weights.IMAGENET1K_V1.meta["categories"])
 
 
-def _build_convnext(folder: Path) -> None:
+def _build_convnext(folder: Path, full_size: bool = False) -> None:
     import torch
     from transformers import ConvNextConfig, ConvNextForImageClassification, ConvNextImageProcessor
 
     labels = imagenet_labels()
+    size: dict[str, Any] = {} if full_size else {"depths": [1, 1, 1, 1], "hidden_sizes": [8, 16, 32, 64]}
     config = ConvNextConfig(
-        depths=[1, 1, 1, 1],
-        hidden_sizes=[8, 16, 32, 64],
+        **size,
         num_labels=len(labels),  # type: ignore[call-arg]  # a PretrainedConfig field
         id2label=dict(enumerate(labels)),
         label2id={label: index for index, label in enumerate(labels)},
@@ -134,19 +142,20 @@ TINY_CLIP_CONFIG = {
 }
 
 
-def _build_clip(folder: Path) -> None:
+def _build_clip(folder: Path, full_size: bool = False) -> None:
     import json
 
     import open_clip
     import torch
     from safetensors.torch import save_file
 
+    config = open_clip.get_model_config("ViT-B-32") if full_size else TINY_CLIP_CONFIG
     torch.manual_seed(_SEED)
-    model = open_clip.CLIP(**TINY_CLIP_CONFIG)
+    model = open_clip.CLIP(**config)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "open_clip_model.safetensors")
     preprocess = {"mean": [0.48145466, 0.4578275, 0.40821073], "std": [0.26862954, 0.26130258, 0.27577711]}
     (folder / "open_clip_config.json").write_text(
-        json.dumps({"model_cfg": TINY_CLIP_CONFIG, "preprocess_cfg": preprocess}, indent=2)
+        json.dumps({"model_cfg": config, "preprocess_cfg": preprocess}, indent=2)
     )
 
 

@@ -1,0 +1,377 @@
+"""`annotate bench`: this pipeline's steps against the straightforward way, side by side in one process.
+
+The reference is what a user would write from each library's own documentation: transformers'
+``pipeline("zero-shot-object-detection")`` for Grounding DINO, ``pipeline("image-classification")`` per crop,
+open_clip's zero-shot recipe per crop, and llama-cpp-python's plain completion per image. Both sides use the
+same models (by default random-weight models with the full-size architectures: the compute is the real one),
+on the same images; their runs alternate, and medians are reported, since the machine is noisy.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from PIL import Image
+from pydantic import BaseModel, Field
+
+from shared.contracts import DEFAULT_ATTRIBUTES, AnnotationRequest, Box, Detection
+from shared.settings import Profile, Settings
+
+PHRASES = ["dog", "cat"]
+FULL_SIZE_RANDOM: dict[str, Any] = {
+    "detector_model": "random:grounding-dino-tiny",
+    "classifier_model": "random:convnext-tiny-224",
+    "tagger_models": ["random:clip-vit-b-32"],
+}
+STEP_LOADERS = {
+    "detect": "shared.detection:load_detector",
+    "classify": "shared.classification:load_classifier",
+    "tag": "shared.tagging:load_tagger",
+    "caption": "shared.captioning:load_captioner",
+}
+
+
+class BenchOptions(BaseModel):
+    images: list[Path] = Field(min_length=1)
+    repeats: int = Field(3, ge=1, le=20)
+    threads: int = Field(0, ge=0, le=64, description="torch and llama.cpp threads; 0 = every core")
+    short_side: int = Field(800, ge=224, le=1333, description="The pipeline's detection resolution")
+    crops: int = Field(8, ge=1, le=32, description="Boxes per image for Classify and Tag")
+    models: Literal["random", "tiny"] = "random"
+    bf16: bool = Field(True, description="The pipeline's detector under bf16 autocast")
+    variants: bool = Field(True, description="Also time variants at 256 and 512 px")
+    out_dir: Path = Path("bench")
+
+
+def bench_settings(options: BenchOptions) -> Settings:
+    models: dict[str, Any] = FULL_SIZE_RANDOM if options.models == "random" else {}
+    return Settings(
+        profile=Profile.TINY,
+        detection_short_side=options.short_side,
+        detector_bf16=options.bf16,
+        torch_threads=options.threads,
+        caption_threads=options.threads,
+        max_detections=options.crops,
+        **models,
+    )
+
+
+def grid_boxes(image: Image.Image, count: int) -> list[Detection]:
+    """``count`` boxes tiling the image, labelled dog and cat in turn: the same crops for both sides."""
+    columns = min(count, 4)
+    rows = -(-count // columns)
+    width, height = image.width / columns, image.height / rows
+    return [
+        Detection(
+            label=PHRASES[index % 2],
+            score=1.0,
+            box=Box(
+                x0=(index % columns) * width,
+                y0=(index // columns) * height,
+                x1=(index % columns + 1) * width,
+                y1=(index // columns + 1) * height,
+            ),
+        )
+        for index in range(count)
+    ]
+
+
+def _timed(call: Callable[..., Any], *arguments: Any) -> float:
+    started = time.perf_counter()
+    call(*arguments)
+    return time.perf_counter() - started
+
+
+class _Sides:
+    """The pipeline's and the reference's implementation of each step, over the same models."""
+
+    def __init__(self, settings: Settings) -> None:
+        from shared.captioning import load_captioner
+        from shared.classification import load_classifier
+        from shared.detection import load_detector
+        from shared.model_sources import resolve_model_dir, resolve_model_file
+        from shared.tagging import load_tagger
+
+        self.settings = settings
+        self.detector = load_detector(settings)
+        self.classifier = load_classifier(settings)
+        self.tagger = load_tagger(settings)
+        self.captioner = load_captioner(settings)
+        self._reference_detector, self._reference_classifier = self._transformers_pipelines(
+            resolve_model_dir(settings.detector_model, settings), resolve_model_dir(settings.classifier_model, settings)
+        )
+        self._clip = self._open_clip(resolve_model_dir((settings.tagger_models or [""])[0], settings))
+        from llama_cpp import Llama
+
+        self._llm = Llama(
+            model_path=str(resolve_model_file(settings.caption_model, settings)),
+            n_ctx=settings.caption_context,
+            n_threads=settings.caption_threads or None,
+            verbose=False,
+        )
+
+    @staticmethod
+    def _transformers_pipelines(detector_dir: Path, classifier_dir: Path) -> tuple[Any, Any]:
+        from transformers import pipeline
+
+        return (
+            pipeline("zero-shot-object-detection", model=str(detector_dir)),
+            pipeline("image-classification", model=str(classifier_dir)),
+        )
+
+    @staticmethod
+    def _open_clip(folder: Path) -> tuple[Any, Any, Any]:
+        import open_clip
+
+        model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}")
+        return model.eval(), preprocess, open_clip.get_tokenizer(f"local-dir:{folder}")
+
+    def pipeline_step(self, step: str, image: Image.Image, crops: list[Image.Image], facts: dict) -> None:
+        labels = [PHRASES[index % 2] for index in range(len(crops))]
+        if step == "detect":
+            self.detector.detect(image, PHRASES, 0.35, 0.25)
+        elif step == "classify":
+            self.classifier.classify(crops, labels, 3)
+        elif step == "tag":
+            self.tagger.tag(crops, labels, DEFAULT_ATTRIBUTES)
+        else:
+            self.captioner.caption(facts)
+
+    def reference_step(self, step: str, image: Image.Image, crops: list[Image.Image], facts: dict) -> None:
+        import torch
+
+        from shared.captioning import build_prompt
+
+        if step == "detect":
+            self._reference_detector(image, candidate_labels=PHRASES)
+        elif step == "classify":
+            for crop in crops:
+                self._reference_classifier(crop, top_k=3)
+        elif step == "tag":
+            model, preprocess, tokenizer = self._clip
+            for index, crop in enumerate(crops):
+                for values in DEFAULT_ATTRIBUTES.values():  # open_clip's README recipe, once per crop and attribute
+                    with torch.no_grad():
+                        image_features = model.encode_image(preprocess(crop).unsqueeze(0))
+                        text = tokenizer([f"a photo of a {v} {PHRASES[index % 2]}" for v in values])
+                        text_features = model.encode_text(text)
+                        image_features /= image_features.norm(dim=-1, keepdim=True)
+                        text_features /= text_features.norm(dim=-1, keepdim=True)
+                        (100.0 * image_features @ text_features.T).softmax(dim=-1)
+        else:
+            self._llm(build_prompt(facts), max_tokens=self.settings.caption_max_tokens, temperature=0.0, stop=["\n"])
+
+
+def _cold_start(step: str, settings: Settings) -> dict[str, float]:
+    """Import and model load of one step in a fresh process: what a cold Lambda pays before its first image."""
+    module, function = STEP_LOADERS[step].split(":")
+    script = (
+        "import resource, sys, time\n"
+        "started = time.perf_counter()\n"
+        f"from {module} import {function}\n"
+        "from shared.settings import Settings\n"
+        f"{function}(Settings.model_validate_json(sys.argv[1]))\n"
+        "print(time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, settings.model_dump_json()], capture_output=True, text=True, check=True
+    )
+    seconds, peak_mb = result.stdout.split()[-2:]
+    return {"seconds": round(float(seconds), 2), "peak_rss_mb": round(float(peak_mb), 1)}
+
+
+def _detection_drift(settings: Settings, images: list[Image.Image]) -> dict[str, Any]:
+    """bf16 against fp32 on the same images: matched boxes' IoU, score differences, speed."""
+    import torch
+    from torchvision.ops import box_iou
+
+    from shared.detection import load_detector
+
+    detectors = {bf16: load_detector(settings.model_copy(update={"detector_bf16": bf16})) for bf16 in (False, True)}
+    ious: list[float] = []
+    deltas: list[float] = []
+    unmatched = total = 0
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    for image in images:
+        found = {}
+        for bf16, detector in detectors.items():
+            started = time.perf_counter()
+            found[bf16] = detector.detect(image, PHRASES, 0.35, 0.25)
+            seconds[bf16].append(time.perf_counter() - started)
+        total += len(found[False])
+        for reference in found[False]:
+            candidates = [d for d in found[True] if d.label == reference.label]
+            if not candidates:
+                unmatched += 1
+                continue
+            overlaps = box_iou(
+                torch.tensor([[reference.box.x0, reference.box.y0, reference.box.x1, reference.box.y1]]),
+                torch.tensor([[d.box.x0, d.box.y0, d.box.x1, d.box.y1] for d in candidates]),
+            )[0]
+            best = int(overlaps.argmax())
+            if float(overlaps[best]) < 0.5:
+                unmatched += 1
+                continue
+            ious.append(float(overlaps[best]))
+            deltas.append(abs(reference.score - candidates[best].score))
+    return {
+        "fp32_boxes": total,
+        "unmatched_fraction": round(unmatched / total, 3) if total else 0.0,
+        "mean_matched_iou": round(statistics.fmean(ious), 4) if ious else None,
+        "mean_abs_score_delta": round(statistics.fmean(deltas), 4) if deltas else None,
+        "fp32_median_s": round(statistics.median(seconds[False]), 3),
+        "bf16_median_s": round(statistics.median(seconds[True]), 3),
+    }
+
+
+def _caption_prefix(sides: _Sides, facts: dict, repeats: int) -> dict[str, float]:
+    reused = [sides.captioner.caption(facts) for _ in range(repeats)]
+    whole = [sides.captioner.caption(facts, reuse_prefix=False) for _ in range(repeats)]
+    return {
+        "ttft_ms_prefix_reused": statistics.median(o.ttft_ms for o in reused),
+        "ttft_ms_whole_prompt": statistics.median(o.ttft_ms for o in whole),
+        "tokens_per_s": statistics.median(o.tokens_per_s for o in reused + whole),
+        "prompt_tokens": reused[0].prompt_tokens,
+    }
+
+
+def _variant_seconds(settings: Settings, image_path: Path, repeats: int) -> dict[str, float]:
+    from shared.contracts import ImageRef, VariantJob, VariantsRequest
+    from shared.variants import load_generator, run_variant_job
+
+    generator = load_generator(settings)
+    timings = {}
+    for size in (256, 512):
+        job = VariantJob(
+            batch_id="b-" + "0" * 20,
+            image=ImageRef(image_id="0" * 16, source_uri=str(image_path)),
+            results_uri=str(Path(settings.model_cache_dir) / "bench-variants"),
+            variants=VariantsRequest(prompt="the same picture as a watercolor painting", size=size, seed=1),
+        )
+        runs = [run_variant_job(job, settings, generator).images[0].seconds for _ in range(repeats)]
+        timings[f"seconds_per_variant_{size}px"] = round(statistics.median(runs), 2)
+    return timings
+
+
+def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Run the benchmark and write ``bench.json`` and ``bench.md`` under ``options.out_dir``."""
+    from shared.captioning import image_facts
+
+    settings = bench_settings(options)
+    steps = list(STEP_LOADERS)
+    progress("cold starts (a fresh process per step)")
+    cold = {step: _cold_start(step, settings) for step in steps}
+    progress("loading both sides")
+    sides = _Sides(settings)
+    images = [Image.open(path).convert("RGB") for path in options.images]
+    request = AnnotationRequest(prompt="dog. cat.")
+    work = []
+    for image in images:
+        boxes = grid_boxes(image, options.crops)
+        crops = [image.crop((b.box.x0, b.box.y0, b.box.x1, b.box.y1)) for b in boxes]
+        work.append((image, crops, image_facts(request, image.width, image.height, boxes)))
+    for image, crops, facts in work[:1]:  # warm both sides: lazy initialisation is not what is measured
+        for step in steps:
+            sides.pipeline_step(step, image, crops, facts)
+            sides.reference_step(step, image, crops, facts)
+    timings: dict[str, dict[str, list[float]]] = {step: {"pipeline": [], "reference": []} for step in steps}
+    for repeat in range(options.repeats):
+        progress(f"repeat {repeat + 1} of {options.repeats}")
+        for image, crops, facts in work:
+            for step in steps:
+                order = ("pipeline", "reference") if repeat % 2 == 0 else ("reference", "pipeline")
+                for side in order:
+                    run = sides.pipeline_step if side == "pipeline" else sides.reference_step
+                    timings[step][side].append(_timed(run, step, image, crops, facts))
+    results = {
+        step: {
+            "pipeline_median_s": round(statistics.median(sides_["pipeline"]), 4),
+            "reference_median_s": round(statistics.median(sides_["reference"]), 4),
+            "speedup": round(statistics.median(sides_["reference"]) / statistics.median(sides_["pipeline"]), 2),
+            "cold_start_s": cold[step]["seconds"],
+            "cold_peak_rss_mb": cold[step]["peak_rss_mb"],
+        }
+        for step, sides_ in timings.items()
+    }
+    pipeline_image = sum(r["pipeline_median_s"] for r in results.values())
+    reference_image = sum(r["reference_median_s"] for r in results.values())
+    progress("bf16 drift, caption prefix, variants")
+    report: dict[str, Any] = {
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": _cores(),
+            "python": platform.python_version(),
+        },
+        "options": json.loads(options.model_dump_json()),
+        "models": {
+            "detector": settings.detector_model,
+            "classifier": settings.classifier_model,
+            "tagger": (settings.tagger_models or [""])[0],
+            "caption": settings.caption_model,
+        },
+        "steps": results,
+        "whole_image": {
+            "pipeline_s": round(pipeline_image, 3),
+            "reference_s": round(reference_image, 3),
+            "speedup": round(reference_image / pipeline_image, 2),
+            "pipeline_images_per_minute": round(60 / pipeline_image, 1),
+            "reference_images_per_minute": round(60 / reference_image, 1),
+        },
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "detector_bf16_drift": _detection_drift(settings, images),
+        "caption_prefix": _caption_prefix(sides, work[0][2], options.repeats),
+    }
+    if options.variants:
+        report["variants"] = _variant_seconds(settings, options.images[0], max(1, options.repeats - 1))
+    options.out_dir.mkdir(parents=True, exist_ok=True)
+    (options.out_dir / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    (options.out_dir / "bench.md").write_text(markdown_report(report))
+    return report
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+def markdown_report(report: dict[str, Any]) -> str:
+    lines = [
+        f"Measured {report['measured_at']} on {report['machine']['cores']} cores; medians of "
+        f"{report['options']['repeats']} alternating runs over {len(report['options']['images'])} images, "
+        f"{report['options']['crops']} boxes each; models: {', '.join(report['models'].values())}.",
+        "",
+        "| step | pipeline s | reference s | speedup | cold start s | cold peak RSS MB |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for step, r in report["steps"].items():
+        lines.append(
+            f"| {step} | {r['pipeline_median_s']:.3f} | {r['reference_median_s']:.3f} | {r['speedup']:.2f}x | "
+            f"{r['cold_start_s']:.1f} | {r['cold_peak_rss_mb']:.0f} |"
+        )
+    whole = report["whole_image"]
+    lines += [
+        f"| **whole image** | **{whole['pipeline_s']:.2f}** | **{whole['reference_s']:.2f}** | "
+        f"**{whole['speedup']:.2f}x** | | |",
+        "",
+        f"Images per minute: pipeline {whole['pipeline_images_per_minute']}, reference "
+        f"{whole['reference_images_per_minute']}. Peak RSS of the benchmark process (both sides loaded): "
+        f"{report['peak_rss_mb']:.0f} MB.",
+        "",
+        f"Detector bf16 against fp32: {json.dumps(report['detector_bf16_drift'])}.",
+        f"Caption prefix: {json.dumps(report['caption_prefix'])}.",
+    ]
+    if "variants" in report:
+        lines.append(f"Variants (img2img, 2 steps): {json.dumps(report['variants'])}.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,178 @@
+"""`annotate cost`: what the pipeline costs per 1,000 images and per month, from measured seconds and prices.
+
+Inputs: a bench report (seconds per step and cold starts, measured here on 2 cores: a Lambda function with
+3,538 MB or more has at least 2 vCPUs, so the figures are conservative for the memory sizes below) and the
+prices in ``shared/data/aws_prices.json``. Scenarios are the original study's: idle; 17,000 images a day, every
+day; bursts of 25,000 images a day on 10 days a month.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+SECONDS_PER_MONTH = 30 * 24 * 3600
+HOURS_PER_MONTH = 30 * 24
+
+# Per image, on the usual path (boxes found, caption on, no variants): Detect, HasDetections, Describe,
+# Classify, Tag, CaptionWanted, Caption, VariantsWanted, WriteResult. A test keeps these names in the ASL.
+STATES_PER_IMAGE = (
+    "Detect",
+    "HasDetections",
+    "Describe",
+    "Classify",
+    "Tag",
+    "CaptionWanted",
+    "Caption",
+    "VariantsWanted",
+    "WriteResult",
+)
+# Function memory in MB (the template's defaults) and the bench step whose seconds it bills.
+FUNCTIONS = {
+    "detect": (6144, "detect"),
+    "classify": (3008, "classify"),
+    "tag": (3008, "tag"),
+    "caption": (3008, "caption"),
+    "write_result": (1024, None),
+}
+WRITE_RESULT_SECONDS = 0.3  # drawing and writing one result; not benchmarked
+S3_GETS_PER_IMAGE, S3_PUTS_PER_IMAGE = 5, 2  # Detect, Classify, Tag, WriteResult x2 read; JSON and PNG written
+SQS_REQUESTS_PER_IMAGE = 3  # send, receive, delete
+BATCH_SIZE = 100
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    images_per_month: int
+    peak_images_per_day: int
+    cold_start_fraction: float
+
+
+SCENARIOS = (
+    Scenario("idle", 0, 0, 0.0),
+    Scenario("steady: 17,000 a day", 17_000 * 30, 17_000, 0.10),
+    Scenario("bursts: 25,000 a day on 10 days", 25_000 * 10, 25_000, 0.25),
+)
+
+
+def load_prices(path: Path | None = None) -> dict[str, Any]:
+    text = path.read_text() if path else resources.files("shared").joinpath("data/aws_prices.json").read_text()
+    return json.loads(text)
+
+
+def lambda_gb_seconds_per_image(bench: dict[str, Any]) -> float:
+    total = 0.0
+    for memory_mb, step in FUNCTIONS.values():
+        seconds = bench["steps"][step]["pipeline_median_s"] if step else WRITE_RESULT_SECONDS
+        total += memory_mb / 1024 * seconds
+    return total
+
+
+def _init_gb_seconds(bench: dict[str, Any]) -> float:
+    """A cold start of every model function: its import and model load, billed at its memory."""
+    return sum(memory / 1024 * bench["steps"][step]["cold_start_s"] for memory, step in FUNCTIONS.values() if step)
+
+
+def _snapstart_gb(bench: dict[str, Any]) -> float:
+    return sum(memory / 1024 for memory, step in FUNCTIONS.values() if step)
+
+
+def lambda_month(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart: bool) -> float:
+    """Lambda + Step Functions + SQS + S3 for a month of ``scenario``."""
+    images = scenario.images_per_month
+    lam = prices["lambda"]
+    compute = images * lambda_gb_seconds_per_image(bench) * lam["x86_gb_second"]
+    requests = images * (len(FUNCTIONS) + 2 / BATCH_SIZE) * lam["per_million_requests"] / 1e6
+    cold_starts = images * scenario.cold_start_fraction
+    if snapstart:
+        cold = cold_starts * _snapstart_gb(bench) * lam["snapstart_restore_per_gb"]
+        cold += _snapstart_gb(bench) * SECONDS_PER_MONTH * lam["snapstart_cache_gb_second"]
+    else:
+        cold = cold_starts * _init_gb_seconds(bench) * lam["x86_gb_second"]
+    transitions = images * (len(STATES_PER_IMAGE) + 3 / BATCH_SIZE)
+    orchestration = transitions / 1000 * prices["step_functions"]["standard_per_1000_transitions"]
+    queues = images * SQS_REQUESTS_PER_IMAGE * prices["sqs"]["per_million_requests"] / 1e6
+    storage = (
+        images
+        * (S3_GETS_PER_IMAGE * prices["s3"]["get_per_1000"] + S3_PUTS_PER_IMAGE * prices["s3"]["put_per_1000"])
+        / 1000
+    )
+    return compute + requests + cold + orchestration + queues + storage
+
+
+def fargate_month(
+    bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, vcpus: int = 2, memory_gb: int = 8
+) -> float:
+    """Always-on Fargate tasks sized for the scenario's peak day (at least one), running the whole pipeline."""
+    per_task_per_day = 86_400 / bench["whole_image"]["pipeline_s"]
+    tasks = max(1, math.ceil(scenario.peak_images_per_day / per_task_per_day))
+    hourly = vcpus * prices["fargate"]["x86_vcpu_hour"] + memory_gb * prices["fargate"]["x86_gb_hour"]
+    return tasks * hourly * HOURS_PER_MONTH
+
+
+def rekognition_month(prices: dict[str, Any], scenario: Scenario) -> float:
+    per_1000 = prices["rekognition"]["detect_labels_per_1000"] + prices["rekognition"]["image_properties_per_1000"]
+    return scenario.images_per_month / 1000 * per_1000
+
+
+def cost_table(bench: dict[str, Any], prices: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for scenario in SCENARIOS:
+        options = {
+            "Lambda": lambda_month(bench, prices, scenario, snapstart=False),
+            "Lambda + SnapStart": lambda_month(bench, prices, scenario, snapstart=True),
+            "Fargate always-on": fargate_month(bench, prices, scenario),
+            "Rekognition (labels + properties)": rekognition_month(prices, scenario),
+        }
+        for option, monthly in options.items():
+            per_1000 = monthly / scenario.images_per_month * 1000 if scenario.images_per_month else None
+            rows.append(
+                {
+                    "scenario": scenario.name,
+                    "option": option,
+                    "monthly_usd": round(monthly, 2),
+                    "per_1000_images_usd": None if per_1000 is None else round(per_1000, 3),
+                }
+            )
+    return rows
+
+
+def markdown_table(rows: list[dict[str, Any]], prices: dict[str, Any]) -> str:
+    lines = ["| scenario | option | per month | per 1,000 images |", "|---|---|---:|---:|"]
+    for row in rows:
+        per_1000 = "" if row["per_1000_images_usd"] is None else f"${row['per_1000_images_usd']:.3f}"
+        lines.append(f"| {row['scenario']} | {row['option']} | ${row['monthly_usd']:,.2f} | {per_1000} |")
+    lines.append(f"\nPrices: {prices['region']}, {prices['date']} ({prices['source']}).")
+    return "\n".join(lines) + "\n"
+
+
+def write_chart(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = list(dict.fromkeys(row["scenario"] for row in rows))
+    options = list(dict.fromkeys(row["option"] for row in rows))
+    figure, axes = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(options)
+    for index, option in enumerate(options):
+        values = [
+            next(r["monthly_usd"] for r in rows if r["scenario"] == s and r["option"] == option) for s in scenarios
+        ]
+        positions = [s + index * width for s in range(len(scenarios))]
+        bars = axes.bar(positions, [max(v, 0.01) for v in values], width, label=option)
+        axes.bar_label(bars, labels=[f"${v:,.0f}" if v >= 1 else f"${v:.2f}" for v in values], fontsize=7)
+    axes.set_xticks([s + width * (len(options) - 1) / 2 for s in range(len(scenarios))], scenarios)
+    axes.set_yscale("log")
+    axes.set_ylabel("USD per month (log scale)")
+    axes.set_title("Monthly cost by scenario")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -1,0 +1,82 @@
+"""The cost arithmetic against a case computed by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shared.cost import (
+    SCENARIOS,
+    STATES_PER_IMAGE,
+    cost_table,
+    fargate_month,
+    lambda_month,
+    load_prices,
+    rekognition_month,
+)
+from shared.workflow import DEFINITION_PATH
+
+BENCH = {
+    "steps": {
+        "detect": {"pipeline_median_s": 2.0, "cold_start_s": 4.0},
+        "classify": {"pipeline_median_s": 0.5, "cold_start_s": 2.0},
+        "tag": {"pipeline_median_s": 0.5, "cold_start_s": 2.0},
+        "caption": {"pipeline_median_s": 1.0, "cold_start_s": 1.0},
+    },
+    "whole_image": {"pipeline_s": 4.0},
+}
+PRICES = load_prices()
+IDLE, STEADY, BURSTS = SCENARIOS
+
+
+def test_a_steady_month_on_lambda_matches_the_hand_computation() -> None:
+    # 510,000 images; per image 6 GB x 2 s + 2.9375 GB x (0.5 + 0.5 + 1) s + 1 GB x 0.3 s = 18.175 GB-s
+    compute = 510_000 * 18.175 * 0.0000166667
+    requests = 510_000 * 5.02 * 0.20 / 1e6
+    cold = 51_000 * (6 * 4 + 2.9375 * (2 + 2 + 1)) * 0.0000166667  # 10% cold: import + load billed
+    transitions = 510_000 * 9.03 / 1000 * 0.025
+    queues = 510_000 * 3 * 0.40 / 1e6
+    storage = 510_000 * (5 * 0.0004 + 2 * 0.005) / 1000
+    expected = compute + requests + cold + transitions + queues + storage
+    assert expected == pytest.approx(309.7488, abs=0.001)
+    assert lambda_month(BENCH, PRICES, STEADY, snapstart=False) == pytest.approx(expected, rel=1e-9)
+
+
+def test_snapstart_trades_init_time_for_restores_and_a_cache_that_costs_when_idle() -> None:
+    cache = (6 + 2.9375 * 3) * 30 * 24 * 3600 * 0.0000015046
+    assert lambda_month(BENCH, PRICES, IDLE, snapstart=True) == pytest.approx(cache)
+    assert lambda_month(BENCH, PRICES, IDLE, snapstart=False) == 0
+    without = lambda_month(BENCH, PRICES, STEADY, snapstart=False)
+    restores = 51_000 * (6 + 2.9375 * 3) * 0.0001397998
+    init = 51_000 * (6 * 4 + 2.9375 * 5) * 0.0000166667
+    assert lambda_month(BENCH, PRICES, STEADY, snapstart=True) == pytest.approx(without - init + restores + cache)
+
+
+def test_fargate_runs_enough_always_on_tasks_for_the_peak_day() -> None:
+    hourly = 2 * 0.04048 + 8 * 0.004445
+    assert fargate_month(BENCH, PRICES, IDLE) == pytest.approx(hourly * 720)  # one task, even idle
+    assert fargate_month(BENCH, PRICES, BURSTS) == pytest.approx(2 * hourly * 720)  # 25,000 > 21,600 a task
+
+
+def test_rekognition_is_labels_plus_properties_per_image() -> None:
+    assert rekognition_month(PRICES, STEADY) == pytest.approx(510 * 1.75)
+
+
+def test_the_table_has_every_scenario_and_option_and_no_per_image_cost_when_idle() -> None:
+    rows = cost_table(BENCH, PRICES)
+    assert len(rows) == 12
+    assert all(row["per_1000_images_usd"] is None for row in rows if row["scenario"] == "idle")
+
+
+def test_the_transitions_counted_per_image_are_states_of_the_workflow() -> None:
+    definition = json.loads(DEFINITION_PATH.read_text())
+    names = set(definition["States"]["AnnotateImages"]["ItemProcessor"]["States"])
+    for state in definition["States"]["AnnotateImages"]["ItemProcessor"]["States"].values():
+        for branch in state.get("Branches", []):
+            names |= set(branch["States"])
+    assert set(STATES_PER_IMAGE) <= names
+
+
+def test_prices_carry_their_date_and_source() -> None:
+    assert PRICES["date"] and PRICES["source"] and PRICES["region"] == "us-east-1"

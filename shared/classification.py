@@ -89,13 +89,13 @@ class ImageClassifier:
         return self._allowed[box_label]
 
 
-_loaded: dict[tuple[str, str], ImageClassifier] = {}
+_loaded: dict[tuple[str, str, str], ImageClassifier] = {}
 _load_lock = threading.Lock()
 
 
 def load_classifier(settings: Settings) -> ImageClassifier:
     """The classifier the settings name, loaded once per process."""
-    key = (settings.classifier_model, json.dumps(settings.class_filter, sort_keys=True))
+    key = (settings.classifier_model, json.dumps(settings.class_filter, sort_keys=True), settings.describe_runtime)
     with _load_lock:
         if key not in _loaded:
             prepare_torch(settings)
@@ -103,7 +103,7 @@ def load_classifier(settings: Settings) -> ImageClassifier:
             if (folder / TORCHSCRIPT_FILE).is_file():
                 classifier = _load_torchscript(folder)
             else:
-                classifier = _load_transformers(folder)
+                classifier = _load_transformers(folder, settings)
             classifier.class_filter = dict(settings.class_filter or {})
             _loaded[key] = classifier
             logger.info(
@@ -112,14 +112,31 @@ def load_classifier(settings: Settings) -> ImageClassifier:
         return _loaded[key]
 
 
-def _load_transformers(folder: Path) -> ImageClassifier:
+def _load_transformers(folder: Path, settings: Settings) -> ImageClassifier:
+    import torch
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     model = AutoModelForImageClassification.from_pretrained(folder).eval()
     processor = AutoImageProcessor.from_pretrained(folder)
     labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            return self.model(pixel_values=pixel_values).logits
+
+    forward: Callable[[Any], Any] = Logits()
+    if settings.describe_runtime == "onnx":
+        from shared.onnx_runtime import export_once, onnx_file, session_forward
+
+        path = onnx_file(settings, settings.classifier_model, "classifier")
+        export_once(Logits(), torch.rand(1, 3, 224, 224), path, "pixel_values", "logits", dynamic_size=True)
+        forward = session_forward(path, settings.torch_threads)
     return ImageClassifier(
-        forward=lambda pixels: model(pixel_values=pixels).logits,
+        forward=forward,
         preprocess=lambda crops: processor(images=crops, return_tensors="pt")["pixel_values"],
         labels=labels,
     )

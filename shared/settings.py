@@ -10,7 +10,7 @@ import os
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -84,6 +84,9 @@ class Settings(BaseSettings):
         None,
         description="Per detected label, the classes a box may take: class names or id ranges ('151-268'); "
         "labels not named are scored against every class. {} turns filtering off",
+    )
+    describe_runtime: Literal["torch", "onnx"] = Field(
+        "onnx", description="Runtime of the Classify model and the Tag image tower (onnx: exported once, ORT)"
     )
     crop_margin: float = Field(0.1, ge=0, le=1, description="Margin added around each box before cropping")
     tagger_models: list[str] | None = Field(

@@ -33,6 +33,7 @@ class ClipTagger:
     preprocess: Any
     tokenizer: Any
     cache_size: int = 4096
+    encode_image: Any = None  # the image tower; the model's own unless ONNX Runtime serves it
     passed_over: list[str] = field(default_factory=list)  # models tried first that did not load, with why
     text_encodings: int = 0  # how many vocabularies were encoded (not served from the cache)
     _text_cache: OrderedDict[tuple[str, tuple[str, ...], str], Any] = field(default_factory=OrderedDict)
@@ -48,7 +49,7 @@ class ClipTagger:
             return []
         with torch.inference_mode():
             pixels = torch.stack([self.preprocess(crop) for crop in crops])
-            images = self.model.encode_image(pixels).float()
+            images = (self.encode_image or self.model.encode_image)(pixels).float()
             images = images / images.norm(dim=-1, keepdim=True)
             scale = float(self.model.logit_scale.exp()) if hasattr(self.model, "logit_scale") else 100.0
         results = []
@@ -81,6 +82,26 @@ class ClipTagger:
         return text
 
 
+def _onnx_image_tower(model: Any, source: str, settings: Settings) -> Any:
+    import torch
+
+    from shared.onnx_runtime import export_once, onnx_file, session_forward
+
+    class ImageTower(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+            return self.model.encode_image(pixels)
+
+    size = model.visual.image_size
+    size = size if isinstance(size, tuple | list) else (size, size)
+    path = onnx_file(settings, source, "clip-image")
+    export_once(ImageTower(), torch.rand(1, 3, *size), path, "pixels", "features")
+    return session_forward(path, settings.torch_threads)
+
+
 _loaded: dict[tuple[str, ...], ClipTagger] = {}
 _load_lock = threading.Lock()
 
@@ -92,10 +113,11 @@ def load_tagger(settings: Settings) -> ClipTagger:
         ModelUnavailable: none of them could be loaded.
     """
     sources = tuple(settings.tagger_models or [])
+    key = (*sources, settings.describe_runtime)
     with _load_lock:
-        if sources not in _loaded:
-            _loaded[sources] = _first_loadable(sources, settings)
-        return _loaded[sources]
+        if key not in _loaded:
+            _loaded[key] = _first_loadable(sources, settings)
+        return _loaded[key]
 
 
 def _first_loadable(sources: tuple[str, ...], settings: Settings) -> ClipTagger:
@@ -113,7 +135,10 @@ def _first_loadable(sources: tuple[str, ...], settings: Settings) -> ClipTagger:
             logger.warning("tagger model unavailable, trying the next", extra={"model": source, "error": str(error)})
             continue
         logger.info("tagger loaded", extra={"model": source, "passed_over": len(reasons)})
-        return ClipTagger(
+        tagger = ClipTagger(
             source, model.eval(), preprocess, tokenizer, cache_size=settings.text_cache_size, passed_over=reasons
         )
+        if settings.describe_runtime == "onnx":
+            tagger.encode_image = _onnx_image_tower(model, source, settings)
+        return tagger
     raise ModelUnavailable("no tagger model could be loaded: " + " | ".join(reasons))

@@ -219,13 +219,13 @@ def query(
 
 @app.command()
 def bench(
-    images: Annotated[list[Path] | None, typer.Argument(help="Images to run on (default: samples/)")] = None,
+    images: Annotated[list[Path] | None, typer.Argument(help="Images to run on (default: two samples)")] = None,
     repeats: Annotated[int, typer.Option(help="Alternating runs per image and side")] = 3,
     threads: Annotated[int, typer.Option(help="torch and llama.cpp threads; 0 = every core")] = 0,
     short_side: Annotated[int, typer.Option(help="The pipeline's detection resolution")] = 800,
     crops: Annotated[int, typer.Option(help="Boxes per image for Classify and Tag")] = 8,
     models: Annotated[str, typer.Option(help="random (full-size architectures) or tiny")] = "random",
-    bf16: Annotated[bool, typer.Option(help="The pipeline's detector under bf16 autocast")] = True,
+    bf16: Annotated[bool, typer.Option(help="The pipeline's detector under bf16 autocast (off by default)")] = False,
     variants: Annotated[bool, typer.Option(help="Also time variants at 256 and 512 px")] = True,
     out_dir: Annotated[Path, typer.Option(help="Where bench.json and bench.md go")] = Path("bench"),
 ) -> None:
@@ -236,7 +236,7 @@ def bench(
     samples = Path(__file__).resolve().parent.parent / "samples"
     try:
         options = BenchOptions(
-            images=images or sorted(samples.iterdir()),
+            images=images or [samples / "chelsea-the-cat.jpg", samples / "coffee.webp"],
             repeats=repeats,
             threads=threads,
             short_side=short_side,

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from shared.batches import plan_batches
 from shared.contracts import BatchManifest, PromptMessage
 from shared.errors import RequestRejected, TransientError, validation_reason
-from shared.observability import logger
+from shared.observability import MetricUnit, logger, metrics, tracer
 from shared.settings import Settings
 from shared.storage import join_uri, store_for
 
@@ -72,6 +72,7 @@ def execution_name(batch_id: str, delivery: str) -> str:
     return f"{batch_id}-{hashlib.sha256(delivery.encode()).hexdigest()[:16]}"
 
 
+@tracer.capture_method
 def start_batches(message: PromptMessage, delivery: str, settings: Settings, starter: WorkflowStarter) -> list[str]:
     """Plan the message's batches, keep their manifests beside the results, and start one execution each."""
     manifests = plan_batches(message, settings, settings.results_root)
@@ -83,6 +84,8 @@ def start_batches(message: PromptMessage, delivery: str, settings: Settings, sta
         store_for(uri).write_bytes(uri, manifest.model_dump_json(indent=2).encode(), "application/json")
         started.append(starter.start(manifest, execution_name(manifest.batch_id, f"{delivery}#{index}")))
     logger.info("batches started", extra={"delivery": delivery, "batches": len(started)})
+    metrics.add_metric(name="BatchesStarted", unit=MetricUnit.Count, value=len(started))
+    metrics.add_metric(name="ImagesStarted", unit=MetricUnit.Count, value=sum(len(m.images) for m in manifests))
     return started
 
 
@@ -109,6 +112,7 @@ def ingest_sqs_batch(event: dict[str, Any], settings: Settings, starter: Workflo
                 return
         except RequestRejected as error:
             logger.warning("message rejected", extra={"message_id": record.message_id, "reason": str(error)})
+            metrics.add_metric(name="MessagesRejected", unit=MetricUnit.Count, value=1)
             raise
         detail = parsed.detail
         s3_group.record_ids.append(record.message_id)

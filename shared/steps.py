@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from PIL import Image
 
@@ -36,11 +38,11 @@ from shared.images import load_image
 from shared.observability import MetricUnit, logger, metrics
 from shared.render import draw_detections
 from shared.settings import Settings
-from shared.storage import join_uri, store_for
+from shared.storage import RESULTS_PREFIX, join_uri, store_for
 from shared.tagging import Tagger, load_tagger
 from shared.variants import variant_uris
 
-RESULTS_PREFIX = "results"
+T = TypeVar("T")
 
 
 def result_uris(task: ImageTask) -> tuple[str, str]:
@@ -63,39 +65,40 @@ def detect(task: ImageTask, settings: Settings, detector: Detector | None = None
     return DetectOutput(width=image.width, height=image.height, detections=detections)
 
 
-def _crops(task: DescribeInput, settings: Settings) -> tuple[list[int], list[Image.Image], dict[int, str]]:
-    """The image's box crops: (indices of the boxes that have one, their crops, why the others have none)."""
+def _per_box(
+    task: DescribeInput, settings: Settings, describe: Callable[[list[Image.Image], list[str]], list[T]]
+) -> list[T | str]:
+    """``describe`` over the crops of the image's boxes, in one call; a box without a crop gets the reason."""
     image = load_image(task.image.source_uri, settings)
     crops = crop_boxes(image.pixels, [d.box for d in task.detections], settings.crop_margin)
-    skipped = {i: crop for i, crop in enumerate(crops) if isinstance(crop, str)}
-    kept = [i for i in range(len(crops)) if i not in skipped]
-    return kept, [crop for crop in crops if not isinstance(crop, str)], skipped
+    kept = [
+        (crop, detection.label)
+        for crop, detection in zip(crops, task.detections, strict=True)
+        if not isinstance(crop, str)
+    ]
+    described = iter(describe([crop for crop, _ in kept], [label for _, label in kept]) if kept else [])
+    logger.info(
+        "described", extra={"image_id": task.image.image_id, "boxes": len(kept), "skipped": len(crops) - len(kept)}
+    )
+    return [crop if isinstance(crop, str) else next(described) for crop in crops]
 
 
 def classify(task: DescribeInput, settings: Settings, classifier: Classifier | None = None) -> ClassifyOutput:
     """Classify every box of the image, in one batch."""
-    kept, crops, skipped = _crops(task, settings)
-    classifier = classifier or load_classifier(settings)
-    scores = iter(classifier.classify(crops, [task.detections[i].label for i in kept], task.request.top_k))
-    classes = [
-        BoxClasses(skipped=skipped[i]) if i in skipped else BoxClasses(top_k=next(scores))
-        for i in range(len(task.detections))
-    ]
-    logger.info("classified", extra={"image_id": task.image.image_id, "boxes": len(kept), "skipped": len(skipped)})
-    return ClassifyOutput(classes=classes)
+    model = classifier or load_classifier(settings)
+    results = _per_box(task, settings, lambda crops, labels: model.classify(crops, labels, task.request.top_k))
+    return ClassifyOutput(
+        classes=[BoxClasses(skipped=r) if isinstance(r, str) else BoxClasses(top_k=r) for r in results]
+    )
 
 
 def tag(task: DescribeInput, settings: Settings, tagger: Tagger | None = None) -> TagOutput:
     """Tag every box of the image with the request's attribute vocabularies, in one batch."""
-    kept, crops, skipped = _crops(task, settings)
-    tagger = tagger or load_tagger(settings)
-    scores = iter(tagger.tag(crops, [task.detections[i].label for i in kept], task.request.attributes))
-    tags = [
-        BoxAttributes(skipped=skipped[i]) if i in skipped else BoxAttributes(attributes=next(scores))
-        for i in range(len(task.detections))
-    ]
-    logger.info("tagged", extra={"image_id": task.image.image_id, "boxes": len(kept), "skipped": len(skipped)})
-    return TagOutput(tags=tags)
+    model = tagger or load_tagger(settings)
+    results = _per_box(task, settings, lambda crops, labels: model.tag(crops, labels, task.request.attributes))
+    return TagOutput(
+        tags=[BoxAttributes(skipped=r) if isinstance(r, str) else BoxAttributes(attributes=r) for r in results]
+    )
 
 
 def describe_detections(

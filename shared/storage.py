@@ -21,6 +21,9 @@ class ObjectStore(Protocol):
     def fingerprint(self, uri: str) -> str: ...
 
 
+RESULTS_PREFIX = "results"  # under the results root: per image result documents, pictures and variants
+
+
 def is_s3(uri: str) -> bool:
     return uri.startswith("s3://")
 

@@ -18,9 +18,7 @@ from shared.images import load_image
 from shared.model_sources import resolve_model_dir, resolve_model_file
 from shared.observability import logger
 from shared.settings import Settings
-from shared.storage import join_uri, store_for
-
-RESULTS_PREFIX = "results"
+from shared.storage import RESULTS_PREFIX, join_uri, store_for
 
 
 def variant_uris(job: VariantJob) -> tuple[str, list[str]]:

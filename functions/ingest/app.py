@@ -7,11 +7,13 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from shared.ingest import deployed_starter, ingest_sqs_batch
-from shared.observability import logger
+from shared.observability import logger, metrics, tracer
 from shared.settings import get_settings
 
 
 @logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler
+@metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     settings = get_settings()
     return ingest_sqs_batch(event, settings, deployed_starter(settings.aws_region, settings.state_machine_arn))

@@ -112,3 +112,10 @@ def test_the_caption_handler_emits_its_measurements_as_emf_metrics(
     names = {metric["Name"] for metric in emf["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
     assert {"CaptionTimeToFirstToken", "CaptionTokensPerSecond", "CaptionPeakMemory"} <= names
     assert emf["CaptionCompletionTokens"] == [output["completion_tokens"]]
+
+
+def test_json_output_from_the_real_gemma_follows_the_schema(tiny_settings: Settings) -> None:
+    settings = tiny_settings.model_copy(update={"caption_max_tokens": 120})
+    output = load_captioner(settings).caption(FACTS, as_json=True)
+    assert isinstance(output.caption, str) and isinstance(output.tags, list)
+    assert len(output.tags) <= 8 and all(len(tag) <= 40 for tag in output.tags)

@@ -75,3 +75,14 @@ def test_captions_are_one_bounded_line_of_plain_text() -> None:
     assert clean_caption("  A cat sits.\nFacts: {...}") == "A cat sits."
     assert clean_caption("A\x07 cat\x1b[31m sits.") == "A cat[31m sits."
     assert len(clean_caption("word " * 200)) == MAX_CAPTION_CHARS
+
+
+def test_json_captions_are_parsed_and_an_unfinished_document_is_a_clear_error() -> None:
+    import pytest
+
+    from shared.captioning import LlamaCaptioner
+
+    caption, tags = LlamaCaptioner._parse('{"caption": "A cat.\\nFacts: x", "tags": ["cat", "gray"]}', as_json=True)
+    assert (caption, tags) == ("A cat.", ["cat", "gray"])
+    with pytest.raises(ValueError, match="incomplete"):
+        LlamaCaptioner._parse('{"caption": "A c', as_json=True)

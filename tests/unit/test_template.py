@@ -10,7 +10,7 @@ import pytest
 import sqlglot
 
 from shared.query import run_local_query
-from shared.steps import RESULTS_PREFIX
+from shared.storage import RESULTS_PREFIX
 from shared.tables import SCHEMAS, TABLES_PREFIX, glue_type
 from tests.conftest import REPO
 from tests.unit.test_workflow_definition import template

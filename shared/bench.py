@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from PIL import Image
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from shared.contracts import DEFAULT_ATTRIBUTES, AnnotationRequest, Box, Detection
 from shared.settings import Profile, Settings
@@ -51,6 +51,14 @@ class BenchOptions(BaseModel):
     bf16: bool = Field(False, description="The pipeline's detector under bf16 autocast (off, as by default)")
     variants: bool = Field(True, description="Also time variants at 256 and 512 px")
     out_dir: Path = Path("bench")
+
+    @field_validator("images")
+    @classmethod
+    def _readable_images(cls, images: list[Path]) -> list[Path]:
+        missing = [str(path) for path in images if not path.is_file()]
+        if missing:
+            raise ValueError(f"not files: {', '.join(missing)}")
+        return images
 
 
 def bench_settings(options: BenchOptions) -> Settings:

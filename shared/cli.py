@@ -82,7 +82,10 @@ def run(
 
 @app.command()
 def send(
-    message_file: Annotated[Path, typer.Argument(help="A prompt message (JSON), as sent to the SQS prompts queue")],
+    message_file: Annotated[
+        Path,
+        typer.Argument(help="A prompt message (JSON), as sent to the SQS prompts queue", exists=True, dir_okay=False),
+    ],
     data_dir: DataDir = Path("annotate-data"),
     profile: Annotated[Profile, typer.Option(help="default: real checkpoints; tiny: offline")] = Profile.DEFAULT,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the structured logs")] = False,
@@ -268,8 +271,11 @@ def cost(
 
     if not bench_file.is_file():
         raise _fail(f"{bench_file} does not exist: run annotate bench first")
-    prices = load_prices(prices_file)
-    rows = cost_table(json.loads(bench_file.read_text()), prices)
+    try:
+        prices = load_prices(prices_file)
+        rows = cost_table(json.loads(bench_file.read_text()), prices)
+    except (KeyError, TypeError, ValueError) as error:
+        raise _fail(f"{bench_file} or the prices file is not what annotate bench writes: {error!r}") from None
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "cost.json").write_text(json.dumps(rows, indent=2) + "\n")
     (out_dir / "cost.md").write_text(markdown_table(rows, prices))

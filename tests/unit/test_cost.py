@@ -80,3 +80,20 @@ def test_the_transitions_counted_per_image_are_states_of_the_workflow() -> None:
 
 def test_prices_carry_their_date_and_source() -> None:
     assert PRICES["date"] and PRICES["source"] and PRICES["region"] == "us-east-1"
+
+
+def test_annotate_cost_writes_the_table_and_the_chart(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from shared.cli import app
+
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(BENCH))
+    result = CliRunner().invoke(app, ["cost", "--bench", str(bench), "--out-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "cost.png").read_bytes().startswith(b"\x89PNG")
+    assert json.loads((tmp_path / "cost.json").read_text()) == cost_table(BENCH, PRICES)
+
+    bench.write_text("{}")
+    result = CliRunner().invoke(app, ["cost", "--bench", str(bench), "--out-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "not what annotate bench writes" in result.output

@@ -1,0 +1,36 @@
+"""The benchmark's measurements on tiny models: the bf16 drift report and a short end-to-end run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from shared.bench import BenchOptions, _detection_drift, run_bench
+from shared.settings import Settings
+from tests.conftest import SAMPLES
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_bf16_drift_report_matches_boxes_and_times_both_precisions(tiny_settings: Settings) -> None:
+    image = Image.open(SAMPLES / "chelsea-the-cat.jpg").convert("RGB")
+    drift = _detection_drift(tiny_settings.model_copy(update={"max_detections": 8}), [image])
+    assert drift["fp32_boxes"] == 8
+    assert 0.0 <= drift["unmatched_fraction"] <= 1.0
+    assert drift["mean_matched_iou"] is None or 0.5 <= drift["mean_matched_iou"] <= 1.0
+    assert drift["fp32_median_s"] > 0 and drift["bf16_median_s"] > 0
+
+
+def test_a_short_bench_run_writes_its_report(tmp_path: Path) -> None:
+    options = BenchOptions(
+        images=[SAMPLES / "coffee.webp"], repeats=1, crops=2, models="tiny", variants=False, out_dir=tmp_path
+    )
+    report = run_bench(options)
+    written = json.loads((tmp_path / "bench.json").read_text())
+    assert written["whole_image"] == report["whole_image"]
+    assert set(written["steps"]) == {"detect", "classify", "tag", "caption"}
+    assert all(step["pipeline_median_s"] > 0 and step["cold_start_s"] > 0 for step in written["steps"].values())
+    assert "| **whole image** |" in (tmp_path / "bench.md").read_text()

@@ -27,6 +27,11 @@ def annotate(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def annotate_tiny(path: Path, prompt: str, data_dir: Path, *options: str) -> tuple[int, str]:
+    """`annotate run PATH --prompt PROMPT --profile tiny --data-dir DATA_DIR OPTIONS...`"""
+    return annotate("run", str(path), "--prompt", prompt, "--profile", "tiny", "--data-dir", str(data_dir), *options)
+
+
 def rows(sql: str, data_dir: Path) -> list[dict]:
     return run_local_query(sql, data_dir).to_pylist()
 
@@ -36,9 +41,7 @@ def test_a_hostile_folder_gives_every_input_one_row_and_a_failing_exit(
 ) -> None:
     data_dir = tmp_path / "data"
 
-    code, output = annotate(
-        "run", str(hostile_folder), "--prompt", "dog. cat.", "--profile", "tiny", "--data-dir", str(data_dir)
-    )
+    code, output = annotate_tiny(hostile_folder, "dog. cat.", data_dir)
 
     assert code == 1, output
     assert "2 succeeded, 4 failed" in output
@@ -68,9 +71,7 @@ def test_a_hostile_folder_gives_every_input_one_row_and_a_failing_exit(
     boxes = rows("SELECT count(*) AS n FROM detections", data_dir)[0]["n"]
     assert boxes == sum(len(r["detections"]) for r in images.values())
 
-    code, _ = annotate(
-        "run", str(hostile_folder), "--prompt", "dog. cat.", "--profile", "tiny", "--data-dir", str(data_dir)
-    )
+    code, _ = annotate_tiny(hostile_folder, "dog. cat.", data_dir)
 
     assert code == 1
     assert rows("SELECT count(*) AS n FROM images", data_dir)[0]["n"] == 6  # replaced, not appended
@@ -87,7 +88,7 @@ def test_a_hostile_folder_gives_every_input_one_row_and_a_failing_exit(
 
 
 def test_the_samples_all_succeed(tmp_path: Path, tiny_settings: Settings) -> None:
-    code, output = annotate("run", str(SAMPLES), "--prompt", "cat.", "--profile", "tiny", "--data-dir", str(tmp_path))
+    code, output = annotate_tiny(SAMPLES, "cat.", tmp_path)
     assert code == 0, output
     assert f"{len(list(SAMPLES.iterdir()))} succeeded, 0 failed" in output
 
@@ -118,15 +119,10 @@ def test_a_bad_prompt_is_refused_before_anything_runs(tmp_path: Path) -> None:
 
 
 def test_attribute_vocabularies_from_the_command_line_are_honoured(tmp_path: Path, tiny_settings: Settings) -> None:
-    code, output = annotate(
-        "run",
-        str(SAMPLES / "chelsea-the-cat.jpg"),
-        "--prompt",
+    code, output = annotate_tiny(
+        SAMPLES / "chelsea-the-cat.jpg",
         "cat.",
-        "--profile",
-        "tiny",
-        "--data-dir",
-        str(tmp_path),
+        tmp_path,
         "--attribute",
         "color=red,green",
         "--attribute",
@@ -235,15 +231,10 @@ def test_annotate_send_keeps_a_malformed_message_with_its_reason(tmp_path: Path,
 
 
 def test_variants_run_through_the_fargate_state_and_land_in_the_row(tmp_path: Path, tiny_settings: Settings) -> None:
-    code, output = annotate(
-        "run",
-        str(SAMPLES / "chelsea-the-cat.jpg"),
-        "--prompt",
+    code, output = annotate_tiny(
+        SAMPLES / "chelsea-the-cat.jpg",
         "cat.",
-        "--profile",
-        "tiny",
-        "--data-dir",
-        str(tmp_path),
+        tmp_path,
         "--no-caption",
         "--variants",
         "2",

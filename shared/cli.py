@@ -146,9 +146,21 @@ def _annotate(message: Any, delivery: str, settings: Any) -> None:
             failed += result.summary.failed
     batch_ids = [manifest.batch_id for manifest, _ in starter.results]
     if failed:
-        _print_failures(batch_ids, settings.data_dir)
+        _print_batch_rows(
+            "failed images",
+            "SELECT source_uri, failed_step, error FROM images WHERE status = 'failed' AND {batches} "
+            "ORDER BY source_uri",
+            batch_ids,
+            settings.data_dir,
+        )
     if message.variants:
-        _print_variants(batch_ids, settings.data_dir)
+        _print_batch_rows(
+            "variants",
+            "SELECT source_uri, unnest(variant_uris) AS variant, unnest(variant_seeds) AS seed FROM images "
+            "WHERE {batches} ORDER BY source_uri, variant",
+            batch_ids,
+            settings.data_dir,
+        )
     out.print(f"{succeeded} succeeded, {failed} failed", highlight=False)
     out.print(
         f"results in {settings.results_root}; query them with: annotate query --data-dir {settings.data_dir} 'SQL'"
@@ -156,28 +168,12 @@ def _annotate(message: Any, delivery: str, settings: Any) -> None:
     raise typer.Exit(1 if failed else 0)
 
 
-def _print_variants(batch_ids: list[str], data_dir: Path) -> None:
+def _print_batch_rows(title: str, select: str, batch_ids: list[str], data_dir: Path) -> None:
+    """``select`` (a query over ``images`` ending in WHERE ...) for these batches only, as a table."""
     from shared.query import run_local_query
 
-    ids = ", ".join(f"'{batch_id}'" for batch_id in batch_ids)
-    rows = run_local_query(
-        f"SELECT source_uri, unnest(variant_uris) AS variant, unnest(variant_seeds) AS seed FROM images "
-        f"WHERE batch_id IN ({ids}) ORDER BY source_uri, variant",
-        data_dir,
-    )
-    _print_table(rows, title="variants")
-
-
-def _print_failures(batch_ids: list[str], data_dir: Path) -> None:
-    from shared.query import run_local_query
-
-    ids = ", ".join(f"'{batch_id}'" for batch_id in batch_ids)
-    rows = run_local_query(
-        f"SELECT source_uri, failed_step, error FROM images WHERE status = 'failed' AND batch_id IN ({ids}) "
-        "ORDER BY source_uri",
-        data_dir,
-    )
-    _print_table(rows, title="failed images")
+    ids = ", ".join(f"'{batch_id}'" for batch_id in batch_ids)  # batch ids are b-<hex>: no quoting needed
+    _print_table(run_local_query(select.format(batches=f"batch_id IN ({ids})"), data_dir), title=title)
 
 
 def _vocabularies(options: list[str]) -> dict[str, list[str]]:

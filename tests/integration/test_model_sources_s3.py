@@ -8,12 +8,14 @@ from pathlib import Path
 import boto3
 import pytest
 from moto import mock_aws
+from PIL import Image
 
 from shared import storage
 from shared.detection import load_detector
 from shared.errors import ModelUnavailable
 from shared.model_sources import resolve_model_dir
 from shared.settings import Settings
+from tests.conftest import SAMPLES
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +47,9 @@ def test_an_s3_prefix_is_read_into_memory_and_loads(s3: object, tiny_settings: S
     weights = folder / "model.safetensors"
     assert weights.is_symlink() and str(weights.readlink()).startswith("/proc/self/fd/")
     assert resolve_model_dir(settings.detector_model, settings) == folder  # read once per process
-    assert load_detector(settings).detect  # transformers loads from the memory files
+    cat = Image.open(SAMPLES / "chelsea-the-cat.jpg").convert("RGB")
+    detections = load_detector(settings).detect(cat, ["cat"], 0.0, 0.0)  # weights read from the memory files
+    assert detections and all(d.box.x1 <= cat.width for d in detections)
 
 
 def test_an_empty_s3_prefix_says_to_upload_first(s3: object, tmp_path: Path) -> None:

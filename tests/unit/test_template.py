@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import sqlglot
 
+from shared.ingest import MANIFESTS_PREFIX
 from shared.query import run_local_query
 from shared.storage import RESULTS_PREFIX
 from shared.tables import SCHEMAS, TABLES_PREFIX, glue_type
@@ -97,6 +98,11 @@ def test_glue_columns_equal_the_parquet_schema_the_code_writes(table: str) -> No
     assert f"/{TABLES_PREFIX}/{table}/dt=" in TEMPLATE_TEXT
 
 
+def test_the_iam_prefixes_are_the_ones_the_code_writes_under() -> None:
+    for prefix in (RESULTS_PREFIX, TABLES_PREFIX, MANIFESTS_PREFIX):
+        assert f"${{ResultsBucket.Arn}}/{prefix}/*" in TEMPLATE_TEXT
+
+
 def named_queries() -> dict[str, str]:
     return {
         r["Properties"]["Name"]: r["Properties"]["QueryString"]
@@ -114,4 +120,3 @@ def test_every_named_query_runs_on_the_local_tables(results_with_rows: Path) -> 
         [duckdb_sql] = sqlglot.transpile(athena_sql, read="athena", write="duckdb")
         rows = run_local_query(duckdb_sql, results_with_rows).to_pylist()
         assert rows, f"{name} returned nothing over rows that hold answers"
-    assert RESULTS_PREFIX  # results and tables live under the prefixes the IAM statements name

@@ -34,7 +34,7 @@ def run_athena_query(sql: str, settings: Settings, client: Any = None, poll_seco
 
     if not settings.athena_workgroup or not settings.athena_database:
         raise RequestRejected("set ANNOTATE_ATHENA_WORKGROUP and ANNOTATE_ATHENA_DATABASE (the stack's outputs)")
-    athena = client or boto3.client("athena", region_name=settings.aws_region)
+    athena = client or boto3.client("athena")
     execution_id = athena.start_query_execution(
         QueryString=sql,
         WorkGroup=settings.athena_workgroup,

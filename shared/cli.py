@@ -286,21 +286,24 @@ app.add_typer(models, name="models")
 
 @models.command("push")
 def models_push(
-    bucket: Annotated[str, typer.Option(help="The stack's models bucket (output ModelsBucketName)")],
-    prefix: Annotated[str, typer.Option(help="The template's ModelsPrefix")] = "models/",
+    stack: Annotated[str, typer.Option(help="The deployed stack's name (sam deploy's stack_name)")],
     profile: Annotated[Profile, typer.Option(help="Which models to push")] = Profile.DEFAULT,
 ) -> None:
-    """Upload the profile's models (from the Hugging Face cache, local folders or packages) to S3."""
-    from shared.errors import ModelUnavailable
-    from shared.models_push import push_models
+    """Upload the profile's models (from the Hugging Face cache, local folders or packages) to the stack.
+
+    Where each goes is the stack's own outputs (DetectorModelUri, ...), so the stack's model parameters decide.
+    The region is boto3's (AWS_REGION, or the profile's).
+    """
+    from shared.errors import ModelUnavailable, RequestRejected
+    from shared.models_push import push_models, stack_model_uris
 
     _quiet_logs(False)
     try:
-        pushed = push_models(use_settings(profile=profile), bucket, prefix)
-    except ModelUnavailable as error:
+        pushed = push_models(use_settings(profile=profile), stack_model_uris(stack))
+    except (ModelUnavailable, RequestRejected) as error:
         raise _fail(str(error)) from None
     for model in pushed:
-        line = f"{model.parameter}: {model.source} -> {model.uri} ({model.files} files, {model.bytes / 1e6:.1f} MB)"
+        line = f"{model.output}: {model.source} -> {model.uri} ({model.files} files, {model.bytes / 1e6:.1f} MB)"
         out.print(line, soft_wrap=True, highlight=False)
 
 

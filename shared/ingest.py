@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,7 +23,7 @@ from shared.contracts import BatchManifest, PromptMessage
 from shared.errors import RequestRejected, TransientError, validation_reason
 from shared.observability import MetricUnit, logger, metrics, tracer
 from shared.settings import Settings
-from shared.storage import join_uri, store_for
+from shared.storage import is_s3, join_uri, split_s3, store_for
 
 MANIFESTS_PREFIX = "manifests"
 MAX_MESSAGE_BYTES = 256 * 1024  # SQS's own limit; a local file may not exceed it either
@@ -72,9 +73,44 @@ def execution_name(batch_id: str, delivery: str) -> str:
     return f"{batch_id}-{hashlib.sha256(delivery.encode()).hexdigest()[:16]}"
 
 
+def refuse_outside_buckets(locations: list[str], buckets: Collection[str]) -> None:
+    """AWS mode: every location must be an ``s3://`` object or prefix in one of ``buckets``.
+
+    Local paths would otherwise be read from the function's own file system (``/var/task``, ``/etc``) and
+    copied into the results bucket; other buckets may belong to someone else.
+
+    Raises:
+        RequestRejected: the first location that is not allowed, and why.
+    """
+    if not buckets:
+        raise RequestRejected("no input bucket is configured (ANNOTATE_INPUT_BUCKETS): every location is refused")
+    for location in locations:
+        if not is_s3(location):
+            raise RequestRejected(f"{location!r} is not an s3:// location; only s3:// objects and prefixes are read")
+        try:
+            bucket, _ = split_s3(location)
+        except ValueError as error:
+            raise RequestRejected(str(error)) from error
+        if bucket not in buckets:
+            raise RequestRejected(f"{location!r} is not in an input bucket of this stack ({', '.join(sorted(buckets))})")
+
+
 @tracer.capture_method
-def start_batches(message: PromptMessage, delivery: str, settings: Settings, starter: WorkflowStarter) -> list[str]:
-    """Plan the message's batches, keep their manifests beside the results, and start one execution each."""
+def start_batches(
+    message: PromptMessage,
+    delivery: str,
+    settings: Settings,
+    starter: WorkflowStarter,
+    allowed_buckets: Collection[str] | None = None,
+) -> list[str]:
+    """Plan the message's batches, keep their manifests beside the results, and start one execution each.
+
+    ``allowed_buckets`` is AWS mode: only ``s3://`` locations in those buckets are accepted (None: local mode).
+    """
+    if allowed_buckets is not None:
+        refuse_outside_buckets(message.images, allowed_buckets)
+    if message.variants is not None and not settings.variants_enabled:
+        raise RequestRejected("the message asks for variants, but this stack was deployed without them")
     manifests = plan_batches(message, settings, settings.results_root)
     if not manifests:
         raise RequestRejected("the message's locations hold no images: " + ", ".join(message.images[:5]))
@@ -96,8 +132,15 @@ class _S3Group:
     identities: list[str] = field(default_factory=list)
 
 
-def ingest_sqs_batch(event: dict[str, Any], settings: Settings, starter: WorkflowStarter) -> dict[str, Any]:
+def ingest_sqs_batch(
+    event: dict[str, Any],
+    settings: Settings,
+    starter: WorkflowStarter,
+    allowed_buckets: Collection[str] | None = None,
+) -> dict[str, Any]:
     """Handle one SQS batch: each prompt message starts its own batches; the S3 events are grouped into one.
+
+    ``allowed_buckets``: AWS mode, see :func:`start_batches`.
 
     Returns the partial batch response: the records that failed (a malformed message, a start that failed)
     come back to the queue, and after the queue's receive limit reach its dead-letter queue; the rest succeed.
@@ -108,7 +151,7 @@ def ingest_sqs_batch(event: dict[str, Any], settings: Settings, starter: Workflo
         try:
             parsed = parse_body(record.body)
             if isinstance(parsed, PromptMessage):
-                start_batches(parsed, record.message_id, settings, starter)
+                start_batches(parsed, record.message_id, settings, starter, allowed_buckets)
                 return
         except RequestRejected as error:
             logger.warning("message rejected", extra={"message_id": record.message_id, "reason": str(error)})
@@ -126,7 +169,7 @@ def ingest_sqs_batch(event: dict[str, Any], settings: Settings, starter: Workflo
     if s3_group.uris:
         message = PromptMessage(prompt=settings.ingest_prompt, images=s3_group.uris)
         try:
-            start_batches(message, "|".join(sorted(s3_group.identities)), settings, starter)
+            start_batches(message, "|".join(sorted(s3_group.identities)), settings, starter, allowed_buckets)
         except Exception:
             logger.exception("starting the S3 batch failed", extra={"images": len(s3_group.uris)})
             response["batchItemFailures"] += [{"itemIdentifier": record_id} for record_id in s3_group.record_ids]
@@ -160,10 +203,13 @@ class StepFunctionsStarter:
 
 
 @functools.cache
-def deployed_starter(region: str, state_machine_arn: str) -> StepFunctionsStarter:
-    """The starter of the deployed workflow; one client per process, reused while the function is warm."""
+def deployed_starter(state_machine_arn: str) -> StepFunctionsStarter:
+    """The starter of the deployed workflow; one client per process, reused while the function is warm.
+
+    The client's region is boto3's own resolution (Lambda sets AWS_REGION to the function's region).
+    """
     import boto3
 
     if not state_machine_arn:
         raise RequestRejected("ANNOTATE_STATE_MACHINE_ARN is not set")
-    return StepFunctionsStarter(boto3.client("stepfunctions", region_name=region), state_machine_arn)
+    return StepFunctionsStarter(boto3.client("stepfunctions"), state_machine_arn)

@@ -98,14 +98,27 @@ class HandlerDispatcher:
         return response, error is not None
 
 
-def _run_container_in_process(
-    service: Any, env: Any, resource_runtime_part: Any, normalised_parameters: dict, state_credentials: Any
-) -> None:
-    """Stands in for ECS RunTask (.sync): runs the Variants container's entrypoint here, to its end.
+# Runs one ECS task's container to its end from RunTask's parameters and the task's ARN; raises when it would
+# exit non-zero.
+ContainerRunner = Callable[[dict[str, Any], str], None]
+# Serves one Lambda invocation: (function name or ARN, qualifier, payload) -> (response, whether an error).
+Invoker = Callable[[str, str | None, dict[str, Any]], tuple[dict[str, Any], bool]]
 
-    A failure surfaces as States.TaskFailed with the reason as its cause, as a stopped task with a non-zero
-    exit code does in AWS (moto would otherwise report States.Runtime, which States.ALL cannot catch).
-    """
+
+def container_environment(run_task_parameters: dict[str, Any]) -> dict[str, str]:
+    """The environment RunTask's container overrides set (moto leaves the parameters' key case as written)."""
+    overrides = run_task_parameters.get("overrides") or run_task_parameters.get("Overrides") or {}
+    containers = overrides.get("containerOverrides") or overrides.get("ContainerOverrides") or []
+    return {
+        (item.get("name") or item.get("Name")): (item.get("value") or item.get("Value"))
+        for container in containers
+        for item in (container.get("environment") or container.get("Environment") or [])
+    }
+
+
+def _task_failed(service: Any, env: Any, cause: str) -> Exception:
+    """States.TaskFailed with ``cause``, as a stopped task with a non-zero exit code gives in AWS (moto would
+    otherwise report States.Runtime, which States.ALL cannot catch)."""
     from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
     from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
         FailureEvent,
@@ -117,42 +130,65 @@ def _run_container_in_process(
     )
     from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
+    details = TaskFailedEventDetails(
+        error="States.TaskFailed",
+        cause=cause,
+        resource=service._get_sfn_resource(),
+        resourceType=service._get_sfn_resource_type(),
+    )
+    event = FailureEvent(
+        env=env,
+        error_name=StatesErrorName(typ=StatesErrorNameType.StatesTaskFailed),
+        event_type=HistoryEventType.TaskFailed,
+        event_details=EventDetails(taskFailedEventDetails=details),  # type: ignore[typeddict-item]
+    )
+    return FailureEventException(failure_event=event)
+
+
+@contextmanager
+def services_in_process(invoke: Invoker, run_container: ContainerRunner) -> Iterator[None]:
+    """Inside an active ``mock_aws``: the interpreter's Lambda invocations and ECS tasks (.sync) run here."""
+    from moto.awslambda_simple.models import LambdaSimpleBackend
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_ecs import (
+        StateTaskServiceEcs,
+    )
+
+    def lambda_invoke(backend: Any, function: str, qualifier: Any, body: Any, headers: Any, response_headers: Any):
+        response, failed = invoke(function, qualifier, json.loads(body or "{}"))
+        if failed:
+            response_headers["x-amz-function-error"] = "Unhandled"
+        return json.dumps(response).encode()
+
+    def run_task(service: Any, env: Any, resource_runtime_part: Any, parameters: dict, credentials: Any) -> None:
+        cluster = str(parameters.get("Cluster") or parameters.get("cluster"))
+        task_arn = f"{cluster.replace(':cluster/', ':task/')}/{uuid.uuid4().hex}"
+        try:
+            run_container(parameters, task_arn)
+        except Exception as error:  # the container's exit code 1
+            cause = f"Essential container in task exited: {type(error).__name__}: {error}"
+            raise _task_failed(service, env, cause) from error
+        task = {"TaskArn": task_arn, "LastStatus": "STOPPED", "Containers": [{"ExitCode": 0}]}
+        env.stack.append({"Tasks": [task]})
+
+    def stopped_task(service: Any, env: Any, *args: Any, **kwargs: Any) -> Callable[[], dict]:
+        task = env.stack.pop()["Tasks"][0]
+        return lambda: task
+
+    with (
+        mock.patch.object(LambdaSimpleBackend, "invoke", lambda_invoke),
+        mock.patch.object(StateTaskServiceEcs, "_eval_service_task", run_task),
+        mock.patch.object(StateTaskServiceEcs, "_build_sync_resolver", stopped_task),
+    ):
+        yield
+
+
+def _run_variants_container(run_task_parameters: dict[str, Any], task_arn: str) -> None:
+    """Locally the Variants container is this process, with the settings in force."""
     from shared.settings import get_settings
     from shared.variants_task import run
 
-    overrides = normalised_parameters.get("overrides") or normalised_parameters.get("Overrides") or {}
-    containers = overrides.get("containerOverrides") or overrides.get("ContainerOverrides") or []
-    environment = {
-        (item.get("name") or item.get("Name")): (item.get("value") or item.get("Value"))
-        for container in containers
-        for item in (container.get("environment") or container.get("Environment") or [])
-    }
-    task_arn = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/annotate-local/{uuid.uuid4().hex}"
-    try:
-        run(get_settings().model_copy(update={"variant_job": environment.get("ANNOTATE_VARIANT_JOB", "")}))
-    except Exception as error:  # the container's exit code 1
-        cause = f"Essential container in task exited: {type(error).__name__}: {error}"
-        details = TaskFailedEventDetails(
-            error="States.TaskFailed",
-            cause=cause,
-            resource=service._get_sfn_resource(),
-            resourceType=service._get_sfn_resource_type(),
-        )
-        event = FailureEvent(
-            env=env,
-            error_name=StatesErrorName(typ=StatesErrorNameType.StatesTaskFailed),
-            event_type=HistoryEventType.TaskFailed,
-            event_details=EventDetails(taskFailedEventDetails=details),  # type: ignore[typeddict-item]
-        )
-        raise FailureEventException(failure_event=event) from error
-    env.stack.append(
-        {"Tasks": [{"TaskArn": task_arn, "LastStatus": "STOPPED", "Containers": [{"Name": "variants", "ExitCode": 0}]}]}
-    )
-
-
-def _stopped_task(service: Any, env: Any, *args: Any, **kwargs: Any) -> Callable[[], dict]:
-    task = env.stack.pop()["Tasks"][0]
-    return lambda: task
+    job = container_environment(run_task_parameters).get("ANNOTATE_VARIANT_JOB", "")
+    run(get_settings().model_copy(update={"variant_job": job}))
 
 
 @contextmanager
@@ -162,16 +198,8 @@ def local_workflow(
     """Inside: a function that runs one batch through the workflow and waits for it to end."""
     import boto3
     from moto import mock_aws
-    from moto.awslambda_simple.models import LambdaSimpleBackend
 
     dispatcher = HandlerDispatcher(listener)
-
-    def invoke(backend: Any, function_name: str, qualifier: Any, body: Any, headers: Any, response_headers: Any):
-        response, failed = dispatcher.invoke(function_name, json.loads(body or "{}"))
-        if failed:
-            response_headers["x-amz-function-error"] = "Unhandled"
-        return json.dumps(response).encode()
-
     definition = substitute(
         {
             placeholder: f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{FUNCTION_PREFIX}{name}"
@@ -179,15 +207,9 @@ def local_workflow(
         }
         | LOCAL_FARGATE
     )
-    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_ecs import (
-        StateTaskServiceEcs,
-    )
-
     with (
         mock_aws(config=MOTO_CONFIG),
-        mock.patch.object(LambdaSimpleBackend, "invoke", invoke),
-        mock.patch.object(StateTaskServiceEcs, "_eval_service_task", _run_container_in_process),
-        mock.patch.object(StateTaskServiceEcs, "_build_sync_resolver", _stopped_task),
+        services_in_process(lambda function, _, payload: dispatcher.invoke(function, payload), _run_variants_container),
         # Locally the measurements are in the image rows; EMF is for CloudWatch and would flood the terminal.
         mock.patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"}),
     ):

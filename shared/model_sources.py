@@ -14,7 +14,7 @@ from pathlib import Path
 from shared.errors import ImageRejected, ModelUnavailable
 from shared.observability import logger
 from shared.settings import Settings
-from shared.storage import is_s3, join_uri, split_s3, store_for
+from shared.storage import is_s3, split_s3, store_for
 
 # S3 prefix -> folder of links to memory files, which stay open for the life of the process.
 _in_memory: dict[str, Path] = {}
@@ -149,11 +149,14 @@ def _s3_prefix_in_memory(prefix_uri: str, settings: Settings) -> Path:
         digest = hashlib.sha256(prefix_uri.encode()).hexdigest()[:16]
         folder = settings.model_cache_dir / "s3" / f"{digest}-{os.getpid()}"
         store = store_for(prefix_uri)
-        uris = list(store.list_uris(join_uri(f"s3://{bucket}", prefix)))
+        # A folder's objects, listed with the folder's trailing slash: the prefix the roles' s3:prefix conditions
+        # name, and one that cannot match a sibling folder (grounding-dino-tiny/ against grounding-dino-tiny-v2/).
+        folder_prefix = prefix.rstrip("/") + "/"
+        uris = list(store.list_uris(f"s3://{bucket}/{folder_prefix}"))
         if not uris:
             raise ModelUnavailable(f"no model files under {prefix_uri}; upload them first (annotate models push)")
         for uri in uris:
-            relative = uri.removeprefix(f"s3://{bucket}/").removeprefix(prefix).lstrip("/")
+            relative = uri.removeprefix(f"s3://{bucket}/{folder_prefix}")
             link = folder / relative
             link.parent.mkdir(parents=True, exist_ok=True)
             link.unlink(missing_ok=True)

@@ -1,71 +1,94 @@
-"""Upload the models the settings name to the models bucket, under the keys the template reads them from."""
+"""Upload the models the settings name to the deployed stack, where its functions read them from.
+
+The stack says where: its outputs ``DetectorModelUri``, ``ClassifierModelUri``, ... are the S3 locations its
+functions load (built from its model parameters), so a push follows whatever the stack was deployed with.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from shared.errors import RequestRejected
 from shared.model_sources import resolve_model_dir, resolve_model_file
 from shared.observability import logger
 from shared.settings import Settings
 from shared.storage import join_uri, store_for
 
-# Template parameter -> where its model goes under the models prefix (the parameters' defaults).
-MODEL_LOCATIONS = {
-    "DetectorModel": "grounding-dino-tiny/",
-    "ClassifierModel": "convnext-tiny-224/",
-    "TaggerModel": "clip/",
-    "CaptionModel": "caption.gguf",
+# Stack output -> the setting that names the model to upload there. VariantsModelUri exists only in a stack
+# deployed with variants.
+MODEL_OUTPUTS = {
+    "DetectorModelUri": "detector_model",
+    "ClassifierModelUri": "classifier_model",
+    "TaggerModelUri": "tagger_models",
+    "CaptionModelUri": "caption_model",
+    "VariantsModelUri": "variants_model",
 }
 
 
 @dataclass(frozen=True)
 class PushedModel:
-    parameter: str
+    output: str
     source: str
     uri: str
     files: int
     bytes: int
 
 
-def _local_sources(settings: Settings) -> dict[str, Path]:
-    tagger = (settings.tagger_models or [""])[0]
-    return {
-        "DetectorModel": resolve_model_dir(settings.detector_model, settings),
-        "ClassifierModel": resolve_model_dir(settings.classifier_model, settings),
-        "TaggerModel": resolve_model_dir(tagger, settings),
-        "CaptionModel": resolve_model_file(settings.caption_model, settings),
-    }
+def stack_model_uris(stack_name: str, cloudformation: Any = None) -> dict[str, str]:
+    """The stack's model locations, by output name.
+
+    Raises:
+        RequestRejected: the stack does not exist or has no model outputs.
+    """
+    import boto3
+    from botocore.exceptions import ClientError
+
+    client = cloudformation or boto3.client("cloudformation")
+    try:
+        [stack] = client.describe_stacks(StackName=stack_name)["Stacks"]
+    except ClientError as error:
+        raise RequestRejected(f"stack {stack_name!r}: {error.response['Error']['Message']}") from error
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+    uris = {name: outputs[name] for name in MODEL_OUTPUTS if name in outputs}
+    if not uris:
+        raise RequestRejected(f"stack {stack_name!r} has no model outputs ({', '.join(MODEL_OUTPUTS)})")
+    return uris
 
 
-def push_models(settings: Settings, bucket: str, prefix: str = "models/") -> list[PushedModel]:
-    """Resolve each model (hub cache, local, packaged or tiny) to local files and upload them.
+def _source(settings: Settings, output: str) -> str:
+    value = getattr(settings, MODEL_OUTPUTS[output])
+    return str((value or [""])[0] if isinstance(value, list) else value)
+
+
+def _local_files(source: str, target: str, settings: Settings) -> list[tuple[Path, str]]:
+    """(local file, S3 URI) pairs: a single-file model (a GGUF) to ``target``, a folder's files under it."""
+    if not target.endswith("/"):
+        return [(resolve_model_file(source, settings), target)]
+    folder = resolve_model_dir(source, settings)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    return [(path, join_uri(target, str(path.relative_to(folder)))) for path in files]
+
+
+def push_models(settings: Settings, targets: dict[str, str]) -> list[PushedModel]:
+    """Resolve each model (hub cache, local, packaged or tiny) to local files and upload them to ``targets``.
+
+    ``targets``: output name -> S3 location, as :func:`stack_model_uris` returns them; a location ending in '/'
+    is a folder.
 
     Raises:
         ModelUnavailable: a model is not available on this machine; the message says how to get it.
     """
     pushed = []
-    sources = {
-        "DetectorModel": settings.detector_model,
-        "ClassifierModel": settings.classifier_model,
-        "TaggerModel": (settings.tagger_models or [""])[0],
-        "CaptionModel": settings.caption_model,
-    }
-    for parameter, local in _local_sources(settings).items():
-        target = join_uri(f"s3://{bucket}", prefix, MODEL_LOCATIONS[parameter])
-        files = (
-            [local]
-            if local.is_file()
-            else sorted(p for p in local.rglob("*") if p.is_file() and not p.name.startswith("."))
-        )
+    for output, target in targets.items():
+        source = _source(settings, output)
         size = 0
-        for path in files:
-            uri = target if local.is_file() else join_uri(target, str(path.relative_to(local)))
+        files = _local_files(source, target, settings)
+        for path, uri in files:
             data = path.read_bytes()
             store_for(uri).write_bytes(uri, data)
             size += len(data)
-        logger.info("model pushed", extra={"parameter": parameter, "uri": target, "files": len(files)})
-        pushed.append(
-            PushedModel(parameter, sources[parameter], target + ("/" if local.is_dir() else ""), len(files), size)
-        )
+        logger.info("model pushed", extra={"output": output, "uri": target, "files": len(files)})
+        pushed.append(PushedModel(output, source, target, len(files), size))
     return pushed

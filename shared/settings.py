@@ -130,7 +130,14 @@ class Settings(BaseSettings):
     athena_database: str = Field("", description="The stack's Glue database (output GlueDatabaseName)")
     athena_timeout_s: float = Field(300, gt=0, le=3600, description="Longest wait for an Athena query")
     preload_models: bool = Field(False, description="Load each function's model at init (set in Lambda)")
-    aws_region: str = Field("us-east-1", description="Region of the deployed stack")
+    input_buckets: list[str] = Field(
+        default_factory=list,
+        description="AWS mode: the only buckets a prompt message may name (the template sets the input bucket); "
+        "ingest refuses local paths, other schemes and other buckets",
+    )
+    variants_enabled: bool = Field(
+        True, description="Whether the Variants step exists (the stack's EnableVariants); if not, ingest refuses"
+    )
     state_machine_arn: str = Field("", description="The deployed workflow (AWS mode)")
     results_uri: str = Field("", description="Where results go; empty means data_dir (local mode)")
 

@@ -152,9 +152,8 @@ class S3Store:
 def _s3_store() -> S3Store:
     import boto3
 
-    from shared.settings import get_settings
-
-    return S3Store(boto3.client("s3", region_name=get_settings().aws_region))
+    # boto3 resolves the region itself: Lambda sets AWS_REGION and AWS_DEFAULT_REGION to the function's own.
+    return S3Store(boto3.client("s3"))
 
 
 def store_for(uri: str) -> ObjectStore:

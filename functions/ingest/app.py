@@ -16,4 +16,5 @@ from shared.settings import get_settings
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     settings = get_settings()
-    return ingest_sqs_batch(event, settings, deployed_starter(settings.aws_region, settings.state_machine_arn))
+    starter = deployed_starter(settings.state_machine_arn)
+    return ingest_sqs_batch(event, settings, starter, allowed_buckets=settings.input_buckets)

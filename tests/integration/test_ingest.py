@@ -61,7 +61,13 @@ def aws(tiny_settings: Settings) -> Iterator[Any]:
             name="annotate", definition=PASS_DEFINITION, roleArn="arn:aws:iam::123456789012:role/sfn"
         )["stateMachineArn"]
         use_settings(
-            tiny_settings.model_copy(update={"state_machine_arn": arn, "results_uri": "s3://annotate-results"})
+            tiny_settings.model_copy(
+                update={
+                    "state_machine_arn": arn,
+                    "results_uri": "s3://annotate-results",
+                    "input_buckets": ["annotate-input"],
+                }
+            )
         )
         yield sfn, arn
     storage._s3_store.cache_clear()
@@ -142,6 +148,17 @@ def test_a_redelivered_prompt_message_starts_nothing_new(aws: Any) -> None:
         (json.dumps({"prompt": "cat."}), "images: Field required"),
         (json.dumps({"prompt": " . ", "images": ["s3://annotate-input/other/c.jpg"]}), "names nothing to detect"),
         (json.dumps({"prompt": "cat.", "images": ["s3://annotate-input/nothing-here/"]}), "hold no images"),
+        # AWS mode: nothing but s3:// locations in the stack's input bucket, refused before anything is read.
+        (json.dumps({"prompt": "cat.", "images": ["/etc/passwd"]}), "is not an s3:// location"),
+        (json.dumps({"prompt": "cat.", "images": ["../x"]}), "is not an s3:// location"),
+        (json.dumps({"prompt": "cat.", "images": ["/var/task/"]}), "is not an s3:// location"),
+        (json.dumps({"prompt": "cat.", "images": ["file:///x"]}), "is not an s3:// location"),
+        (json.dumps({"prompt": "cat.", "images": ["http://x/y.jpg"]}), "is not an s3:// location"),
+        (json.dumps({"prompt": "cat.", "images": ["s3://someone-elses-bucket/a.jpg"]}), "not in an input bucket"),
+        (
+            json.dumps({"prompt": "cat.", "images": ["s3://annotate-input/other/c.jpg", "/etc/passwd"]}),
+            "is not an s3:// location",
+        ),
     ],
 )
 def test_a_malformed_message_fails_alone_with_its_reason(
@@ -154,3 +171,15 @@ def test_a_malformed_message_fails_alone_with_its_reason(
     assert len(executions(aws)) == 2  # the good message and the S3 event went on
     rejected = [json.loads(line) for line in capsys.readouterr().err.splitlines() if '"message rejected"' in line]
     assert [(r["message_id"], reason in r["reason"]) for r in rejected] == [("bad", True)]
+
+
+def test_a_message_asking_for_variants_is_refused_by_a_stack_without_them(aws: Any) -> None:
+    from shared.settings import get_settings
+
+    use_settings(get_settings().model_copy(update={"variants_enabled": False}))
+    body = json.dumps({"prompt": "cat.", "images": ["s3://annotate-input/other/c.jpg"], "variants": {"prompt": "a painting", "count": 1}})
+
+    response = invoke(sqs_event(body, message_ids=["asks-variants"]))
+
+    assert response == {"batchItemFailures": [{"itemIdentifier": "asks-variants"}]}
+    assert executions(aws) == []

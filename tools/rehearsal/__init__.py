@@ -1,0 +1,1 @@
+"""The deployed stack, rehearsed on moto: see story.py."""

@@ -1,0 +1,5 @@
+import sys
+
+from tools.rehearsal.story import main
+
+sys.exit(main())

@@ -1,0 +1,198 @@
+"""The deployed stack's compute, run in this process: Lambda (invocations and SQS polling) and ECS tasks.
+
+Each function runs its real handler with exactly its deployed environment (plus what Lambda itself sets:
+AWS_REGION, ...), its deployed memory and timeout in the context, and as its deployed role in the call log.
+The process has one environment, so invocations take turns.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+from shared.local_runner import container_environment, services_in_process
+from shared.settings import Settings, get_settings, use_settings
+from tools.rehearsal.calls import CallLog, acting_as
+from tools.rehearsal.iam import Request
+from tools.rehearsal.stack import DeployedFunction, DeployedStack
+
+
+@dataclass(frozen=True)
+class LambdaContext:
+    """The parts of Lambda's context object that handlers and Powertools read."""
+
+    function_name: str
+    invoked_function_arn: str
+    memory_limit_in_mb: int
+    deadline: float
+    aws_request_id: str
+    function_version: str = "$LATEST"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self.deadline - time.monotonic()) * 1000))
+
+
+@contextmanager
+def _process_environment(variables: dict[str, str]) -> Iterator[None]:
+    """Exactly ``variables`` as the settings' environment: none of this machine's ANNOTATE_* leak in."""
+    kept = {k: v for k, v in os.environ.items() if not k.startswith(("ANNOTATE_", "POWERTOOLS_"))}
+    before = get_settings()
+    with mock.patch.dict(os.environ, kept | variables, clear=True):
+        use_settings()  # built from this environment, as a fresh Lambda process would
+        try:
+            yield
+        finally:
+            use_settings(before)
+
+
+class InProcessServices:
+    def __init__(self, stack: DeployedStack, log: CallLog) -> None:
+        self.stack = stack
+        self.log = log
+        self.problems: list[str] = []
+        self._turn = threading.RLock()
+        self._state_machine = stack.logical_id_of_role(stack.state_machine_role_arn)
+
+    def _lambda_variables(self, function: DeployedFunction) -> dict[str, str]:
+        region = self.stack.region
+        return function.environment | {
+            "AWS_REGION": region,
+            "AWS_DEFAULT_REGION": region,
+            "AWS_LAMBDA_FUNCTION_NAME": function.name,
+            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(function.memory_mb),
+            "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
+            "AWS_LAMBDA_LOG_GROUP_NAME": f"/aws/lambda/{function.name}",
+            "POWERTOOLS_METRICS_DISABLED": "true",  # EMF goes to stdout here, not to CloudWatch
+        }
+
+    def invoke(self, function: DeployedFunction, event: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """(response, whether it is an error payload), as the Invoke API returns them."""
+        with self._turn, _process_environment(self._lambda_variables(function)), acting_as(function.logical_id):
+            handler = getattr(importlib.import_module(function.code.module), function.code.function)
+            started = time.monotonic()
+            context = LambdaContext(
+                function_name=function.name,
+                invoked_function_arn=function.arn,
+                memory_limit_in_mb=function.memory_mb,
+                deadline=started + function.timeout_s,
+                aws_request_id=str(uuid.uuid4()),
+            )
+            try:
+                response, failed = handler(event, context), False
+            except Exception as error:  # a handler's exception is the invocation's error, as in Lambda
+                response, failed = {
+                    "errorType": type(error).__name__,
+                    "errorMessage": str(error),
+                    "stackTrace": traceback.format_tb(error.__traceback__),
+                }, True
+            seconds = time.monotonic() - started
+            if seconds > function.timeout_s:
+                self.problems.append(f"{function.logical_id} ran {seconds:.0f} s, over its timeout {function.timeout_s} s")
+            return response, failed
+
+    def _invoked_by_state_machine(self, function: str, qualifier: str | None, payload: dict[str, Any]):
+        deployed = self.stack.function_by_arn(function)
+        arn = function if function.startswith("arn:") else deployed.arn
+        if qualifier and not arn.endswith(f":{qualifier}"):
+            arn += f":{qualifier}"
+        self.log.add(Request(self._state_machine, "lambda:InvokeFunction", arn), arn.split(":")[3])
+        return self.invoke(deployed, payload)
+
+    def _run_task(self, parameters: dict[str, Any], task_arn: str) -> None:
+        """RunTask .sync as Step Functions makes it (as the state machine's role), then the container as the
+        task role, with the task definition's environment and RunTask's overrides."""
+        import boto3
+
+        cluster = str(parameters.get("Cluster") or parameters.get("cluster"))
+        definition_arn = str(parameters.get("TaskDefinition") or parameters.get("taskDefinition"))
+        region, account = self.stack.region, self.log.account
+        definition = boto3.client("ecs", region_name=region).describe_task_definition(taskDefinition=definition_arn)
+        definition = definition["taskDefinition"]
+        sync_rule = f"arn:aws:events:{region}:{account}:rule/StepFunctionsGetEventsForECSTaskRule"
+        for request in (
+            Request(self._state_machine, "ecs:RunTask", definition_arn, {"ecs:cluster": cluster}),
+            *(Request(self._state_machine, "iam:PassRole", definition[k]) for k in ("executionRoleArn", "taskRoleArn")),
+            *(Request(self._state_machine, f"events:{a}", sync_rule) for a in ("PutTargets", "PutRule", "DescribeRule")),
+            Request(self._state_machine, "ecs:DescribeTasks", task_arn),
+        ):
+            self.log.add(request, region)
+        [container] = definition["containerDefinitions"]
+        variables = {item["name"]: item["value"] for item in container.get("environment", [])}
+        variables |= container_environment(parameters) | {"AWS_REGION": region, "AWS_DEFAULT_REGION": region}
+        task_role = self.stack.logical_id_of_role(definition["taskRoleArn"])
+        from shared.variants_task import main
+
+        with self._turn, _process_environment(variables), acting_as(task_role):
+            if main() != 0:
+                raise RuntimeError("the Variants container exited with status 1 (its log says why)")
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        """Inside: the stack's state machine invokes its functions and runs its tasks here."""
+        with services_in_process(self._invoked_by_state_machine, self._run_task):
+            yield
+
+    def poll(self, queue_arn: str, function: DeployedFunction) -> dict[str, Any] | None:
+        """One poll of an SQS event source, as Lambda makes it with the function's role: receive up to the
+        mapping's batch size, invoke, delete what the response does not report as failed. None: queue empty."""
+        import boto3
+
+        sqs = boto3.client("sqs", region_name=self.stack.region)
+        lambda_client = boto3.client("lambda", region_name=self.stack.region)
+        [mapping] = [
+            m
+            for m in lambda_client.list_event_source_mappings(FunctionName=function.name)["EventSourceMappings"]
+            if m["EventSourceArn"] == queue_arn
+        ]
+        queue_url = sqs.get_queue_url(QueueName=queue_arn.rsplit(":", 1)[-1])["QueueUrl"]
+        messages: list[dict[str, Any]] = []
+        with acting_as(function.logical_id):
+            while len(messages) < mapping["BatchSize"]:
+                received = sqs.receive_message(
+                    QueueUrl=queue_url,
+                    MaxNumberOfMessages=min(10, mapping["BatchSize"] - len(messages)),
+                    AttributeNames=["All"],
+                    MessageAttributeNames=["All"],
+                ).get("Messages", [])
+                if not received:
+                    break
+                messages += received
+        if not messages:
+            return None
+        records = [
+            {
+                "messageId": m["MessageId"],
+                "receiptHandle": m["ReceiptHandle"],
+                "body": m["Body"],
+                "attributes": m.get("Attributes", {}),
+                "messageAttributes": {},
+                "md5OfBody": m["MD5OfBody"],
+                "eventSource": "aws:sqs",
+                "eventSourceARN": queue_arn,
+                "awsRegion": self.stack.region,
+            }
+            for m in messages
+        ]
+        response, failed = self.invoke(function, {"Records": records})
+        failures = (
+            {m["MessageId"] for m in messages}
+            if failed
+            else {item["itemIdentifier"] for item in response.get("batchItemFailures", [])}
+        )
+        done = [m for m in messages if m["MessageId"] not in failures]
+        with acting_as(function.logical_id):
+            if done:
+                sqs.delete_message_batch(
+                    QueueUrl=queue_url,
+                    Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)],
+                )
+        return response

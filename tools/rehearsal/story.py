@@ -1,0 +1,321 @@
+"""The rehearsal: deploy template.yaml on moto and play the user's story through the deployed resources.
+
+    python -m tools.rehearsal            # make rehearse: both configurations, a report, exit 1 on a failure
+
+Everything comes from the deployed stack: names from its outputs, each function's handler, environment,
+memory, timeout and role from Lambda, the workflow as CloudFormation substituted it. Every AWS request a
+deployed principal makes is checked against that principal's deployed policies.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from shared.local_runner import MOTO_CONFIG
+from shared.settings import Profile, Settings
+from tools.rehearsal.calls import Call, record_calls
+from tools.rehearsal.iam import Statement, evaluate
+from tools.rehearsal.stack import ACCOUNT, REPO, DeployedStack, Deployment, deploy, policies
+
+REGION = "eu-central-1"  # anything but us-east-1, boto3's and many tools' silent default
+SAMPLES = REPO / "samples"
+MAX_WAIT_S = 900
+
+
+@dataclass
+class Report:
+    deployment: Deployment
+    steps: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    unused_statements: list[str] = field(default_factory=list)
+    completed: list[str] = field(default_factory=list)
+    not_rehearsed: list[str] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
+    policies: dict[str, list[Statement]] = field(default_factory=dict)  # principal -> its statements
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def check(self, condition: bool, failure: str) -> bool:
+        if not condition:
+            self.failures.append(failure)
+        return condition
+
+    def render(self) -> str:
+        parameters = ", ".join(f"{k}={v}" for k, v in self.deployment.parameters.items()) or "none"
+        lines = [f"## {self.deployment.stack_name} in {self.deployment.region} (parameters: {parameters})", ""]
+        lines += [f"- {step}" for step in self.steps]
+        lines += ["", f"IAM: {len(self.calls)} requests checked against their principal's deployed policies."]
+        lines += ["", "Created through service APIs (moto's CloudFormation does not):"]
+        lines += [f"  - {item}" for item in self.completed]
+        lines += ["", "Not rehearsed:"] + [f"  - {item}" for item in self.not_rehearsed or ["nothing"]]
+        lines += ["", "Statements no request used:"] + [f"  - {s}" for s in self.unused_statements or ["none"]]
+        lines += ["", "FAILURES:" if self.failures else "Passed."] + [f"  - {f}" for f in self.failures]
+        return "\n".join(lines)
+
+
+def default_deployments() -> list[tuple[Deployment, bool]]:
+    """The two configurations: `sam deploy` with only the required answers (variants off, no VPC), and with
+    variants on (the rehearsal makes the VPC the user would name)."""
+    return [
+        (Deployment("annotate-rehearsal", REGION), False),
+        (Deployment("annotate-variants", REGION, {"EnableVariants": "true"}), True),
+    ]
+
+
+def _network(region: str) -> dict[str, str]:
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name=region)
+    vpc = ec2.create_vpc(CidrBlock="10.8.0.0/16")["Vpc"]["VpcId"]
+    subnets = [
+        ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.8.{i}.0/24", AvailabilityZone=f"{region}{zone}")["Subnet"]
+        for i, zone in enumerate("ab")
+    ]
+    return {"VpcId": vpc, "SubnetA": subnets[0]["SubnetId"], "SubnetB": subnets[1]["SubnetId"]}
+
+
+def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | None = None) -> Report:
+    """Deploy and play the story on a fresh moto; the report says what happened and what failed."""
+    from moto import mock_aws
+
+    from shared import storage
+    from shared.ingest import deployed_starter
+
+    with mock_aws(config=MOTO_CONFIG), record_calls(deployment.region, ACCOUNT) as log:
+        storage._s3_store.cache_clear()  # clients made before the call log would go unrecorded
+        deployed_starter.cache_clear()
+        if with_variants:
+            deployment = Deployment(deployment.stack_name, deployment.region, deployment.parameters | _network(deployment.region))
+        report = Report(deployment)
+        stack = deploy(deployment)
+        report.completed, report.not_rehearsed = stack.completed, stack.not_rehearsed
+        report.steps.append(f"deployed: {len(stack.resources)} resources, {len(stack.functions)} functions")
+        from tools.rehearsal.operable import check_operable
+
+        check_operable(stack, report)
+        _story(stack, report, with_variants, settings or Settings(profile=Profile.TINY), log)
+        report.calls = list(log.calls)
+        report.failures += log.problems
+        _check_iam(stack, report)
+    storage._s3_store.cache_clear()
+    deployed_starter.cache_clear()
+    return report
+
+
+def _check_iam(stack: DeployedStack, report: Report) -> None:
+    roles = {stack.logical_id_of_role(f.role_arn): f.role_arn for f in stack.functions.values()}
+    roles[stack.logical_id_of_role(stack.state_machine_role_arn)] = stack.state_machine_role_arn
+    for logical_id, resource in stack.template["Resources"].items():
+        if resource["Type"] == "AWS::IAM::Role" and logical_id not in roles and logical_id in stack.resources:
+            roles[logical_id] = f"arn:aws:iam::{ACCOUNT}:role/{stack.resources[logical_id]}"
+    report.policies = {principal: policies(stack, arn) for principal, arn in roles.items()}
+    used: set[str] = set()
+    for call in report.calls:
+        principal_statements = report.policies.get(call.request.principal)
+        if principal_statements is None:
+            report.failures.append(f"{call.request.principal} is not a role of the stack: {call.request}")
+            continue
+        decision = evaluate(principal_statements, call.request)
+        used |= {f"{call.request.principal}: {s.name}" for s in decision.allowed_by}
+        report.check(decision.allowed, f"DENIED {call.request}")
+    declared = {f"{p}: {s.name}" for p, found in report.policies.items() for s in found if s.effect == "Allow"}
+    # AWS-managed policies are shared wholesale; only the template's own statements should all be needed.
+    report.unused_statements = sorted(s for s in declared - used if ":iam::aws:policy/" not in s)
+
+
+def _wait_for_executions(stack: DeployedStack, expected: int) -> list[dict[str, Any]]:
+    import boto3
+
+    sfn = boto3.client("stepfunctions", region_name=stack.region)
+    deadline = time.monotonic() + MAX_WAIT_S
+    while True:
+        executions = sfn.list_executions(stateMachineArn=stack.state_machine_arn)["executions"]
+        if len(executions) >= expected and all(e["status"] != "RUNNING" for e in executions):
+            return [sfn.describe_execution(executionArn=e["executionArn"]) for e in executions]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(executions)} executions, some still running after {MAX_WAIT_S} s")
+        time.sleep(0.2)
+
+
+def _drain(services: Any, stack: DeployedStack, queue_output: str, function: str) -> list[dict[str, Any]]:
+    import boto3
+
+    url = stack.outputs[queue_output]
+    arn = boto3.client("sqs", region_name=stack.region).get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])
+    responses = []
+    while (response := services.poll(arn["Attributes"]["QueueArn"], stack.functions[function])) is not None:
+        responses.append(response)
+    return responses
+
+
+def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: Settings, log: Any) -> None:
+    import boto3
+
+    from shared.models_push import push_models, stack_model_uris
+    from tools.rehearsal.services import InProcessServices
+
+    region = stack.region
+    s3 = boto3.client("s3", region_name=region)
+    sqs = boto3.client("sqs", region_name=region)
+    pushed = push_models(settings, stack_model_uris(stack.deployment.stack_name, boto3.client("cloudformation", region_name=region)))
+    report.steps.append("models pushed from the stack's outputs: " + ", ".join(f"{p.output} ({p.files} files)" for p in pushed))
+    report.check(
+        {p.output for p in pushed} >= {"DetectorModelUri", "ClassifierModelUri", "TaggerModelUri", "CaptionModelUri"}
+        | ({"VariantsModelUri"} if with_variants else set()),
+        f"models push missed outputs: pushed {[p.output for p in pushed]}",
+    )
+    services = InProcessServices(stack, log)
+    input_bucket = stack.outputs["InputBucketName"]
+    with services.serving():
+        dropped = {
+            "incoming/cat.jpg": (SAMPLES / "chelsea-the-cat.jpg").read_bytes(),
+            "incoming/coffee.webp": (SAMPLES / "coffee.webp").read_bytes(),
+            "incoming/truncated.jpg": (SAMPLES / "chelsea-the-cat.jpg").read_bytes()[:4000],
+        }
+        for key, body in dropped.items():
+            s3.put_object(Bucket=input_bucket, Key=key, Body=body)
+        events = _queued_bodies(sqs, stack.outputs["IngestQueueUrl"])
+        report.check(
+            sorted(e.get("detail", {}).get("object", {}).get("key") for e in events) == sorted(dropped)
+            and all(e.get("detail-type") == "Object Created" for e in events),
+            f"the uploads' EventBridge events did not all reach the ingest queue: {events}",
+        )
+        report.steps.append(f"{len(dropped)} images uploaded under incoming/: {len(events)} Object Created events queued")
+        _drain(services, stack, "IngestQueueUrl", "IngestFunction")
+        executions = _wait_for_executions(stack, 1)
+        report.steps.append(f"ingest started {len(executions)} execution(s) for the dropped images")
+
+        message = {"prompt": "cat. cup.", "images": [f"s3://{input_bucket}/incoming/cat.jpg"], "caption": False}
+        if with_variants:
+            message["variants"] = {"prompt": "a watercolor painting", "count": 1, "steps": 1}
+        sqs.send_message(QueueUrl=stack.outputs["PromptsQueueUrl"], MessageBody=json.dumps(message))
+        _drain(services, stack, "PromptsQueueUrl", "IngestFunction")
+        executions = _wait_for_executions(stack, len(executions) + 1)
+        report.steps.append("a prompt message through the prompts queue started its execution")
+        for execution in executions:
+            report.check(execution["status"] == "SUCCEEDED", f"execution {execution['name']}: {execution['status']}")
+        _refused_messages_reach_the_dead_letter_queue(services, stack, report, sqs, len(executions))
+    _results_where_athena_reads_them(stack, report, images=len(dropped) + 1, with_variants=with_variants)
+    report.failures += services.problems
+
+
+def _queued_bodies(sqs: Any, queue_url: str) -> list[dict[str, Any]]:
+    """The queue's messages, read without consuming them (made visible again at once)."""
+    bodies = []
+    for _ in range(5):
+        for message in sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", []):
+            bodies.append(json.loads(message["Body"]))
+            sqs.change_message_visibility(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0)
+        if bodies:
+            break
+    # Peeking counts as a receive in SQS; redrive counts are checked on the prompts queue, not here.
+    return bodies
+
+
+def _refused_messages_reach_the_dead_letter_queue(
+    services: Any, stack: DeployedStack, report: Report, sqs: Any, executions_before: int
+) -> None:
+    """Malformed and hostile messages fail on every receive and land in the dead-letter queue after the
+    queue's receive limit; none starts anything. The rehearsal's clock: a failed message is made visible
+    again at once instead of after the visibility timeout."""
+    import boto3
+
+    queue_url = stack.outputs["PromptsQueueUrl"]
+    refused = [
+        "not json",
+        json.dumps({"prompt": "cat.", "images": ["/etc/passwd"]}),
+        json.dumps({"prompt": "cat.", "images": ["s3://someone-elses-bucket/x.jpg"]}),
+    ]
+    for body in refused:
+        sqs.send_message(QueueUrl=queue_url, MessageBody=body)
+    redrive = json.loads(sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["RedrivePolicy"])["Attributes"]["RedrivePolicy"])
+    receives = 0
+    for receives in range(1, int(redrive["maxReceiveCount"]) + 2):
+        if not _drain(services, stack, "PromptsQueueUrl", "IngestFunction"):
+            break
+        for message in sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, VisibilityTimeout=0).get("Messages", []):
+            sqs.change_message_visibility(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0)
+    dead = _queued_bodies(sqs, stack.outputs["PromptsDeadLetterQueueUrl"])
+    dead_bodies = sorted(json.dumps(b) if not isinstance(b, str) else b for b in dead)
+    report.check(
+        len(dead) == len(refused),
+        f"{len(dead)} of {len(refused)} refused messages reached the prompts dead-letter queue after {receives} polls",
+    )
+    sfn = boto3.client("stepfunctions", region_name=stack.region)
+    started = len(sfn.list_executions(stateMachineArn=stack.state_machine_arn)["executions"])
+    report.check(started == executions_before, f"refused messages started {started - executions_before} executions")
+    report.steps.append(
+        f"{len(refused)} malformed or hostile messages reached the prompts dead-letter queue, starting nothing "
+        f"({len(dead_bodies)} there)"
+    )
+
+
+def _results_where_athena_reads_them(stack: DeployedStack, report: Report, images: int, with_variants: bool) -> None:
+    """The rows are where the Glue tables' projection points, every image has exactly one, the named queries
+    run on them (Athena's SQL through sqlglot on DuckDB)."""
+    import boto3
+    import sqlglot
+
+    from shared.query import run_local_query
+
+    glue = boto3.client("glue", region_name=stack.region)
+    s3 = boto3.client("s3", region_name=stack.region)
+    database = stack.outputs["GlueDatabaseName"]
+    today = datetime.now(UTC).strftime("%Y-%m-%d")
+    local = Path(tempfile.mkdtemp(prefix="rehearsal-tables-"))
+    for table in glue.get_tables(DatabaseName=database)["TableList"]:
+        template = table["Parameters"]["storage.location.template"]
+        location = template.replace("${dt}", today)
+        bucket, prefix = location.removeprefix("s3://").split("/", 1)
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])]
+        report.check(bool(keys), f"no {table['Name']} files under {location}, where the Glue table reads today")
+        for key in keys:
+            target = local / key
+            target.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(bucket, key, str(target))
+    root = next((p.parent.parent.parent for p in local.rglob("*.parquet")), local)  # <root>/tables/<table>/dt=...
+    rows = run_local_query("SELECT source_uri, status, failed_step, error, variants_model FROM images", root).to_pylist()
+    per_image = Counter(r["source_uri"] for r in rows)
+    report.check(len(rows) == images, f"{len(rows)} image rows for {images} images: {per_image}")
+    failed = [r for r in rows if r["status"] == "failed"]
+    report.check(
+        [r["source_uri"].rsplit("/", 1)[-1] for r in failed] == ["truncated.jpg"],
+        f"expected only truncated.jpg to fail: {failed}",
+    )
+    if with_variants:
+        report.check(any(r["variants_model"] for r in rows), f"no row carries variants: {rows}")
+    athena = boto3.client("athena", region_name=stack.region)
+    workgroup = stack.outputs["AthenaWorkGroupName"]
+    ids = athena.list_named_queries(WorkGroup=workgroup)["NamedQueryIds"]
+    answered = []
+    for query_id in ids:
+        query = athena.get_named_query(NamedQueryId=query_id)["NamedQuery"]
+        report.check(query["Database"] == database, f"named query {query['Name']} is not on {database}")
+        [duckdb_sql] = sqlglot.transpile(query["QueryString"], read="athena", write="duckdb")
+        try:
+            answered.append(f"{query['Name']} ({run_local_query(duckdb_sql, root).num_rows} rows)")
+        except Exception as error:  # DuckDB's error types vary; any is a failed query
+            report.failures.append(f"named query {query['Name']} failed on the deployed results: {error}")
+    report.check(bool(ids), f"the workgroup {workgroup} has no named queries")
+    report.steps.append(f"{len(rows)} image rows ({len(failed)} failed) where the Glue tables read them")
+    report.steps.append("named queries ran: " + ", ".join(answered))
+
+
+def main(run: Callable[[Deployment, bool], Report] = rehearse) -> int:
+    from shared.observability import logger
+
+    logger.setLevel("WARNING")  # the handlers' logs would bury the report
+    reports = [run(deployment, variants) for deployment, variants in default_deployments()]
+    for report in reports:
+        print(report.render(), end="\n\n")
+    return 0 if all(r.ok for r in reports) else 1

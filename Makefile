@@ -5,7 +5,7 @@ INSTALLED := $(VENV)/.installed
 DATA_DIR ?= annotate-data
 PROMPT ?= dog. cat.
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench clean rehearse sam-build
 
 $(INSTALLED): pyproject.toml package.json scripts/install.sh scripts/native_wheels.sh
 	scripts/install.sh
@@ -21,24 +21,37 @@ demo: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy shared
+	$(BIN)/mypy shared tools
 
 test: install lint
 	$(BIN)/python -m pytest
 
-clean:
-	rm -rf $(VENV) node_modules $(DATA_DIR)
+# template.yaml deployed on moto in eu-central-1 (with and without variants) and the user's story played through
+# it, every AWS call checked against its role. tests/rehearsal runs the same in `make test`.
+rehearse: install
+	$(BIN)/python -m tools.rehearsal
 
-# `sam build` (BuildMethod: makefile) calls these with ARTIFACTS_DIR set; run it with --use-container so the
-# wheels match Lambda's Python 3.12 and glibc.
+# `sam validate --lint` and `sam build` of every zip function and layer, without Docker (not part of make test).
+sam-build: install
+	scripts/sam_build.sh
+
+clean:
+	rm -rf $(VENV) .venv-sam .aws-sam node_modules $(DATA_DIR)
+
+# `sam build` (BuildMethod: makefile) calls these with ARTIFACTS_DIR set. pip fetches the wheels for Lambda's
+# Python 3.12 on manylinux x86_64, whatever this machine is; llama-cpp-python has no such wheel, so it is compiled
+# here with Python 3.12, portably (GGML_NATIVE=OFF: AVX2, every Lambda CPU).
+LAYER_PIP := python3 -m pip install --quiet --platform manylinux2014_x86_64 --implementation cp --python-version 3.12 \
+  --only-binary=:all:
+
 build-SharedLayer:
-	python3 -m pip install --quiet --target "$(ARTIFACTS_DIR)/python" -r layers/shared/requirements.txt
+	$(LAYER_PIP) --target "$(ARTIFACTS_DIR)/python" -r layers/shared/requirements.txt
 	cp -r shared "$(ARTIFACTS_DIR)/python/shared"
 
 build-ArrowLayer:
-	python3 -m pip install --quiet --target "$(ARTIFACTS_DIR)/python" -r layers/arrow/requirements.txt
+	$(LAYER_PIP) --target "$(ARTIFACTS_DIR)/python" -r layers/arrow/requirements.txt
 	layers/arrow/prune.sh "$(ARTIFACTS_DIR)/python"
 
 build-LlamaCppLayer:
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" python3 -m pip install --quiet --no-deps --target "$(ARTIFACTS_DIR)/python" \
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" python3.12 -m pip install --quiet --no-deps --target "$(ARTIFACTS_DIR)/python" \
 	  -r layers/llama-cpp/requirements.txt

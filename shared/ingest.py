@@ -92,7 +92,9 @@ def refuse_outside_buckets(locations: list[str], buckets: Collection[str]) -> No
         except ValueError as error:
             raise RequestRejected(str(error)) from error
         if bucket not in buckets:
-            raise RequestRejected(f"{location!r} is not in an input bucket of this stack ({', '.join(sorted(buckets))})")
+            raise RequestRejected(
+                f"{location!r} is not in an input bucket of this stack ({', '.join(sorted(buckets))})"
+            )
 
 
 @tracer.capture_method

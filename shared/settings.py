@@ -7,13 +7,15 @@ command line through :func:`use_settings`. No other module reads ``os.environ``.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings.sources.utils import parse_env_vars
 
 
 class Profile(StrEnum):
@@ -151,6 +153,29 @@ class Settings(BaseSettings):
     @property
     def results_root(self) -> str:
         return self.results_uri or str(self.data_dir.resolve())
+
+
+class _GivenEnvironment(EnvSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(self._environ, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str)
+
+
+def settings_from_environment(environ: Mapping[str, str]) -> Settings:
+    """The settings of a process whose environment is exactly ``environ``, read the way :class:`Settings` reads
+    this one's (the deployment rehearsal builds each deployed function's without touching ``os.environ``)."""
+
+    class _FromGivenEnvironment(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource, *_: Any, **__: Any
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return init_settings, _GivenEnvironment(settings_cls, environ)
+
+    return Settings.model_validate(_FromGivenEnvironment().model_dump())
 
 
 _override: Settings | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,14 @@ from shared.settings import Profile, Settings, use_settings
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "samples"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _an_aws_region_is_configured() -> Iterator[None]:
+    """As on a developer's machine or in Lambda: the code lets boto3 find the region; tests pick us-east-1."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_DEFAULT_REGION", os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+        yield
 
 
 @pytest.fixture(autouse=True)

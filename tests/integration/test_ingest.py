@@ -177,9 +177,11 @@ def test_a_message_asking_for_variants_is_refused_by_a_stack_without_them(aws: A
     from shared.settings import get_settings
 
     use_settings(get_settings().model_copy(update={"variants_enabled": False}))
-    body = json.dumps({"prompt": "cat.", "images": ["s3://annotate-input/other/c.jpg"], "variants": {"prompt": "a painting", "count": 1}})
+    plain = {"prompt": "cat.", "images": ["s3://annotate-input/other/c.jpg"]}
+    asks_variants = plain | {"variants": {"prompt": "a painting", "count": 1}}
 
-    response = invoke(sqs_event(body, message_ids=["asks-variants"]))
+    response = invoke(sqs_event(json.dumps(plain), json.dumps(asks_variants), message_ids=["plain", "variants"]))
 
-    assert response == {"batchItemFailures": [{"itemIdentifier": "asks-variants"}]}
-    assert executions(aws) == []
+    assert response == {"batchItemFailures": [{"itemIdentifier": "variants"}]}
+    [started] = executions(aws)
+    assert started.request.variants is None

@@ -1,7 +1,8 @@
-"""`annotate models push` uploads where the template reads from, and the uploaded models load from S3."""
+"""`annotate models push --stack` uploads where the stack's outputs say, and the uploaded models load from S3."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import boto3
@@ -13,35 +14,58 @@ from shared import storage
 from shared.classification import load_classifier
 from shared.cli import app
 from shared.model_sources import resolve_model_file
-from shared.models_push import MODEL_LOCATIONS
+from shared.models_push import MODEL_OUTPUTS
 from shared.settings import Settings
 from tests.gguf_factory import write_tiny_llama
 from tests.unit.test_workflow_definition import template
 
 pytestmark = pytest.mark.slow
+REGION = "eu-central-1"
 
 
-def test_the_push_locations_are_the_template_defaults() -> None:
-    parameters = template()["Parameters"]
-    assert {name: parameters[name]["Default"] for name in MODEL_LOCATIONS} == MODEL_LOCATIONS
+def test_the_stack_outputs_a_location_for_every_model_a_push_uploads() -> None:
+    assert set(template()["Outputs"]) >= set(MODEL_OUTPUTS)
 
 
-def test_pushed_tiny_models_load_from_the_models_bucket(
+def _stack_with_model_outputs(prefix: str) -> None:
+    outputs = {
+        "ClassifierModelUri": {"Value": f"s3://models-bucket/{prefix}convnext/"},
+        "CaptionModelUri": {"Value": f"s3://models-bucket/{prefix}captions/model.gguf"},
+    }
+    body = {"Resources": {"Models": {"Type": "AWS::S3::Bucket", "Properties": {"BucketName": "models-bucket"}}}}
+    boto3.client("cloudformation", region_name=REGION).create_stack(
+        StackName="annotate", TemplateBody=json.dumps(body | {"Outputs": outputs})
+    )
+
+
+def test_pushed_tiny_models_land_where_the_stack_reads_them_and_load(
     tiny_settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gguf = write_tiny_llama(tmp_path / "tiny.gguf")  # the packaged Gemma is 253 MB: too slow for moto
     monkeypatch.setenv("ANNOTATE_CAPTION_MODEL", str(gguf))
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     with mock_aws():
         storage._s3_store.cache_clear()
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="models-bucket")
+        # GIVEN a stack deployed with its own model parameters (folders that are not the defaults)
+        _stack_with_model_outputs("team/")
 
-        result = CliRunner().invoke(app, ["models", "push", "--bucket", "models-bucket", "--profile", "tiny"])
+        # WHEN the models are pushed to it by name
+        result = CliRunner().invoke(app, ["models", "push", "--stack", "annotate", "--profile", "tiny"])
 
+        # THEN each went where the stack's outputs say, and loads from there
         assert result.exit_code == 0, result.output
-        assert f"CaptionModel: {gguf} -> s3://models-bucket/models/caption.gguf (1 files" in result.output
+        assert f"CaptionModelUri: {gguf} -> s3://models-bucket/team/captions/model.gguf (1 files" in result.output
         deployed = tiny_settings.model_copy(
-            update={"classifier_model": "s3://models-bucket/models/convnext-tiny-224/", "model_cache_dir": tmp_path}
+            update={"classifier_model": "s3://models-bucket/team/convnext/", "model_cache_dir": tmp_path}
         )
         assert len(load_classifier(deployed).labels) == 1000
-        assert resolve_model_file("s3://models-bucket/models/caption.gguf", deployed).read_bytes()[:4] == b"GGUF"
+        assert resolve_model_file("s3://models-bucket/team/captions/model.gguf", deployed).read_bytes()[:4] == b"GGUF"
     storage._s3_store.cache_clear()
+
+
+def test_a_stack_that_does_not_exist_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    with mock_aws():
+        result = CliRunner().invoke(app, ["models", "push", "--stack", "nothing-here"])
+    assert result.exit_code != 0
+    assert "stack 'nothing-here'" in result.output

@@ -120,7 +120,10 @@ def test_the_call_log_maps_requests_to_iam_and_names_a_client_of_the_wrong_regio
     # THEN the listing is recorded as IAM sees it, and the other call is a problem naming function and region
     [listing] = [call.request for call in log.calls]
     assert listing == Request(
-        "DetectFunction", "s3:ListBucket", MODELS, {"s3:prefix": "models/grounding-dino-tiny/"}
+        "DetectFunction",
+        "s3:ListBucket",
+        MODELS,
+        {"s3:prefix": "models/grounding-dino-tiny/", "aws:SecureTransport": "true"},
     )
     assert log.problems == ["DetectFunction: s3:HeadBucket is not mapped to IAM in calls.py"]
 

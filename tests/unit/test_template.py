@@ -20,13 +20,18 @@ TEMPLATE_TEXT = (REPO / "template.yaml").read_text()
 RESOURCES = template()["Resources"]
 
 
+def _when_deployed(item: Any) -> Any:
+    """A conditional item (!If [condition, item, !Ref AWS::NoValue]) as it is when its condition holds."""
+    return item["Fn::If"][1] if isinstance(item, dict) and "Fn::If" in item else item
+
+
 def statements(resource: dict[str, Any]) -> list[dict[str, Any]]:
     properties = resource.get("Properties", {})
-    policies = [p for p in properties.get("Policies", []) if isinstance(p, dict)]
+    policies = [_when_deployed(p) for p in properties.get("Policies", []) if isinstance(p, dict)]
     documents = [p.get("PolicyDocument", p) for p in policies if "Statement" in p.get("PolicyDocument", p)]
     if "PolicyDocument" in properties:
         documents.append(properties["PolicyDocument"])
-    return [statement for document in documents for statement in document["Statement"]]
+    return [_when_deployed(statement) for document in documents for statement in document["Statement"]]
 
 
 # Wildcards that still name their resource: objects under a named bucket's prefix, streams of a named log group.

@@ -99,7 +99,9 @@ class CallLog:
             self.problems.append(f"{principal}: {service}:{model.name} is not mapped to IAM in calls.py")
             return
         action, resource, keys = mapper
-        self.add(Request(principal, action, resource(params, region, self.account), keys(params)), region)
+        # boto3 speaks HTTPS unless told otherwise, and nothing here tells it otherwise.
+        context = keys(params) | {"aws:SecureTransport": "true"}
+        self.add(Request(principal, action, resource(params, region, self.account), context), region)
 
 
 @contextmanager

@@ -2,13 +2,13 @@
 
 Each function runs its real handler with exactly its deployed environment (plus what Lambda itself sets:
 AWS_REGION, ...), its deployed memory and timeout in the context, and as its deployed role in the call log.
-The process has one environment, so invocations take turns.
+The process has one environment and one settings override, so invocations take turns. What Lambda and
+ECS set besides (AWS_REGION, AWS_DEFAULT_REGION) is the stack's region for the whole rehearsal.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import threading
 import time
 import traceback
@@ -17,10 +17,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from unittest import mock
 
 from shared.local_runner import container_environment, services_in_process
-from shared.settings import Settings, get_settings, use_settings
+from shared.settings import get_settings, settings_from_environment, use_settings
 from tools.rehearsal.calls import CallLog, acting_as
 from tools.rehearsal.iam import Request
 from tools.rehearsal.stack import DeployedFunction, DeployedStack
@@ -41,17 +40,24 @@ class LambdaContext:
         return max(0, int((self.deadline - time.monotonic()) * 1000))
 
 
+@dataclass(frozen=True)
+class Poll:
+    response: dict[str, Any]
+    queue_url: str
+    failed_receipts: list[str]  # back on the queue once their visibility timeout passes
+
+
 @contextmanager
-def _process_environment(variables: dict[str, str]) -> Iterator[None]:
-    """Exactly ``variables`` as the settings' environment: none of this machine's ANNOTATE_* leak in."""
-    kept = {k: v for k, v in os.environ.items() if not k.startswith(("ANNOTATE_", "POWERTOOLS_"))}
+def _settings_of(variables: dict[str, str]) -> Iterator[None]:
+    """Exactly ``variables`` as the settings' environment, as a fresh process would read them; none of this
+    machine's ANNOTATE_* leak in. ``os.environ`` itself is left alone: changing it while other threads run
+    native code (torch, OpenSSL) can crash the process."""
     before = get_settings()
-    with mock.patch.dict(os.environ, kept | variables, clear=True):
-        use_settings()  # built from this environment, as a fresh Lambda process would
-        try:
-            yield
-        finally:
-            use_settings(before)
+    use_settings(settings_from_environment(variables))
+    try:
+        yield
+    finally:
+        use_settings(before)
 
 
 class InProcessServices:
@@ -60,23 +66,11 @@ class InProcessServices:
         self.log = log
         self.problems: list[str] = []
         self._turn = threading.RLock()
-        self._state_machine = stack.logical_id_of_role(stack.state_machine_role_arn)
-
-    def _lambda_variables(self, function: DeployedFunction) -> dict[str, str]:
-        region = self.stack.region
-        return function.environment | {
-            "AWS_REGION": region,
-            "AWS_DEFAULT_REGION": region,
-            "AWS_LAMBDA_FUNCTION_NAME": function.name,
-            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(function.memory_mb),
-            "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
-            "AWS_LAMBDA_LOG_GROUP_NAME": f"/aws/lambda/{function.name}",
-            "POWERTOOLS_METRICS_DISABLED": "true",  # EMF goes to stdout here, not to CloudWatch
-        }
+        self._state_machine = stack.state_machine
 
     def invoke(self, function: DeployedFunction, event: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """(response, whether it is an error payload), as the Invoke API returns them."""
-        with self._turn, _process_environment(self._lambda_variables(function)), acting_as(function.logical_id):
+        with self._turn, _settings_of(function.environment), acting_as(function.logical_id):
             handler = getattr(importlib.import_module(function.code.module), function.code.function)
             started = time.monotonic()
             context = LambdaContext(
@@ -89,14 +83,19 @@ class InProcessServices:
             try:
                 response, failed = handler(event, context), False
             except Exception as error:  # a handler's exception is the invocation's error, as in Lambda
-                response, failed = {
-                    "errorType": type(error).__name__,
-                    "errorMessage": str(error),
-                    "stackTrace": traceback.format_tb(error.__traceback__),
-                }, True
+                response, failed = (
+                    {
+                        "errorType": type(error).__name__,
+                        "errorMessage": str(error),
+                        "stackTrace": traceback.format_tb(error.__traceback__),
+                    },
+                    True,
+                )
             seconds = time.monotonic() - started
             if seconds > function.timeout_s:
-                self.problems.append(f"{function.logical_id} ran {seconds:.0f} s, over its timeout {function.timeout_s} s")
+                self.problems.append(
+                    f"{function.logical_id} ran {seconds:.0f} s, over its timeout {function.timeout_s} s"
+                )
             return response, failed
 
     def _invoked_by_state_machine(self, function: str, qualifier: str | None, payload: dict[str, Any]):
@@ -121,27 +120,42 @@ class InProcessServices:
         for request in (
             Request(self._state_machine, "ecs:RunTask", definition_arn, {"ecs:cluster": cluster}),
             *(Request(self._state_machine, "iam:PassRole", definition[k]) for k in ("executionRoleArn", "taskRoleArn")),
-            *(Request(self._state_machine, f"events:{a}", sync_rule) for a in ("PutTargets", "PutRule", "DescribeRule")),
+            *(
+                Request(self._state_machine, f"events:{a}", sync_rule)
+                for a in ("PutTargets", "PutRule", "DescribeRule")
+            ),
             Request(self._state_machine, "ecs:DescribeTasks", task_arn),
         ):
             self.log.add(request, region)
         [container] = definition["containerDefinitions"]
         variables = {item["name"]: item["value"] for item in container.get("environment", [])}
-        variables |= container_environment(parameters) | {"AWS_REGION": region, "AWS_DEFAULT_REGION": region}
+        variables |= container_environment(parameters)
         task_role = self.stack.logical_id_of_role(definition["taskRoleArn"])
         from shared.variants_task import main
 
-        with self._turn, _process_environment(variables), acting_as(task_role):
+        with self._turn, _settings_of(variables), acting_as(task_role):
             if main() != 0:
                 raise RuntimeError("the Variants container exited with status 1 (its log says why)")
 
     @contextmanager
     def serving(self) -> Iterator[None]:
-        """Inside: the stack's state machine invokes its functions and runs its tasks here."""
-        with services_in_process(self._invoked_by_state_machine, self._run_task):
-            yield
+        """Inside: the stack's state machine invokes its functions and runs its tasks here, and its queues wait
+        for :meth:`poll`: moto would otherwise invoke a queue's function itself as each message arrives, one
+        message at a time, outside the function's role."""
+        from moto.sqs import sqs_backends
 
-    def poll(self, queue_arn: str, function: DeployedFunction) -> dict[str, Any] | None:
+        queues = sqs_backends[self.log.account][self.stack.region].queues.values()
+        mappings = {queue: queue.lambda_event_source_mappings for queue in queues}
+        try:
+            for queue in mappings:
+                queue.lambda_event_source_mappings = {}
+            with services_in_process(self._invoked_by_state_machine, self._run_task):
+                yield
+        finally:
+            for queue, mapping in mappings.items():
+                queue.lambda_event_source_mappings = mapping
+
+    def poll(self, queue_arn: str, function: DeployedFunction) -> Poll | None:
         """One poll of an SQS event source, as Lambda makes it with the function's role: receive up to the
         mapping's batch size, invoke, delete what the response does not report as failed. None: queue empty."""
         import boto3
@@ -182,10 +196,10 @@ class InProcessServices:
             }
             for m in messages
         ]
-        response, failed = self.invoke(function, {"Records": records})
+        response, crashed = self.invoke(function, {"Records": records})
         failures = (
             {m["MessageId"] for m in messages}
-            if failed
+            if crashed
             else {item["itemIdentifier"] for item in response.get("batchItemFailures", [])}
         )
         done = [m for m in messages if m["MessageId"] not in failures]
@@ -195,4 +209,5 @@ class InProcessServices:
                     QueueUrl=queue_url,
                     Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)],
                 )
-        return response
+        failed = [m["ReceiptHandle"] for m in messages if m["MessageId"] in failures]
+        return Poll(response, queue_url, failed)

@@ -9,6 +9,7 @@ which moto's CloudFormation does not do.
 
 from __future__ import annotations
 
+import ast
 import copy
 import io
 import json
@@ -18,26 +19,33 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from unittest import mock
 
+from shared.local_runner import MOTO_CONFIG as LOCAL_MOTO_CONFIG
 from shared.sam_template import TEMPLATE_PATH
 from shared.workflow import substitute
 from tools.rehearsal.iam import Statement, statements
+
+if TYPE_CHECKING:
+    from moto.core.config import DefaultConfig
 
 REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "123456789012"  # moto's
 ARTIFACTS_BUCKET = "rehearsal-sam-artifacts"  # the bucket `sam deploy --resolve-s3` would make
 IMAGE_REPOSITORY = "annotate-functions"  # the repository `sam deploy --resolve-image-repos` would make
+# The local runner's moto, with AWS's managed policies, which SAM attaches to the functions' roles.
+MOTO_CONFIG: DefaultConfig = {**LOCAL_MOTO_CONFIG, "iam": {"load_aws_managed_policies": True}}
 
 
 @dataclass(frozen=True)
 class Deployment:
-    """What a user passes to `sam deploy`: a stack name, a region and parameter overrides."""
+    """What a user passes to `sam deploy`: a stack name, a region, parameter overrides (and the template)."""
 
     stack_name: str
     region: str
     parameters: dict[str, str] = field(default_factory=dict)
+    template_file: Path = TEMPLATE_PATH
 
 
 @dataclass(frozen=True)
@@ -75,10 +83,18 @@ class DeployedStack:
     outputs: dict[str, str]
     resources: dict[str, str]  # logical id -> physical id, of everything that exists
     functions: dict[str, DeployedFunction]  # by logical id
+    state_machine: str  # its logical id
     state_machine_arn: str
     state_machine_role_arn: str
     completed: list[str]  # created through service APIs, not by moto's CloudFormation
     not_rehearsed: list[str]
+    bucket_policies: dict[str, list[Statement]]  # bucket name -> its policy's statements
+
+    def bucket_policy(self, resource_arn: str) -> list[Statement]:
+        """The statements of the policy of the bucket ``resource_arn`` (a bucket's or an object's) is in."""
+        if not resource_arn.startswith("arn:aws:s3:::"):
+            return []
+        return self.bucket_policies.get(resource_arn.removeprefix("arn:aws:s3:::").split("/", 1)[0], [])
 
     @property
     def region(self) -> str:
@@ -88,6 +104,18 @@ class DeployedStack:
         name = arn.split(":function:", 1)[-1].split(":", 1)[0]
         [function] = [f for f in self.functions.values() if f.name == name]
         return function
+
+    @property
+    def principals(self) -> dict[str, str]:
+        """Who acts, by template name, and the role it acts as: the functions, the state machine, and every other
+        role of the stack (the Variants task's) under its own name."""
+        found = {f.logical_id: f.role_arn for f in self.functions.values()}
+        found[self.state_machine] = self.state_machine_role_arn
+        for logical_id, resource in self.template["Resources"].items():
+            arn = f"arn:aws:iam::{ACCOUNT}:role/{self.resources.get(logical_id)}"
+            if resource["Type"] == "AWS::IAM::Role" and logical_id in self.resources and arn not in found.values():
+                found[logical_id] = arn
+        return found
 
     def logical_id_of_role(self, role_arn: str) -> str:
         name = role_arn.rsplit("/", 1)[-1]
@@ -111,11 +139,13 @@ def _zip_folder(folder: Path) -> bytes:
 def _dockerfile_handler(dockerfile: Path) -> str:
     match = re.search(r'^CMD \["([\w.]+)"\]', dockerfile.read_text(), re.MULTILINE)
     if not match:
-        raise ValueError(f"{dockerfile} has no CMD [\"module.function\"]")
+        raise ValueError(f'{dockerfile} has no CMD ["module.function"]')
     return match.group(1)
 
 
-def package(template: dict[str, Any], deployment: Deployment, s3: Any) -> tuple[dict[str, Any], dict[str, FunctionCode]]:
+def package(
+    template: dict[str, Any], deployment: Deployment, s3: Any
+) -> tuple[dict[str, Any], dict[str, FunctionCode]]:
     """What `sam package` does: local code and definitions uploaded to S3, image functions given their image URI.
 
     Layers are built by `make sam-build` (their recipes compile native code); here each layer is a zip of its
@@ -142,10 +172,14 @@ def package(template: dict[str, Any], deployment: Deployment, s3: Any) -> tuple[
             code[logical_id] = FunctionCode(folder, properties["Handler"])
             properties["CodeUri"] = upload(f"{logical_id}.zip", _zip_folder(folder))
         elif resource["Type"] == "AWS::Serverless::LayerVersion":
-            recipes = [p for p in (REPO / "layers").iterdir() if p.name.replace("-", "") + "layer" == logical_id.lower()]
+            recipes = [
+                p for p in (REPO / "layers").iterdir() if p.name.replace("-", "") + "layer" == logical_id.lower()
+            ]
             properties["ContentUri"] = upload(f"{logical_id}.zip", _zip_folder(recipes[0]) if recipes else b"")
         elif resource["Type"] == "AWS::Serverless::StateMachine":
-            properties["DefinitionUri"] = upload(f"{logical_id}.asl.json", (REPO / properties["DefinitionUri"]).read_bytes())
+            properties["DefinitionUri"] = upload(
+                f"{logical_id}.asl.json", (REPO / properties["DefinitionUri"]).read_bytes()
+            )
     return packaged, code
 
 
@@ -196,6 +230,9 @@ def _novalue_removes_list_items() -> Iterator[None]:
         yield
 
 
+Clients = Callable[[str], Any]  # service name -> a boto3 client in the stack's region
+
+
 @dataclass(frozen=True)
 class _Rehearsed:
     """A resource created through its service's API, standing in moto's resource map so references resolve."""
@@ -221,7 +258,7 @@ def _lifecycle_rule(rule: dict[str, Any]) -> dict[str, Any]:
     return api
 
 
-def _complete_bucket(clients: Callable[[str], Any], bucket: str, properties: dict[str, Any]) -> list[str]:
+def _complete_bucket(clients: Clients, bucket: str, properties: dict[str, Any]) -> list[str]:
     """The bucket properties moto's CloudFormation ignores, set through the S3 API; returns their names."""
     s3 = clients("s3")
     done = []
@@ -248,70 +285,103 @@ def _complete_bucket(clients: Callable[[str], Any], bucket: str, properties: dic
     return done
 
 
-def _create_unsupported(
-    logical_id: str, resource_type: str, properties: dict[str, Any], stack_name: str, clients: Callable[[str], Any]
-) -> _Rehearsed | None:
-    """Create one resource moto's CloudFormation skips, through its service's API; None: no way here."""
-    if resource_type == "AWS::S3::BucketPolicy":
-        clients("s3").put_bucket_policy(Bucket=properties["Bucket"], Policy=json.dumps(properties["PolicyDocument"]))
-        return _Rehearsed(properties["Bucket"])
-    if resource_type == "AWS::SQS::QueuePolicy":
-        for url in properties["Queues"]:
-            clients("sqs").set_queue_attributes(
-                QueueUrl=url, Attributes={"Policy": json.dumps(properties["PolicyDocument"])}
-            )
-        return _Rehearsed(logical_id)
-    if resource_type == "AWS::Glue::Database":
-        clients("glue").create_database(DatabaseInput=properties["DatabaseInput"])
-        return _Rehearsed(properties["DatabaseInput"]["Name"])
-    if resource_type == "AWS::Glue::Table":
-        clients("glue").create_table(DatabaseName=properties["DatabaseName"], TableInput=properties["TableInput"])
-        return _Rehearsed(properties["TableInput"]["Name"])
-    if resource_type == "AWS::Athena::WorkGroup":
-        configuration = copy.deepcopy(properties["WorkGroupConfiguration"])
-        configuration["BytesScannedCutoffPerQuery"] = int(configuration["BytesScannedCutoffPerQuery"])
-        clients("athena").create_work_group(
-            Name=properties["Name"], Description=properties.get("Description", ""), Configuration=configuration
+def _bucket_policy(logical_id: str, properties: dict[str, Any], stack_name: str, clients: Clients) -> _Rehearsed:
+    # Not put into moto: its S3 applies a Deny whatever the statement's Condition says, so the TLS-only policy
+    # would refuse every request. The rehearsal evaluates it itself (DeployedStack.bucket_policies).
+    return _Rehearsed(properties["Bucket"])
+
+
+def _queue_policy(logical_id: str, properties: dict[str, Any], stack_name: str, clients: Clients) -> _Rehearsed:
+    for url in properties["Queues"]:
+        clients("sqs").set_queue_attributes(
+            QueueUrl=url, Attributes={"Policy": json.dumps(properties["PolicyDocument"])}
         )
-        return _Rehearsed(properties["Name"])
-    if resource_type == "AWS::Athena::NamedQuery":
-        query_id = clients("athena").create_named_query(
-            **{key: properties[key] for key in ("Name", "Description", "Database", "QueryString", "WorkGroup")}
-        )["NamedQueryId"]
-        return _Rehearsed(query_id)
-    if resource_type == "AWS::CloudWatch::Alarm":
-        name = f"{stack_name}-{logical_id}"
-        alarm = {key: value for key, value in properties.items() if key != "AlarmName"}
-        for key in ("Period", "EvaluationPeriods"):
-            if key in alarm:
-                alarm[key] = int(alarm[key])
-        alarm["Threshold"] = float(alarm["Threshold"])
-        for metric in alarm.get("Metrics", []):
-            if "MetricStat" in metric:
-                metric["MetricStat"]["Period"] = int(metric["MetricStat"]["Period"])
-        clients("cloudwatch").put_metric_alarm(AlarmName=name, **alarm)
-        return _Rehearsed(name)
-    if resource_type == "AWS::Lambda::Alias":
-        alias = clients("lambda").create_alias(
-            FunctionName=properties["FunctionName"], Name=properties["Name"], FunctionVersion=str(properties["FunctionVersion"])
-        )
-        return _Rehearsed(alias["AliasArn"])
-    return None
+    return _Rehearsed(logical_id)
+
+
+def _glue_database(logical_id: str, properties: dict[str, Any], stack_name: str, clients: Clients) -> _Rehearsed:
+    clients("glue").create_database(DatabaseInput=properties["DatabaseInput"])
+    return _Rehearsed(properties["DatabaseInput"]["Name"])
+
+
+def _glue_table(logical_id: str, properties: dict[str, Any], stack_name: str, clients: Clients) -> _Rehearsed:
+    clients("glue").create_table(DatabaseName=properties["DatabaseName"], TableInput=properties["TableInput"])
+    return _Rehearsed(properties["TableInput"]["Name"])
+
+
+def _workgroup(logical_id: str, properties: dict[str, Any], stack_name: str, clients: Clients) -> _Rehearsed:
+    configuration = copy.deepcopy(properties["WorkGroupConfiguration"])
+    configuration["BytesScannedCutoffPerQuery"] = int(configuration["BytesScannedCutoffPerQuery"])
+    clients("athena").create_work_group(
+        Name=properties["Name"], Description=properties.get("Description", ""), Configuration=configuration
+    )
+    return _Rehearsed(properties["Name"])
+
+
+def _named_query(logical_id: str, properties: dict[str, Any], stack_name: str, clients: Clients) -> _Rehearsed:
+    fields = {key: properties[key] for key in ("Name", "Description", "Database", "QueryString", "WorkGroup")}
+    return _Rehearsed(clients("athena").create_named_query(**fields)["NamedQueryId"])
+
+
+def _alarm(logical_id: str, properties: dict[str, Any], stack_name: str, clients: Clients) -> _Rehearsed:
+    name = f"{stack_name}-{logical_id}"  # CloudFormation's own naming when AlarmName is not given
+    alarm = copy.deepcopy(properties) | {"Threshold": float(properties["Threshold"])}
+    for key in ("Period", "EvaluationPeriods"):
+        if key in alarm:
+            alarm[key] = int(alarm[key])
+    for metric in alarm.get("Metrics", []):
+        if "MetricStat" in metric:
+            metric["MetricStat"]["Period"] = int(metric["MetricStat"]["Period"])
+    clients("cloudwatch").put_metric_alarm(AlarmName=name, **alarm)
+    return _Rehearsed(name)
+
+
+def _alias(logical_id: str, properties: dict[str, Any], stack_name: str, clients: Clients) -> _Rehearsed:
+    alias = clients("lambda").create_alias(
+        FunctionName=properties["FunctionName"],
+        Name=properties["Name"],
+        FunctionVersion=str(properties["FunctionVersion"]),
+    )
+    return _Rehearsed(alias["AliasArn"])
+
+
+# What moto's CloudFormation skips, created through each service's API, dependencies first: aliases after
+# versions (which moto makes), tables after their database, queries after their workgroup.
+_CREATORS: dict[str, Callable[[str, dict[str, Any], str, Clients], _Rehearsed]] = {
+    "AWS::Lambda::Alias": _alias,
+    "AWS::Glue::Database": _glue_database,
+    "AWS::Glue::Table": _glue_table,
+    "AWS::Athena::WorkGroup": _workgroup,
+    "AWS::Athena::NamedQuery": _named_query,
+    "AWS::S3::BucketPolicy": _bucket_policy,
+    "AWS::SQS::QueuePolicy": _queue_policy,
+    "AWS::CloudWatch::Alarm": _alarm,
+}
 
 
 def _condition_holds(resource: dict[str, Any], resource_map: Any) -> bool:
     return "Condition" not in resource or bool(resource_map.lazy_condition_map[resource["Condition"]])
 
 
+def _document(document: str | dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(document, str):
+        return document
+    try:
+        return dict(json.loads(document))
+    except ValueError:  # moto 5.2.5 answers a role policy its CloudFormation made with the dict's Python repr
+        return dict(ast.literal_eval(document))
+
+
 def _policies_of(iam: Any, role_arn: str) -> list[Statement]:
     role = role_arn.rsplit("/", 1)[-1]
     found = []
     for name in iam.list_role_policies(RoleName=role)["PolicyNames"]:
-        found += statements(name, iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"])
+        document = iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]
+        found += statements(name, _document(document))
     for attached in iam.list_attached_role_policies(RoleName=role)["AttachedPolicies"]:
         version = iam.get_policy(PolicyArn=attached["PolicyArn"])["Policy"]["DefaultVersionId"]
         document = iam.get_policy_version(PolicyArn=attached["PolicyArn"], VersionId=version)["PolicyVersion"]
-        found += statements(attached["PolicyArn"], document["Document"])
+        found += statements(attached["PolicyArn"], _document(document["Document"]))
     return found
 
 
@@ -322,22 +392,103 @@ def policies(stack: DeployedStack, role_arn: str) -> list[Statement]:
     return _policies_of(boto3.client("iam", region_name=stack.region), role_arn)
 
 
+@dataclass
+class _Completion:
+    """The stack as moto's CloudFormation left it, completed through the services' own APIs."""
+
+    resource_map: Any  # moto's, so that Ref and GetAtt resolve as CloudFormation resolves them
+    clients: Clients
+    stack_name: str
+    created: dict[str, str]  # logical id -> physical id
+    completed: list[str] = field(default_factory=list)
+    not_rehearsed: list[str] = field(default_factory=list)
+    bucket_policies: dict[str, list[Statement]] = field(default_factory=dict)
+
+    def resolve(self, value: Any) -> Any:
+        from moto.cloudformation.parsing import clean_json
+
+        return clean_json(value, self.resource_map)
+
+    def _stand_in(self, logical_id: str, made: _Rehearsed) -> None:
+        self.resource_map._parsed_resources[logical_id] = made
+        self.created[logical_id] = made.physical_resource_id
+
+    def version(self, logical_id: str, resource: dict[str, Any]) -> None:
+        """moto publishes a version but answers neither its Ref (the version's ARN) nor GetAtt Version."""
+        version = str(self.resource_map[logical_id].version)
+        function = self.resolve(resource["Properties"]["FunctionName"])
+        arn = self.clients("lambda").get_function_configuration(FunctionName=function)["FunctionArn"]
+        self._stand_in(logical_id, _Rehearsed(f"{arn}:{version}", {"Version": version}))
+
+    def role(self, logical_id: str, resource: dict[str, Any]) -> None:
+        """moto's CloudFormation does not attach a role's ManagedPolicyArns (SAM's basic execution, X-Ray, SQS)."""
+        for arn in self.resolve(resource["Properties"].get("ManagedPolicyArns", [])):
+            self.clients("iam").attach_role_policy(RoleName=self.created[logical_id], PolicyArn=arn)
+            self.completed.append(f"{logical_id} (AWS::IAM::Role): ManagedPolicyArns {arn.rsplit('/', 1)[-1]}")
+
+    def bucket(self, logical_id: str, resource: dict[str, Any]) -> None:
+        done = _complete_bucket(self.clients, self.created[logical_id], self.resolve(resource["Properties"]))
+        self.completed += [f"{logical_id} (AWS::S3::Bucket): {name}" for name in done]
+
+    def skipped(self, logical_id: str, resource: dict[str, Any]) -> None:
+        kind = resource["Type"]
+        if kind not in _CREATORS:
+            self.not_rehearsed.append(f"{logical_id} ({kind})")
+            return
+        properties = self.resolve(resource.get("Properties", {}))
+        self._stand_in(logical_id, _CREATORS[kind](logical_id, properties, self.stack_name, self.clients))
+        if kind == "AWS::S3::BucketPolicy":
+            self.bucket_policies[properties["Bucket"]] = statements(logical_id, properties["PolicyDocument"])
+            self.completed.append(f"{logical_id} ({kind}): evaluated by the rehearsal, not by moto")
+        else:
+            self.completed.append(f"{logical_id} ({kind})")
+
+    def complete(self, resources: dict[str, dict[str, Any]]) -> None:
+        fixes = {"AWS::Lambda::Version": self.version, "AWS::IAM::Role": self.role, "AWS::S3::Bucket": self.bucket}
+        for logical_id, resource in resources.items():
+            if logical_id in self.created and resource["Type"] in fixes:
+                fixes[resource["Type"]](logical_id, resource)
+        order = list(_CREATORS)
+        skipped = [k for k in resources if k not in self.created]
+        for logical_id in sorted(skipped, key=lambda k: order.index(t) if (t := resources[k]["Type"]) in order else 99):
+            self.skipped(logical_id, resources[logical_id])
+
+
+def _functions(code: dict[str, FunctionCode], created: dict[str, str], clients: Clients) -> dict[str, DeployedFunction]:
+    """Each deployed function as Lambda describes it."""
+    functions = {}
+    for logical_id, folder_code in code.items():
+        if logical_id not in created:
+            continue
+        configuration = clients("lambda").get_function_configuration(FunctionName=created[logical_id])
+        functions[logical_id] = DeployedFunction(
+            logical_id=logical_id,
+            name=configuration["FunctionName"],
+            arn=configuration["FunctionArn"],
+            code=folder_code,
+            # Lambda keeps strings; moto keeps a Number parameter's !Ref as the number it parsed.
+            environment={k: str(v) for k, v in configuration.get("Environment", {}).get("Variables", {}).items()},
+            memory_mb=configuration["MemorySize"],
+            timeout_s=configuration["Timeout"],
+            role_arn=configuration["Role"],
+        )
+    return functions
+
+
 def deploy(deployment: Deployment) -> DeployedStack:
     """Create the stack inside an active ``mock_aws`` (with the Step Functions interpreter on)."""
     import boto3
     from moto.cloudformation.models import cloudformation_backends
-    from moto.cloudformation.parsing import clean_json
+    from samtranslator.yaml_helper import yaml_parse  # the SAM CLI's reader: !GetAtt A.B becomes [A, B]
 
     def clients(service: str) -> Any:
         return boto3.client(service, region_name=deployment.region)
 
-    from samtranslator.yaml_helper import yaml_parse  # the SAM CLI's reader: !GetAtt A.B becomes [A, B]
-
-    sam = yaml_parse(TEMPLATE_PATH.read_text())
-    packaged, code = package(sam, deployment, clients("s3"))
+    packaged, code = package(yaml_parse(deployment.template_file.read_text()), deployment, clients("s3"))
     template = transform(packaged, deployment, clients("iam"))
+    cloudformation = clients("cloudformation")
     with _novalue_removes_list_items():
-        stack_id = clients("cloudformation").create_stack(
+        stack_id = cloudformation.create_stack(
             StackName=deployment.stack_name,
             TemplateBody=json.dumps(template),
             Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in deployment.parameters.items()],
@@ -346,75 +497,30 @@ def deploy(deployment: Deployment) -> DeployedStack:
         resource_map = cloudformation_backends[ACCOUNT][deployment.region].get_stack(stack_id).resource_map
         created = {
             r["LogicalResourceId"]: r["PhysicalResourceId"]
-            for r in clients("cloudformation").list_stack_resources(StackName=stack_id)["StackResourceSummaries"]
+            for r in cloudformation.list_stack_resources(StackName=stack_id)["StackResourceSummaries"]
         }
-        completed, not_rehearsed = [], []
-        resources = {k: r for k, r in template["Resources"].items() if _condition_holds(r, resource_map)}
-        for logical_id, resource in resources.items():
-            if resource["Type"] == "AWS::Lambda::Version" and logical_id in created:
-                # moto publishes the version but answers neither Ref (its ARN) nor GetAtt Version.
-                function = clean_json(resource["Properties"]["FunctionName"], resource_map)
-                version = resource_map[logical_id].version
-                arn = clients("lambda").get_function_configuration(FunctionName=function)["FunctionArn"]
-                resource_map._parsed_resources[logical_id] = _Rehearsed(f"{arn}:{version}", {"Version": str(version)})
-                created[logical_id] = f"{arn}:{version}"
-        for logical_id, resource in resources.items():
-            if resource["Type"] == "AWS::S3::Bucket" and logical_id in created:
-                done = _complete_bucket(clients, created[logical_id], clean_json(resource["Properties"], resource_map))
-                completed += [f"{logical_id} ({resource['Type']}): {name}" for name in done]
-        # Dependencies first: aliases after versions, tables after their database, queries after their workgroup.
-        order = ["AWS::Lambda::Alias", "AWS::Glue::Database", "AWS::Glue::Table", "AWS::Athena::WorkGroup"]
-        missing = sorted(
-            (k for k in resources if k not in created),
-            key=lambda k: order.index(resources[k]["Type"]) if resources[k]["Type"] in order else len(order),
-        )
-        for logical_id in missing:
-            resource = resources[logical_id]
-            properties = clean_json(resource.get("Properties", {}), resource_map)
-            made = _create_unsupported(logical_id, resource["Type"], properties, deployment.stack_name, clients)
-            if made is None:
-                not_rehearsed.append(f"{logical_id} ({resource['Type']})")
-                continue
-            resource_map._parsed_resources[logical_id] = made
-            created[logical_id] = made.physical_resource_id
-            completed.append(f"{logical_id} ({resource['Type']})")
-        machine_arn, role_arn = _create_state_machine(template, resource_map, created, clients)
-        outputs = {
-            o["OutputKey"]: o["OutputValue"]
-            for o in clients("cloudformation").describe_stacks(StackName=stack_id)["Stacks"][0].get("Outputs", [])
-        }
-    lambda_client = clients("lambda")
-    functions = {}
-    for logical_id, folder_code in code.items():
-        if logical_id not in created:
-            continue
-        configuration = lambda_client.get_function_configuration(FunctionName=created[logical_id])
-        functions[logical_id] = DeployedFunction(
-            logical_id=logical_id,
-            name=configuration["FunctionName"],
-            arn=configuration["FunctionArn"],
-            code=folder_code,
-            environment=configuration.get("Environment", {}).get("Variables", {}),
-            memory_mb=configuration["MemorySize"],
-            timeout_s=configuration["Timeout"],
-            role_arn=configuration["Role"],
-        )
+        completion = _Completion(resource_map, clients, deployment.stack_name, created)
+        completion.complete({k: r for k, r in template["Resources"].items() if _condition_holds(r, resource_map)})
+        machine, machine_arn, role_arn = _create_state_machine(template, resource_map, created, clients)
+        [described] = cloudformation.describe_stacks(StackName=stack_id)["Stacks"]
     return DeployedStack(
         deployment=deployment,
         template=template,
-        outputs=outputs,
+        outputs={o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])},
         resources=created,
-        functions=functions,
+        functions=_functions(code, created, clients),
+        state_machine=machine,
         state_machine_arn=machine_arn,
         state_machine_role_arn=role_arn,
-        completed=completed,
-        not_rehearsed=not_rehearsed,
+        completed=completion.completed,
+        not_rehearsed=completion.not_rehearsed,
+        bucket_policies=completion.bucket_policies,
     )
 
 
 def _create_state_machine(
-    template: dict[str, Any], resource_map: Any, created: dict[str, str], clients: Callable[[str], Any]
-) -> tuple[str, str]:
+    template: dict[str, Any], resource_map: Any, created: dict[str, str], clients: Clients
+) -> tuple[str, str, str]:
     """The deployed machine, in moto's interpreter: its definition from the artifacts bucket, substituted as
     CloudFormation would from DefinitionSubstitutions resolved against the stack's resources."""
     from moto.cloudformation.parsing import clean_json
@@ -428,8 +534,11 @@ def _create_state_machine(
     substituted = substitute({k: str(v) for k, v in properties["DefinitionSubstitutions"].items()}, definition)
     name = created[logical_id].rsplit(":", 1)[-1]
     arn = clients("stepfunctions").create_state_machine(
-        name=name, definition=substituted, roleArn=properties["RoleArn"], type=properties.get("StateMachineType", "STANDARD")
+        name=name,
+        definition=substituted,
+        roleArn=properties["RoleArn"],
+        type=properties.get("StateMachineType", "STANDARD"),
     )["stateMachineArn"]
     if arn != created[logical_id]:
         raise RuntimeError(f"the interpreter's machine {arn} is not the stack's {created[logical_id]}")
-    return arn, properties["RoleArn"]
+    return logical_id, arn, properties["RoleArn"]

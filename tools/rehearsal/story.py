@@ -10,20 +10,21 @@ deployed principal makes is checked against that principal's deployed policies.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
-from shared.local_runner import MOTO_CONFIG
 from shared.settings import Profile, Settings
 from tools.rehearsal.calls import Call, record_calls
 from tools.rehearsal.iam import Statement, evaluate
-from tools.rehearsal.stack import ACCOUNT, REPO, DeployedStack, Deployment, deploy, policies
+from tools.rehearsal.stack import ACCOUNT, MOTO_CONFIG, REPO, DeployedStack, Deployment, deploy, policies
 
 REGION = "eu-central-1"  # anything but us-east-1, boto3's and many tools' silent default
 SAMPLES = REPO / "samples"
@@ -91,11 +92,22 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
     from shared import storage
     from shared.ingest import deployed_starter
 
-    with mock_aws(config=MOTO_CONFIG), record_calls(deployment.region, ACCOUNT) as log:
+    # The user's shell is set for the stack's region (README: export AWS_REGION), as `sam deploy` was, and so
+    # are Lambda's and ECS's environments. EMF metrics would go to stdout here, not to CloudWatch.
+    region = {
+        "AWS_REGION": deployment.region,
+        "AWS_DEFAULT_REGION": deployment.region,
+        "POWERTOOLS_METRICS_DISABLED": "true",
+    }
+    with (
+        mock_aws(config=MOTO_CONFIG),
+        mock.patch.dict(os.environ, region),
+        record_calls(deployment.region, ACCOUNT) as log,
+    ):
         storage._s3_store.cache_clear()  # clients made before the call log would go unrecorded
         deployed_starter.cache_clear()
         if with_variants:
-            deployment = Deployment(deployment.stack_name, deployment.region, deployment.parameters | _network(deployment.region))
+            deployment = replace(deployment, parameters=deployment.parameters | _network(deployment.region))
         report = Report(deployment)
         stack = deploy(deployment)
         report.completed, report.not_rehearsed = stack.completed, stack.not_rehearsed
@@ -113,21 +125,19 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
 
 
 def _check_iam(stack: DeployedStack, report: Report) -> None:
-    roles = {stack.logical_id_of_role(f.role_arn): f.role_arn for f in stack.functions.values()}
-    roles[stack.logical_id_of_role(stack.state_machine_role_arn)] = stack.state_machine_role_arn
-    for logical_id, resource in stack.template["Resources"].items():
-        if resource["Type"] == "AWS::IAM::Role" and logical_id not in roles and logical_id in stack.resources:
-            roles[logical_id] = f"arn:aws:iam::{ACCOUNT}:role/{stack.resources[logical_id]}"
-    report.policies = {principal: policies(stack, arn) for principal, arn in roles.items()}
+    report.policies = {principal: policies(stack, arn) for principal, arn in stack.principals.items()}
     used: set[str] = set()
     for call in report.calls:
         principal_statements = report.policies.get(call.request.principal)
         if principal_statements is None:
-            report.failures.append(f"{call.request.principal} is not a role of the stack: {call.request}")
+            report.failures.append(f"{call.request.principal} has no role in the stack: {call.request}")
             continue
         decision = evaluate(principal_statements, call.request)
         used |= {f"{call.request.principal}: {s.name}" for s in decision.allowed_by}
         report.check(decision.allowed, f"DENIED {call.request}")
+        # Same account: the identity policy allows, and the bucket's policy may still deny.
+        bucket_denies = evaluate(stack.bucket_policy(call.request.resource), call.request).denied_by
+        report.check(not bucket_denies, f"DENIED by {[s.name for s in bucket_denies]}: {call.request}")
     declared = {f"{p}: {s.name}" for p, found in report.policies.items() for s in found if s.effect == "Allow"}
     # AWS-managed policies are shared wholesale; only the template's own statements should all be needed.
     report.unused_statements = sorted(s for s in declared - used if ":iam::aws:policy/" not in s)
@@ -147,15 +157,20 @@ def _wait_for_executions(stack: DeployedStack, expected: int) -> list[dict[str, 
         time.sleep(0.2)
 
 
-def _drain(services: Any, stack: DeployedStack, queue_output: str, function: str) -> list[dict[str, Any]]:
+def _drain(services: Any, stack: DeployedStack, queue_output: str, function: str, clock: bool = False) -> list[Any]:
+    """Poll the queue until it has nothing visible. ``clock``: the rehearsal's clock, which makes a failed
+    message visible again at once instead of after the queue's visibility timeout."""
     import boto3
 
+    sqs = boto3.client("sqs", region_name=stack.region)
     url = stack.outputs[queue_output]
-    arn = boto3.client("sqs", region_name=stack.region).get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])
-    responses = []
-    while (response := services.poll(arn["Attributes"]["QueueArn"], stack.functions[function])) is not None:
-        responses.append(response)
-    return responses
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    polls = []
+    while (poll := services.poll(arn, stack.functions[function])) is not None:
+        polls.append(poll)
+        for receipt in poll.failed_receipts if clock else []:
+            sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=receipt, VisibilityTimeout=0)
+    return polls
 
 
 def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: Settings, log: Any) -> None:
@@ -167,10 +182,15 @@ def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: 
     region = stack.region
     s3 = boto3.client("s3", region_name=region)
     sqs = boto3.client("sqs", region_name=region)
-    pushed = push_models(settings, stack_model_uris(stack.deployment.stack_name, boto3.client("cloudformation", region_name=region)))
-    report.steps.append("models pushed from the stack's outputs: " + ", ".join(f"{p.output} ({p.files} files)" for p in pushed))
+    pushed = push_models(
+        settings, stack_model_uris(stack.deployment.stack_name, boto3.client("cloudformation", region_name=region))
+    )
+    report.steps.append(
+        "models pushed from the stack's outputs: " + ", ".join(f"{p.output} ({p.files} files)" for p in pushed)
+    )
     report.check(
-        {p.output for p in pushed} >= {"DetectorModelUri", "ClassifierModelUri", "TaggerModelUri", "CaptionModelUri"}
+        {p.output for p in pushed}
+        >= {"DetectorModelUri", "ClassifierModelUri", "TaggerModelUri", "CaptionModelUri"}
         | ({"VariantsModelUri"} if with_variants else set()),
         f"models push missed outputs: pushed {[p.output for p in pushed]}",
     )
@@ -184,14 +204,21 @@ def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: 
         }
         for key, body in dropped.items():
             s3.put_object(Bucket=input_bucket, Key=key, Body=body)
-        events = _queued_bodies(sqs, stack.outputs["IngestQueueUrl"])
+        events = [json.loads(body) for body in _queued_bodies(sqs, stack.outputs["IngestQueueUrl"])]
         report.check(
             sorted(e.get("detail", {}).get("object", {}).get("key") for e in events) == sorted(dropped)
             and all(e.get("detail-type") == "Object Created" for e in events),
             f"the uploads' EventBridge events did not all reach the ingest queue: {events}",
         )
-        report.steps.append(f"{len(dropped)} images uploaded under incoming/: {len(events)} Object Created events queued")
-        _drain(services, stack, "IngestQueueUrl", "IngestFunction")
+        report.steps.append(
+            f"{len(dropped)} images uploaded under incoming/: {len(events)} Object Created events queued"
+        )
+        responses = [poll.response for poll in _drain(services, stack, "IngestQueueUrl", "IngestFunction")]
+        if not report.check(
+            bool(responses) and not any(r.get("batchItemFailures") or r.get("errorType") for r in responses),
+            f"ingest failed on the dropped images' events: {responses}",
+        ):
+            return
         executions = _wait_for_executions(stack, 1)
         report.steps.append(f"ingest started {len(executions)} execution(s) for the dropped images")
 
@@ -199,7 +226,11 @@ def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: 
         if with_variants:
             message["variants"] = {"prompt": "a watercolor painting", "count": 1, "steps": 1}
         sqs.send_message(QueueUrl=stack.outputs["PromptsQueueUrl"], MessageBody=json.dumps(message))
-        _drain(services, stack, "PromptsQueueUrl", "IngestFunction")
+        responses = [poll.response for poll in _drain(services, stack, "PromptsQueueUrl", "IngestFunction")]
+        if not report.check(
+            responses == [{"batchItemFailures": []}], f"ingest failed on the prompt message: {responses}"
+        ):
+            return
         executions = _wait_for_executions(stack, len(executions) + 1)
         report.steps.append("a prompt message through the prompts queue started its execution")
         for execution in executions:
@@ -209,13 +240,15 @@ def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: 
     report.failures += services.problems
 
 
-def _queued_bodies(sqs: Any, queue_url: str) -> list[dict[str, Any]]:
+def _queued_bodies(sqs: Any, queue_url: str) -> list[str]:
     """The queue's messages, read without consuming them (made visible again at once)."""
     bodies = []
     for _ in range(5):
         for message in sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", []):
-            bodies.append(json.loads(message["Body"]))
-            sqs.change_message_visibility(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0)
+            bodies.append(message["Body"])
+            sqs.change_message_visibility(
+                QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0
+            )
         if bodies:
             break
     # Peeking counts as a receive in SQS; redrive counts are checked on the prompts queue, not here.
@@ -238,25 +271,18 @@ def _refused_messages_reach_the_dead_letter_queue(
     ]
     for body in refused:
         sqs.send_message(QueueUrl=queue_url, MessageBody=body)
-    redrive = json.loads(sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["RedrivePolicy"])["Attributes"]["RedrivePolicy"])
-    receives = 0
-    for receives in range(1, int(redrive["maxReceiveCount"]) + 2):
-        if not _drain(services, stack, "PromptsQueueUrl", "IngestFunction"):
-            break
-        for message in sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, VisibilityTimeout=0).get("Messages", []):
-            sqs.change_message_visibility(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0)
+    polls = _drain(services, stack, "PromptsQueueUrl", "IngestFunction", clock=True)
     dead = _queued_bodies(sqs, stack.outputs["PromptsDeadLetterQueueUrl"])
-    dead_bodies = sorted(json.dumps(b) if not isinstance(b, str) else b for b in dead)
     report.check(
-        len(dead) == len(refused),
-        f"{len(dead)} of {len(refused)} refused messages reached the prompts dead-letter queue after {receives} polls",
+        sorted(dead) == sorted(refused),
+        f"{len(dead)} of {len(refused)} refused messages in the prompts dead-letter queue after {len(polls)} polls",
     )
     sfn = boto3.client("stepfunctions", region_name=stack.region)
     started = len(sfn.list_executions(stateMachineArn=stack.state_machine_arn)["executions"])
     report.check(started == executions_before, f"refused messages started {started - executions_before} executions")
     report.steps.append(
-        f"{len(refused)} malformed or hostile messages reached the prompts dead-letter queue, starting nothing "
-        f"({len(dead_bodies)} there)"
+        f"{len(refused)} malformed or hostile messages, refused on each of {len(polls)} polls, reached the prompts "
+        "dead-letter queue and started nothing"
     )
 
 
@@ -283,8 +309,8 @@ def _results_where_athena_reads_them(stack: DeployedStack, report: Report, image
             target = local / key
             target.parent.mkdir(parents=True, exist_ok=True)
             s3.download_file(bucket, key, str(target))
-    root = next((p.parent.parent.parent for p in local.rglob("*.parquet")), local)  # <root>/tables/<table>/dt=...
-    rows = run_local_query("SELECT source_uri, status, failed_step, error, variants_model FROM images", root).to_pylist()
+    rows = run_local_query("SELECT source_uri, status, failed_step, error, variants_model FROM images", local)
+    rows = rows.to_pylist()
     per_image = Counter(r["source_uri"] for r in rows)
     report.check(len(rows) == images, f"{len(rows)} image rows for {images} images: {per_image}")
     failed = [r for r in rows if r["status"] == "failed"]
@@ -303,7 +329,7 @@ def _results_where_athena_reads_them(stack: DeployedStack, report: Report, image
         report.check(query["Database"] == database, f"named query {query['Name']} is not on {database}")
         [duckdb_sql] = sqlglot.transpile(query["QueryString"], read="athena", write="duckdb")
         try:
-            answered.append(f"{query['Name']} ({run_local_query(duckdb_sql, root).num_rows} rows)")
+            answered.append(f"{query['Name']} ({run_local_query(duckdb_sql, local).num_rows} rows)")
         except Exception as error:  # DuckDB's error types vary; any is a failed query
             report.failures.append(f"named query {query['Name']} failed on the deployed results: {error}")
     report.check(bool(ids), f"the workgroup {workgroup} has no named queries")

@@ -1,0 +1,104 @@
+"""`make rehearse` as tests: template.yaml deployed on moto in eu-central-1, with and without variants, the
+user's story played through the deployed resources, every request checked against its principal's role."""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+import boto3
+import pytest
+
+from shared import storage
+from tools.rehearsal.iam import evaluate
+from tools.rehearsal.stack import TEMPLATE_PATH
+from tools.rehearsal.story import Report, default_deployments, rehearse
+
+pytestmark = pytest.mark.slow
+BARE = default_deployments()[0][0]
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[bool, Report]:
+    return {variants: rehearse(deployment, variants) for deployment, variants in default_deployments()}
+
+
+@pytest.mark.parametrize("variants", [False, True], ids=["variants-off", "variants-on"])
+def test_the_deployed_stack_runs_the_users_story(reports: dict[bool, Report], variants: bool) -> None:
+    report = reports[variants]
+    assert report.ok, report.render()
+    assert report.deployment.region != "us-east-1"
+
+
+def test_without_variants_the_stack_deploys_with_only_the_required_answers(reports: dict[bool, Report]) -> None:
+    assert reports[False].deployment.parameters == {}
+    assert reports[True].deployment.parameters.keys() == {"EnableVariants", "VpcId", "SubnetA", "SubnetB"}
+
+
+def test_what_moto_does_not_create_is_made_through_its_api_and_the_rest_is_reported(
+    reports: dict[bool, Report],
+) -> None:
+    completed = "\n".join(reports[True].completed)
+    for kind in ("Glue::Table", "Athena::NamedQuery", "CloudWatch::Alarm", "Lambda::Alias", "S3::BucketPolicy"):
+        assert f"(AWS::{kind})" in completed
+    assert "ManagedPolicyArns AWSLambdaSQSQueueExecutionRole" in completed
+    assert "Not rehearsed:" in reports[True].render()
+
+
+def test_every_principal_acted_and_each_template_statement_a_call_used_is_needed_by_it(
+    reports: dict[bool, Report],
+) -> None:
+    for report in reports.values():
+        acting = {call.request.principal for call in report.calls}
+        assert acting >= {"IngestFunction", "DetectFunction", "WriteResultFunction", "WriteTableFunction"}
+        for principal, statements in report.policies.items():
+            requests = [call.request for call in report.calls if call.request.principal == principal]
+            for statement in statements:
+                if ":iam::aws:policy/" in statement.policy or not any(statement.applies_to(r) for r in requests):
+                    continue
+                # GIVEN the role without this one statement, WHEN the same requests are evaluated
+                rest = [s for s in statements if s is not statement]
+                denied = [r for r in requests if not evaluate(rest, r).allowed]
+                # THEN at least one is denied: no statement is a duplicate of another
+                assert denied, f"{principal}: {statement.name} is not needed by any request on its own"
+
+
+def _without_statement(tmp_path: Path, function: str, sid: str) -> Path:
+    text = TEMPLATE_PATH.read_text()
+    function_block = text.index(f"\n  {function}:\n")
+    start = text.index(f"- Sid: {sid}\n", function_block)
+    indent = text[:start].rsplit("\n", 1)[1]
+    end = text.index(f"\n{indent}- ", start)
+    mutated = tmp_path / "template.yaml"
+    mutated.write_text(text[: start - len(indent)] + text[end + 1 :])
+    return mutated
+
+
+def test_a_role_missing_a_statement_its_function_needs_fails_the_rehearsal_naming_it(tmp_path: Path) -> None:
+    # GIVEN a template whose Detect role may not list its model folder
+    template = _without_statement(tmp_path, "DetectFunction", "ListModel")
+    assert "ListModel" not in template.read_text().split("\n  ClassifyFunction:\n")[0].split("\n  DetectFunction:\n")[1]
+
+    # WHEN the stack is rehearsed
+    report = rehearse(BARE.__class__(BARE.stack_name, BARE.region, template_file=template), False)
+
+    # THEN it fails, naming the function, the action and the resource
+    denied = [f for f in report.failures if f.startswith("DENIED DetectFunction: s3:ListBucket on arn:aws:s3:::")]
+    assert denied, report.render()
+
+
+def test_a_function_with_a_client_for_another_region_fails_the_rehearsal(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN code that builds its S3 client for us-east-1, as every function once did
+    @functools.lru_cache(maxsize=1)
+    def us_east_1_store() -> storage.S3Store:
+        return storage.S3Store(boto3.client("s3", region_name="us-east-1"))
+
+    monkeypatch.setattr(storage, "_s3_store", us_east_1_store)
+
+    # WHEN the stack (in eu-central-1) is rehearsed
+    report = rehearse(BARE, False)
+
+    # THEN the report names the function and the action that used the wrong region
+    wrong = [f for f in report.failures if re.match(r"\w+Function: s3:\w+ from a client for us-east-1", f)]
+    assert wrong, report.render()

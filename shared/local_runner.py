@@ -159,11 +159,14 @@ def services_in_process(invoke: Invoker, run_container: ContainerRunner) -> Iter
             response_headers["x-amz-function-error"] = "Unhandled"
         return json.dumps(response).encode()
 
-    def run_task(service: Any, env: Any, resource_runtime_part: Any, parameters: dict, credentials: Any) -> None:
-        cluster = str(parameters.get("Cluster") or parameters.get("cluster"))
+    # moto calls this with keywords: the parameter names are its own.
+    def run_task(
+        service: Any, env: Any, resource_runtime_part: Any, normalised_parameters: dict, state_credentials: Any
+    ) -> None:
+        cluster = str(normalised_parameters.get("Cluster") or normalised_parameters.get("cluster"))
         task_arn = f"{cluster.replace(':cluster/', ':task/')}/{uuid.uuid4().hex}"
         try:
-            run_container(parameters, task_arn)
+            run_container(normalised_parameters, task_arn)
         except Exception as error:  # the container's exit code 1
             cause = f"Essential container in task exited: {type(error).__name__}: {error}"
             raise _task_failed(service, env, cause) from error

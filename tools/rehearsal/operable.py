@@ -32,7 +32,9 @@ def _check_alarms(stack: DeployedStack, report: Report) -> int:
     watched = {dimension for alarm in alarms for dimension in _dimensions(alarm)}
     sqs = boto3.client("sqs", region_name=region)
     redrives = [
-        sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["RedrivePolicy"])["Attributes"].get("RedrivePolicy")
+        sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["RedrivePolicy"])
+        .get("Attributes", {})
+        .get("RedrivePolicy")
         for url in sqs.list_queues().get("QueueUrls", [])
     ]
     dead_letter_queues = {json.loads(r)["deadLetterTargetArn"].rsplit(":", 1)[-1] for r in redrives if r}

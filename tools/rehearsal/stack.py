@@ -233,6 +233,15 @@ def _novalue_removes_list_items() -> Iterator[None]:
 Clients = Callable[[str], Any]  # service name -> a boto3 client in the stack's region
 
 
+def _camel_case(value: Any) -> Any:
+    """CloudFormation's property names (RuntimePlatform) as the ECS API spells them (runtimePlatform)."""
+    if isinstance(value, dict):
+        return {key[:1].lower() + key[1:]: _camel_case(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_camel_case(item) for item in value]
+    return value
+
+
 @dataclass(frozen=True)
 class _Rehearsed:
     """A resource created through its service's API, standing in moto's resource map so references resolve."""
@@ -430,6 +439,18 @@ class _Completion:
         done = _complete_bucket(self.clients, self.created[logical_id], self.resolve(resource["Properties"]))
         self.completed += [f"{logical_id} (AWS::S3::Bucket): {name}" for name in done]
 
+    def task_definition(self, logical_id: str, resource: dict[str, Any]) -> None:
+        """moto's CloudFormation keeps only the containers and memory of a task definition (no roles, network mode,
+        CPU or platform): register it again, whole, through the ECS API, as the revision the stack names."""
+        ecs = self.clients("ecs")
+        family = ecs.describe_task_definition(taskDefinition=self.created[logical_id])["taskDefinition"]["family"]
+        properties = _camel_case(self.resolve(resource["Properties"]))
+        properties |= {"cpu": str(properties["cpu"]), "memory": str(properties["memory"]), "family": family}
+        ecs.deregister_task_definition(taskDefinition=self.created[logical_id])
+        arn = ecs.register_task_definition(**properties)["taskDefinition"]["taskDefinitionArn"]
+        self._stand_in(logical_id, _Rehearsed(arn))
+        self.completed.append(f"{logical_id} (AWS::ECS::TaskDefinition): registered whole through the ECS API")
+
     def skipped(self, logical_id: str, resource: dict[str, Any]) -> None:
         kind = resource["Type"]
         if kind not in _CREATORS:
@@ -444,7 +465,12 @@ class _Completion:
             self.completed.append(f"{logical_id} ({kind})")
 
     def complete(self, resources: dict[str, dict[str, Any]]) -> None:
-        fixes = {"AWS::Lambda::Version": self.version, "AWS::IAM::Role": self.role, "AWS::S3::Bucket": self.bucket}
+        fixes = {
+            "AWS::Lambda::Version": self.version,
+            "AWS::IAM::Role": self.role,
+            "AWS::S3::Bucket": self.bucket,
+            "AWS::ECS::TaskDefinition": self.task_definition,
+        }
         for logical_id, resource in resources.items():
             if logical_id in self.created and resource["Type"] in fixes:
                 fixes[resource["Type"]](logical_id, resource)
@@ -486,6 +512,12 @@ def deploy(deployment: Deployment) -> DeployedStack:
 
     packaged, code = package(yaml_parse(deployment.template_file.read_text()), deployment, clients("s3"))
     template = transform(packaged, deployment, clients("iam"))
+    for logical_id, resource in template["Resources"].items():
+        if resource["Type"] == "AWS::ECR::Repository" and "RepositoryName" not in resource.get("Properties", {}):
+            # moto 5.2.5 generates a mixed-case name for an unnamed repository, then rejects it; CloudFormation
+            # generates a valid lowercase one. Name it as CloudFormation would.
+            name = f"{deployment.stack_name}-{logical_id}".lower()
+            resource.setdefault("Properties", {})["RepositoryName"] = name
     cloudformation = clients("cloudformation")
     with _novalue_removes_list_items():
         stack_id = cloudformation.create_stack(

@@ -41,8 +41,9 @@ clean:
 # `sam build` (BuildMethod: makefile) calls these with ARTIFACTS_DIR set. pip fetches the wheels for Lambda's
 # Python 3.12 on manylinux x86_64, whatever this machine is; llama-cpp-python has no such wheel, so it is compiled
 # here with Python 3.12, portably (GGML_NATIVE=OFF: AVX2, every Lambda CPU).
-LAYER_PIP := python3 -m pip install --quiet --platform manylinux2014_x86_64 --implementation cp --python-version 3.12 \
-  --only-binary=:all:
+# (Lambda's python3.12 is Amazon Linux 2023, glibc 2.34: manylinux_2_28 wheels and older run on it.)
+LAYER_PIP := python3 -m pip install --quiet --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+  --implementation cp --python-version 3.12 --only-binary=:all:
 
 build-SharedLayer:
 	$(LAYER_PIP) --target "$(ARTIFACTS_DIR)/python" -r layers/shared/requirements.txt

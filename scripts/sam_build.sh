@@ -30,7 +30,9 @@ PY
 timings=()
 for resource in "${zip_resources[@]}"; do
   started=$(date +%s)
-  sam build "$resource" --template-file template.yaml --build-dir .aws-sam/build
+  # --build-in-source: the layers' ContentUri is the repository (their Makefile recipes read shared/ and
+  # layers/), which sam would otherwise copy whole, .venv included, before building.
+  sam build "$resource" --template-file template.yaml --build-dir .aws-sam/build --build-in-source
   timings+=("$resource $(( $(date +%s) - started )) s")
 done
 echo "Skipped (container images, need a Docker engine): DetectFunction ClassifyFunction TagFunction"

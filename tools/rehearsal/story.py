@@ -24,6 +24,7 @@ from unittest import mock
 from shared.settings import Profile, Settings
 from tools.rehearsal.calls import Call, record_calls
 from tools.rehearsal.iam import Statement, evaluate
+from tools.rehearsal.operable import check_operable
 from tools.rehearsal.stack import ACCOUNT, MOTO_CONFIG, REPO, DeployedStack, Deployment, deploy, policies
 
 REGION = "eu-central-1"  # anything but us-east-1, boto3's and many tools' silent default
@@ -119,8 +120,6 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
         stack = deploy(deployment)
         report.completed, report.not_rehearsed = stack.completed, stack.not_rehearsed
         report.step(f"deployed: {len(stack.resources)} resources, {len(stack.functions)} functions", started)
-        from tools.rehearsal.operable import check_operable
-
         check_operable(stack, report)
         _story(stack, report, with_variants, settings or Settings(profile=Profile.TINY), log)
         report.calls = list(log.calls)

@@ -1,9 +1,10 @@
 """The deployed stack's compute, run in this process: Lambda (invocations and SQS polling) and ECS tasks.
 
-Each function runs its real handler with exactly its deployed environment (plus what Lambda itself sets:
-AWS_REGION, ...), its deployed memory and timeout in the context, and as its deployed role in the call log.
-The process has one environment and one settings override, so invocations take turns. What Lambda and
-ECS set besides (AWS_REGION, AWS_DEFAULT_REGION) is the stack's region for the whole rehearsal.
+Each function runs its real handler with settings read from exactly its deployed environment variables, its
+deployed memory and timeout in the context, and as its deployed role in the call log; the Variants container
+likewise with its task definition's environment and RunTask's overrides. What Lambda and ECS set besides
+(AWS_REGION, AWS_DEFAULT_REGION) is the stack's region, in this process's environment for the whole rehearsal.
+There is one settings override per process, so invocations take turns.
 """
 
 from __future__ import annotations

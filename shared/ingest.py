@@ -121,7 +121,7 @@ def start_batches(
         uri = join_uri(settings.results_root, MANIFESTS_PREFIX, f"{manifest.batch_id}.json")
         store_for(uri).write_bytes(uri, manifest.model_dump_json(indent=2).encode(), "application/json")
         started.append(starter.start(manifest, execution_name(manifest.batch_id, f"{delivery}#{index}")))
-    logger.info("batches started", extra={"delivery": delivery, "batches": len(started)})
+    logger.info("batches started", extra={"delivery": delivery, "batches": len(started), "executions": started})
     metrics.add_metric(name="BatchesStarted", unit=MetricUnit.Count, value=len(started))
     metrics.add_metric(name="ImagesStarted", unit=MetricUnit.Count, value=sum(len(m.images) for m in manifests))
     return started

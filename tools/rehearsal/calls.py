@@ -54,19 +54,24 @@ def _prefix(params: Mapping[str, Any]) -> dict[str, str]:
 # (IAM prefix, operation) -> (IAM action, resource ARN from the parameters, condition keys from the parameters).
 # A call that is not here fails the rehearsal: an unmapped call would be an unchecked one.
 Mapper = tuple[str, Callable[[Mapping[str, Any], str, str], str], Callable[[Mapping[str, Any]], dict[str, str]]]
-_NONE: Callable[[Mapping[str, Any]], dict[str, str]] = lambda params: {}  # noqa: E731
+
+
+def _no_keys(params: Mapping[str, Any]) -> dict[str, str]:
+    return {}
+
+
 OPERATIONS: dict[tuple[str, str], Mapper] = {
-    ("s3", "GetObject"): ("s3:GetObject", _object, _NONE),
-    ("s3", "HeadObject"): ("s3:GetObject", _object, _NONE),  # HEAD is authorised as GetObject
-    ("s3", "PutObject"): ("s3:PutObject", _object, _NONE),
-    ("s3", "DeleteObject"): ("s3:DeleteObject", _object, _NONE),
+    ("s3", "GetObject"): ("s3:GetObject", _object, _no_keys),
+    ("s3", "HeadObject"): ("s3:GetObject", _object, _no_keys),  # HEAD is authorised as GetObject
+    ("s3", "PutObject"): ("s3:PutObject", _object, _no_keys),
+    ("s3", "DeleteObject"): ("s3:DeleteObject", _object, _no_keys),
     ("s3", "ListObjectsV2"): ("s3:ListBucket", _bucket, _prefix),
     ("s3", "ListObjects"): ("s3:ListBucket", _bucket, _prefix),
-    ("states", "StartExecution"): ("states:StartExecution", lambda p, r, a: p["stateMachineArn"], _NONE),
-    ("sqs", "ReceiveMessage"): ("sqs:ReceiveMessage", _queue, _NONE),
-    ("sqs", "DeleteMessage"): ("sqs:DeleteMessage", _queue, _NONE),
-    ("sqs", "DeleteMessageBatch"): ("sqs:DeleteMessage", _queue, _NONE),
-    ("sqs", "GetQueueAttributes"): ("sqs:GetQueueAttributes", _queue, _NONE),
+    ("states", "StartExecution"): ("states:StartExecution", lambda p, r, a: p["stateMachineArn"], _no_keys),
+    ("sqs", "ReceiveMessage"): ("sqs:ReceiveMessage", _queue, _no_keys),
+    ("sqs", "DeleteMessage"): ("sqs:DeleteMessage", _queue, _no_keys),
+    ("sqs", "DeleteMessageBatch"): ("sqs:DeleteMessage", _queue, _no_keys),
+    ("sqs", "GetQueueAttributes"): ("sqs:GetQueueAttributes", _queue, _no_keys),
 }
 
 
@@ -100,8 +105,8 @@ class CallLog:
             return
         action, resource, keys = mapper
         # boto3 speaks HTTPS unless told otherwise, and nothing here tells it otherwise.
-        context = keys(params) | {"aws:SecureTransport": "true"}
-        self.add(Request(principal, action, resource(params, region, self.account), context), region)
+        condition_keys = keys(params) | {"aws:SecureTransport": "true"}
+        self.add(Request(principal, action, resource(params, region, self.account), condition_keys), region)
 
 
 @contextmanager

@@ -43,7 +43,8 @@ def test_what_moto_does_not_create_is_made_through_its_api_and_the_rest_is_repor
     for kind in ("Glue::Table", "Athena::NamedQuery", "CloudWatch::Alarm", "Lambda::Alias", "S3::BucketPolicy"):
         assert f"(AWS::{kind})" in completed
     assert "ManagedPolicyArns AWSLambdaSQSQueueExecutionRole" in completed
-    assert "Not rehearsed:" in reports[True].render()
+    assert reports[True].not_rehearsed == []
+    assert "Resources not rehearsed:\n  - none" in reports[True].render()
 
 
 def test_every_principal_acted_and_each_template_statement_a_call_used_is_needed_by_it(

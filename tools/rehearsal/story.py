@@ -30,6 +30,12 @@ from tools.rehearsal.stack import ACCOUNT, MOTO_CONFIG, REPO, DeployedStack, Dep
 REGION = "eu-central-1"  # anything but us-east-1, boto3's and many tools' silent default
 SAMPLES = REPO / "samples"
 MAX_WAIT_S = 900
+NEVER_REHEARSED = (
+    "the layers' and images' contents: handlers run with this environment's packages (make sam-build builds "
+    "the layers; the images need a Docker engine)",
+    "calls AWS services make on their own behalf: Step Functions' log delivery, the ECS agent's image pull and logs",
+    "quotas, throttling and cold starts of the real services",
+)
 
 
 @dataclass
@@ -62,7 +68,8 @@ class Report:
         lines += ["", f"IAM: {len(self.calls)} requests checked against their principal's deployed policies."]
         lines += ["", "Created through service APIs (moto's CloudFormation does not):"]
         lines += [f"  - {item}" for item in self.completed]
-        lines += ["", "Not rehearsed:"] + [f"  - {item}" for item in self.not_rehearsed or ["nothing"]]
+        lines += ["", "Resources not rehearsed:"] + [f"  - {item}" for item in self.not_rehearsed or ["none"]]
+        lines += ["", "Never rehearsed here:"] + [f"  - {item}" for item in NEVER_REHEARSED]
         lines += ["", "Statements no request used:"] + [f"  - {s}" for s in self.unused_statements or ["none"]]
         lines += ["", "FAILURES:" if self.failures else "Passed."] + [f"  - {f}" for f in self.failures]
         return "\n".join(lines)

@@ -127,12 +127,13 @@ class DeployedStack:
         return logical_id
 
 
-def _zip_folder(folder: Path) -> bytes:
+def _zip_folder(folder: Path | None) -> bytes:
+    """The folder's files in a zip archive (None: an empty archive)."""
+    files = [p for p in sorted(folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts] if folder else []
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(folder.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                archive.write(path, path.relative_to(folder))
+        for path in files:
+            archive.write(path, path.relative_to(folder or path))
     return buffer.getvalue()
 
 
@@ -148,8 +149,8 @@ def package(
 ) -> tuple[dict[str, Any], dict[str, FunctionCode]]:
     """What `sam package` does: local code and definitions uploaded to S3, image functions given their image URI.
 
-    Layers are built by `make sam-build` (their recipes compile native code); here each layer is a zip of its
-    recipe folder, since the rehearsal runs the functions with this environment's packages.
+    Layers are built by `make sam-build` (their recipes compile native code); here each is an empty zip, since
+    the rehearsal runs the functions with this environment's packages.
     """
     packaged = copy.deepcopy(template)
     s3.create_bucket(Bucket=ARTIFACTS_BUCKET, CreateBucketConfiguration={"LocationConstraint": deployment.region})
@@ -172,10 +173,7 @@ def package(
             code[logical_id] = FunctionCode(folder, properties["Handler"])
             properties["CodeUri"] = upload(f"{logical_id}.zip", _zip_folder(folder))
         elif resource["Type"] == "AWS::Serverless::LayerVersion":
-            recipes = [
-                p for p in (REPO / "layers").iterdir() if p.name.replace("-", "") + "layer" == logical_id.lower()
-            ]
-            properties["ContentUri"] = upload(f"{logical_id}.zip", _zip_folder(recipes[0]) if recipes else b"")
+            properties["ContentUri"] = upload(f"{logical_id}.zip", _zip_folder(None))
         elif resource["Type"] == "AWS::Serverless::StateMachine":
             properties["DefinitionUri"] = upload(
                 f"{logical_id}.asl.json", (REPO / properties["DefinitionUri"]).read_bytes()
@@ -183,21 +181,11 @@ def package(
     return packaged, code
 
 
-class _ManagedPolicies:
-    """SAM's managed-policy loader, answered by the (moto) account's IAM like `sam deploy` answers it."""
-
-    def __init__(self, iam: Any) -> None:
-        self._iam = iam
-
-    def load(self) -> dict[str, str]:
-        pages = self._iam.get_paginator("list_policies").paginate(Scope="AWS")
-        return {p["PolicyName"]: p["Arn"] for page in pages for p in page["Policies"]}
-
-
 def transform(packaged: dict[str, Any], deployment: Deployment, iam: Any) -> dict[str, Any]:
     """The SAM transform, as the SAM CLI runs it: defaults and pseudo parameters filled in from the region."""
     import boto3
     from samtranslator.parser.parser import Parser
+    from samtranslator.public.translator import ManagedPolicyLoader
     from samtranslator.sdk.parameter import SamParameterValues
     from samtranslator.translator.translator import Translator
 
@@ -206,7 +194,7 @@ def transform(packaged: dict[str, Any], deployment: Deployment, iam: Any) -> dic
     values.add_default_parameter_values(packaged)
     values.add_pseudo_parameter_values(session)
     translator = Translator(None, Parser(), boto_session=session)
-    managed = _ManagedPolicies(iam)
+    managed = ManagedPolicyLoader(iam)  # SAM's own: AWS's managed policies by name, from the account's IAM
     return translator.translate(  # type: ignore[no-any-return]
         copy.deepcopy(packaged), parameter_values=values.parameter_values, get_managed_policy_map=managed.load
     )

@@ -14,7 +14,6 @@ import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -274,17 +273,12 @@ def _a_prompt_message_is_annotated(services: Any, stack: DeployedStack, report: 
 
 
 def _queued_bodies(sqs: Any, queue_url: str) -> list[str]:
-    """The queue's messages, read without consuming them (made visible again at once)."""
+    """The queue's messages (ten at most), read without consuming them: made visible again at once. Peeking counts
+    as a receive in SQS; the receive limit is rehearsed on the prompts queue, not here."""
     bodies = []
-    for _ in range(5):
-        for message in sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", []):
-            bodies.append(message["Body"])
-            sqs.change_message_visibility(
-                QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0
-            )
-        if bodies:
-            break
-    # Peeking counts as a receive in SQS; redrive counts are checked on the prompts queue, not here.
+    for message in sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", []):
+        bodies.append(message["Body"])
+        sqs.change_message_visibility(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0)
     return bodies
 
 
@@ -323,19 +317,20 @@ def _refused_messages_reach_the_dead_letter_queue(services: Any, stack: Deployed
 def _results_where_athena_reads_them(stack: DeployedStack, report: Report, images: int, with_variants: bool) -> None:
     """The rows are where the Glue tables' projection points, every image has exactly one, the named queries
     run on them (Athena's SQL through sqlglot on DuckDB)."""
-    import boto3
-    import sqlglot
+    with tempfile.TemporaryDirectory(prefix="rehearsal-tables-") as folder:
+        _download_todays_tables(stack, report, Path(folder))
+        _check_rows(report, Path(folder), images, with_variants)
+        _run_named_queries(stack, report, Path(folder))
 
-    from shared.query import run_local_query
+
+def _download_todays_tables(stack: DeployedStack, report: Report, local: Path) -> None:
+    import boto3
 
     glue = boto3.client("glue", region_name=stack.region)
     s3 = boto3.client("s3", region_name=stack.region)
-    database = stack.outputs["GlueDatabaseName"]
     today = datetime.now(UTC).strftime("%Y-%m-%d")
-    local = Path(tempfile.mkdtemp(prefix="rehearsal-tables-"))
-    for table in glue.get_tables(DatabaseName=database)["TableList"]:
-        template = table["Parameters"]["storage.location.template"]
-        location = template.replace("${dt}", today)
+    for table in glue.get_tables(DatabaseName=stack.outputs["GlueDatabaseName"])["TableList"]:
+        location = table["Parameters"]["storage.location.template"].replace("${dt}", today)
         bucket, prefix = location.removeprefix("s3://").split("/", 1)
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])]
         report.check(bool(keys), f"no {table['Name']} files under {location}, where the Glue table reads today")
@@ -343,6 +338,11 @@ def _results_where_athena_reads_them(stack: DeployedStack, report: Report, image
             target = local / key
             target.parent.mkdir(parents=True, exist_ok=True)
             s3.download_file(bucket, key, str(target))
+
+
+def _check_rows(report: Report, local: Path, images: int, with_variants: bool) -> None:
+    from shared.query import run_local_query
+
     rows = run_local_query("SELECT source_uri, status, failed_step, error, variants_model FROM images", local)
     rows = rows.to_pylist()
     per_image = Counter(r["source_uri"] for r in rows)
@@ -354,9 +354,19 @@ def _results_where_athena_reads_them(stack: DeployedStack, report: Report, image
     )
     if with_variants:
         report.check(any(r["variants_model"] for r in rows), f"no row carries variants: {rows}")
+    report.steps.append(f"{len(rows)} image rows ({len(failed)} failed) where the Glue tables' projection reads them")
+
+
+def _run_named_queries(stack: DeployedStack, report: Report, local: Path) -> None:
+    import boto3
+    import sqlglot
+
+    from shared.query import run_local_query
+
     athena = boto3.client("athena", region_name=stack.region)
-    workgroup = stack.outputs["AthenaWorkGroupName"]
+    database, workgroup = stack.outputs["GlueDatabaseName"], stack.outputs["AthenaWorkGroupName"]
     ids = athena.list_named_queries(WorkGroup=workgroup)["NamedQueryIds"]
+    report.check(bool(ids), f"the workgroup {workgroup} has no named queries")
     answered = []
     for query_id in ids:
         query = athena.get_named_query(NamedQueryId=query_id)["NamedQuery"]
@@ -366,16 +376,14 @@ def _results_where_athena_reads_them(stack: DeployedStack, report: Report, image
             answered.append(f"{query['Name']} ({run_local_query(duckdb_sql, local).num_rows} rows)")
         except Exception as error:  # DuckDB's error types vary; any is a failed query
             report.failures.append(f"named query {query['Name']} failed on the deployed results: {error}")
-    report.check(bool(ids), f"the workgroup {workgroup} has no named queries")
-    report.steps.append(f"{len(rows)} image rows ({len(failed)} failed) where the Glue tables' projection reads them")
     report.steps.append("named queries ran: " + ", ".join(answered))
 
 
-def main(run: Callable[[Deployment, bool], Report] = rehearse) -> int:
+def main() -> int:
     from shared.observability import logger
 
     logger.setLevel("WARNING")  # the handlers' logs would bury the report
-    reports = [run(deployment, variants) for deployment, variants in default_deployments()]
+    reports = [rehearse(deployment, variants) for deployment, variants in default_deployments()]
     for report in reports:
         print(report.render(), end="\n\n")
     return 0 if all(r.ok for r in reports) else 1

@@ -5,7 +5,7 @@ INSTALLED := $(VENV)/.installed
 DATA_DIR ?= annotate-data
 PROMPT ?= dog. cat.
 
-.PHONY: install demo test lint bench clean rehearse sam-build
+.PHONY: install demo test test-fast lint bench clean rehearse sam-build
 
 $(INSTALLED): pyproject.toml package.json scripts/install.sh scripts/native_wheels.sh
 	scripts/install.sh
@@ -25,6 +25,10 @@ lint: install
 
 test: install lint
 	$(BIN)/python -m pytest
+
+# Unit and functional tests (the workflow with fake models and storage): under a minute, no model loads.
+test-fast: install
+	$(BIN)/python -m pytest tests/unit tests/functional
 
 # template.yaml deployed on moto in eu-central-1 (with and without variants) and the user's story played through
 # it, every AWS call checked against its role. tests/rehearsal runs the same in `make test`.

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from shared.sam_template import functions, load_template  # noqa: E402
+from tools.sam_template import functions, load_template  # noqa: E402
 
 MB = 1_000_000
 ZIP_LIMIT_MB, IMAGE_LIMIT_MB = 250, 10_240

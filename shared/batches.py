@@ -6,11 +6,10 @@ import hashlib
 from pathlib import Path
 
 from shared.contracts import AnnotationRequest, BatchManifest, ImageRef, PromptMessage
-from shared.settings import Settings
-from shared.storage import is_s3, store_for
+from shared.storage import StoreFor, is_s3
 
 
-def expand_locations(locations: list[str]) -> list[str]:
+def expand_locations(locations: list[str], store_for: StoreFor) -> list[str]:
     """Every image a message names: files as they are, local folders and S3 prefixes ending in '/' expanded.
 
     A location that does not exist is kept, so that it ends as a failure row rather than silently vanishing.
@@ -26,7 +25,7 @@ def expand_locations(locations: list[str]) -> list[str]:
     return expanded
 
 
-def image_ref(uri: str) -> ImageRef:
+def image_ref(uri: str, store_for: StoreFor) -> ImageRef:
     fingerprint = store_for(uri).fingerprint(uri)
     return ImageRef(image_id=hashlib.sha256(f"{uri}\0{fingerprint}".encode()).hexdigest()[:16], source_uri=uri)
 
@@ -39,11 +38,13 @@ def batch_id(request: AnnotationRequest, images: list[ImageRef]) -> str:
     return f"b-{digest.hexdigest()[:20]}"
 
 
-def plan_batches(message: PromptMessage, settings: Settings, results_uri: str) -> list[BatchManifest]:
+def plan_batches(
+    message: PromptMessage, max_images_per_batch: int, results_uri: str, store_for: StoreFor
+) -> list[BatchManifest]:
     """The manifests of the executions that annotate everything ``message`` names."""
     request = message.request()
-    refs = [image_ref(uri) for uri in expand_locations(message.images)]
-    size = settings.max_images_per_batch
+    refs = [image_ref(uri, store_for) for uri in expand_locations(message.images, store_for)]
+    size = max_images_per_batch
     chunks = [refs[start : start + size] for start in range(0, len(refs), size)]
     return [
         BatchManifest(batch_id=batch_id(request, chunk), request=request, images=chunk, results_uri=results_uri)

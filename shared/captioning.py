@@ -19,15 +19,16 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from PIL import Image
 
 from shared.contracts import AnnotationRequest, CaptionOutput, Detection
 from shared.errors import ModelUnavailable
+from shared.model_cache import cached_per_settings
 from shared.model_sources import resolve_model_file
 from shared.observability import logger
-from shared.settings import Settings
+from shared.settings import CaptionSettings
 
 MAX_FACTS_CHARS = 1500
 MAX_CAPTION_CHARS = 400
@@ -124,6 +125,14 @@ def clean_caption(text: str) -> str:
     """One line of plain text, bounded; the model's output is stored as text and nothing else."""
     line = text.strip().split("\n", 1)[0]
     return _CONTROL.sub("", line).strip()[:MAX_CAPTION_CHARS]
+
+
+class Captioner(Protocol):
+    multimodal: bool
+
+    def caption(
+        self, facts: dict[str, Any], image: Image.Image | None = None, *, as_json: bool = False
+    ) -> CaptionOutput: ...
 
 
 @dataclass
@@ -235,43 +244,33 @@ def _route_llama_cpp_logs() -> Any:
 
 
 LLAMA_LOG_ERROR = 4
-_loaded: dict[tuple[str, str, int, int], LlamaCaptioner] = {}
-_load_lock = threading.Lock()
 
 
-def load_captioner(settings: Settings) -> LlamaCaptioner:
+@cached_per_settings
+def load_captioner(settings: CaptionSettings) -> LlamaCaptioner:
     """The llama.cpp captioner the settings name, loaded (and its prefix evaluated) once per process."""
-    key = (settings.caption_model, settings.caption_mmproj, settings.caption_context, settings.caption_threads)
-    with _load_lock:
-        if key not in _loaded:
-            from llama_cpp import Llama
+    from llama_cpp import Llama
 
-            _route_llama_cpp_logs()
-            path = resolve_model_file(settings.caption_model, settings)
-            chat_handler = None
-            if settings.caption_mmproj:
-                from llama_cpp.llama_chat_format import MTMDChatHandler
+    _route_llama_cpp_logs()
+    path = resolve_model_file(settings.model, settings.files)
+    chat_handler = None
+    if settings.mmproj:
+        from llama_cpp.llama_chat_format import MTMDChatHandler
 
-                projector = resolve_model_file(settings.caption_mmproj, settings)
-                chat_handler = MTMDChatHandler(clip_model_path=str(projector), verbose=False)
-            started = time.perf_counter()
-            try:
-                llm = Llama(
-                    model_path=str(path),
-                    n_ctx=settings.caption_context,
-                    n_threads=settings.caption_threads or None,
-                    chat_handler=chat_handler,
-                    verbose=False,
-                )
-            except ValueError as error:  # llama-cpp-python's word for "could not load"
-                raise ModelUnavailable(f"llama.cpp could not load {settings.caption_model}: {error}") from error
-            captioner = LlamaCaptioner(
-                llm, settings.caption_model, settings.caption_max_tokens, multimodal=chat_handler is not None
-            )
-            captioner.warm_prefix()
-            _loaded[key] = captioner
-            logger.info(
-                "captioner loaded",
-                extra={"model": settings.caption_model, "seconds": round(time.perf_counter() - started, 2)},
-            )
-        return _loaded[key]
+        projector = resolve_model_file(settings.mmproj, settings.files)
+        chat_handler = MTMDChatHandler(clip_model_path=str(projector), verbose=False)
+    started = time.perf_counter()
+    try:
+        llm = Llama(
+            model_path=str(path),
+            n_ctx=settings.context,
+            n_threads=settings.threads or None,
+            chat_handler=chat_handler,
+            verbose=False,
+        )
+    except ValueError as error:  # llama-cpp-python's word for "could not load"
+        raise ModelUnavailable(f"llama.cpp could not load {settings.model}: {error}") from error
+    captioner = LlamaCaptioner(llm, settings.model, settings.max_tokens, multimodal=chat_handler is not None)
+    captioner.warm_prefix()
+    logger.info("captioner loaded", extra={"model": settings.model, "seconds": round(time.perf_counter() - started, 2)})
+    return captioner

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +13,10 @@ from PIL import Image
 
 from shared.contracts import ClassScore
 from shared.errors import ModelUnavailable
+from shared.model_cache import cached_per_settings
 from shared.model_sources import prepare_torch, resolve_model_dir
 from shared.observability import logger
-from shared.settings import Settings
+from shared.settings import DescriptionSettings
 
 _ID_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 TORCHSCRIPT_FILE = "torchscript.pt"
@@ -89,30 +89,21 @@ class ImageClassifier:
         return self._allowed[box_label]
 
 
-_loaded: dict[tuple[str, str, str], ImageClassifier] = {}
-_load_lock = threading.Lock()
-
-
-def load_classifier(settings: Settings) -> ImageClassifier:
+@cached_per_settings
+def load_classifier(settings: DescriptionSettings) -> ImageClassifier:
     """The classifier the settings name, loaded once per process."""
-    key = (settings.classifier_model, json.dumps(settings.class_filter, sort_keys=True), settings.describe_runtime)
-    with _load_lock:
-        if key not in _loaded:
-            prepare_torch(settings)
-            folder = resolve_model_dir(settings.classifier_model, settings)
-            if (folder / TORCHSCRIPT_FILE).is_file():
-                classifier = _load_torchscript(folder)
-            else:
-                classifier = _load_transformers(folder, settings)
-            classifier.class_filter = dict(settings.class_filter or {})
-            _loaded[key] = classifier
-            logger.info(
-                "classifier loaded", extra={"model": settings.classifier_model, "classes": len(classifier.labels)}
-            )
-        return _loaded[key]
+    prepare_torch(settings.threads)
+    folder = resolve_model_dir(settings.classifier_model, settings.files)
+    if (folder / TORCHSCRIPT_FILE).is_file():
+        classifier = _load_torchscript(folder)
+    else:
+        classifier = _load_transformers(folder, settings)
+    classifier.class_filter = dict(settings.class_filter)
+    logger.info("classifier loaded", extra={"model": settings.classifier_model, "classes": len(classifier.labels)})
+    return classifier
 
 
-def _load_transformers(folder: Path, settings: Settings) -> ImageClassifier:
+def _load_transformers(folder: Path, settings: DescriptionSettings) -> ImageClassifier:
     import torch
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
@@ -129,12 +120,12 @@ def _load_transformers(folder: Path, settings: Settings) -> ImageClassifier:
             return self.model(pixel_values=pixel_values).logits
 
     forward: Callable[[Any], Any] = Logits()
-    if settings.describe_runtime == "onnx":
+    if settings.runtime == "onnx":
         from shared.onnx_runtime import export_once, onnx_file, session_forward
 
-        path = onnx_file(settings, settings.classifier_model, "classifier")
+        path = onnx_file(settings.files, settings.classifier_model, "classifier")
         export_once(Logits(), torch.rand(1, 3, 224, 224), path, "pixel_values", "logits", dynamic_size=True)
-        forward = session_forward(path, settings.torch_threads)
+        forward = session_forward(path, settings.threads)
     return ImageClassifier(
         forward=forward,
         preprocess=lambda crops: processor(images=crops, return_tensors="pt")["pixel_values"],

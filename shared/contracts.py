@@ -53,6 +53,9 @@ MAX_VARIANTS = 4
 MAX_VARIANT_STEPS = 50
 MAX_VARIANT_SIZE = 768
 MAX_VARIANT_PROMPT_CHARS = 300
+# The image task, this request inside, is the Variants container's job in an ECS override (8,192 bytes in all,
+# with up to 1,024 bytes of source key and the results root).
+MAX_VARIANTS_REQUEST_CHARS = 6_000
 
 
 class VariantsRequest(Frozen):
@@ -141,6 +144,16 @@ class AnnotationRequest(Frozen):
             if len(set(values)) != len(values):
                 raise ValueError(f"attribute {name!r} repeats a value")
         return attributes
+
+    @model_validator(mode="after")
+    def _variants_job_fits_ecs(self) -> AnnotationRequest:
+        size = len(self.model_dump_json(include=set(AnnotationRequest.model_fields)))
+        if self.variants is not None and size > MAX_VARIANTS_REQUEST_CHARS:
+            raise ValueError(
+                f"with variants, the request is {size} characters; at most {MAX_VARIANTS_REQUEST_CHARS} fit the "
+                "Variants task's job (ECS passes it in 8 KiB): use fewer or shorter attribute values"
+            )
+        return self
 
     @property
     def phrases(self) -> list[str]:
@@ -243,12 +256,25 @@ class StepFailure(BaseModel):
 
 
 class ImageTask(Frozen):
-    """A Map iteration's input: one image of the batch, with what the whole batch shares."""
+    """One image of the batch with what the whole batch shares: the Map iteration's ``task``, which every
+    per-image Task receives under that one name."""
 
     batch_id: str
     request: AnnotationRequest
     image: ImageRef
     results_uri: str
+
+
+class FailedStep(StrEnum):
+    """The keys of an image's ``failures``: each Catch's ResultPath in the ASL is ``$.failures.<one of these>``."""
+
+    DETECT = "detect"
+    CLASSIFY = "classify"
+    TAG = "tag"
+    DESCRIBE = "describe"  # the Parallel state itself (its branches catch their own failures)
+    CAPTION = "caption"
+    VARIANTS = "variants"
+    WRITE_RESULT = "write_result"
 
 
 class DetectOutput(Frozen):
@@ -257,9 +283,10 @@ class DetectOutput(Frozen):
     detections: list[Detection]
 
 
-class DescribeInput(ImageTask):
+class DescribeInput(Frozen):
     """Classify's and Tag's input: the image task and its boxes."""
 
+    task: ImageTask
     detections: list[Detection] = Field(min_length=1)
 
 
@@ -281,6 +308,19 @@ class TagOutput(Frozen):
     tags: list[BoxAttributes] = Field(description="One entry per detection, in order")
 
 
+class BranchFailure(Frozen):
+    """A Parallel branch whose step failed; its Catch turned the error into this output."""
+
+    failure: StepFailure
+
+
+class Description(Frozen):
+    """The Describe Parallel state's output, each branch's result selected by name (its ResultSelector)."""
+
+    classify: ClassifyOutput | BranchFailure
+    tag: TagOutput | BranchFailure
+
+
 class CaptionOutput(Frozen):
     """The caption and how it was made: the model, and the speed and memory measured while writing it."""
 
@@ -294,13 +334,10 @@ class CaptionOutput(Frozen):
     peak_rss_mb: float
 
 
-class VariantJob(Frozen):
-    """What the Variants container receives (in its environment) for one image."""
+class VariantsTaskRun(Frozen):
+    """The Variants step's record in the image's state: the ECS task that ran (its logs are the task's)."""
 
-    batch_id: str
-    image: ImageRef
-    results_uri: str
-    variants: VariantsRequest
+    task_arn: str
 
 
 class Variant(Frozen):
@@ -317,22 +354,18 @@ class VariantsOutput(Frozen):
     images: list[Variant]
 
 
-class BranchFailure(Frozen):
-    """A Parallel branch whose step failed; its Catch turned the error into this output."""
+class ImageState(Frozen):
+    """A Map iteration's state: the task, what each step produced, and why the failed ones failed.
 
-    failure: StepFailure
+    Caption and WriteResult receive it whole; each other Task receives ``task`` (and Classify and Tag the boxes).
+    """
 
-
-class WriteResultInput(ImageTask):
-    """The image task with what the steps produced (``detection``, ``description``) or why they failed."""
-
+    task: ImageTask
     detection: DetectOutput | None = None
-    description: tuple[ClassifyOutput | BranchFailure, TagOutput | BranchFailure] | None = Field(
-        None, description="The Describe Parallel state's output: [Classify branch, Tag branch]"
-    )
+    description: Description | None = None
     caption: CaptionOutput | None = None
-    variant_job: VariantJob | None = Field(None, description="Set when the Variants step ran for this image")
-    failures: dict[str, StepFailure] = Field(default_factory=dict)
+    variants_task: VariantsTaskRun | None = Field(None, description="Set when the Variants task ran for this image")
+    failures: dict[FailedStep, StepFailure] = Field(default_factory=dict)
 
 
 class Status(StrEnum):
@@ -343,8 +376,7 @@ class Status(StrEnum):
 class ImageOutcome(Frozen):
     """A Map iteration's output, kept small: the full record is in the result document."""
 
-    image_id: str
-    source_uri: str
+    image: ImageRef
     status: Status
     error: str | None = None
     result_uri: str | None = None

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from PIL import Image
 
 from shared.contracts import Box, Detection
+from shared.model_cache import cached_per_settings
 from shared.model_sources import prepare_torch, resolve_model_dir
 from shared.observability import logger
-from shared.settings import Settings
+from shared.settings import DetectionSettings
 
 
 class Detector(Protocol):
@@ -86,34 +86,16 @@ def _pixel_boxes(normalized_cxcywh: Any, width: int, height: int) -> Any:
     return (corners * scale).clamp(min=0).minimum(scale)
 
 
-_loaded: dict[tuple[str, int, int, float, bool], GroundingDinoDetector] = {}
-_load_lock = threading.Lock()
-
-
-def load_detector(settings: Settings) -> GroundingDinoDetector:
+@cached_per_settings
+def load_detector(settings: DetectionSettings) -> GroundingDinoDetector:
     """The Grounding DINO detector the settings name, loaded once per process."""
-    key = (
-        settings.detector_model,
-        settings.detection_short_side,
-        settings.max_detections,
-        settings.nms_iou,
-        settings.detector_bf16,
-    )
-    with _load_lock:
-        if key not in _loaded:
-            from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
+    from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
 
-            prepare_torch(settings)
-            folder = resolve_model_dir(settings.detector_model, settings)
-            model = AutoModelForZeroShotObjectDetection.from_pretrained(folder).eval()
-            processor = AutoProcessor.from_pretrained(folder)
-            _loaded[key] = GroundingDinoDetector(
-                model,
-                processor,
-                settings.detection_short_side,
-                settings.max_detections,
-                settings.nms_iou,
-                bf16=settings.detector_bf16,
-            )
-            logger.info("detector loaded", extra={"model": settings.detector_model, "folder": str(folder)})
-        return _loaded[key]
+    prepare_torch(settings.threads)
+    folder = resolve_model_dir(settings.model, settings.files)
+    model = AutoModelForZeroShotObjectDetection.from_pretrained(folder).eval()
+    processor = AutoProcessor.from_pretrained(folder)
+    logger.info("detector loaded", extra={"model": settings.model, "folder": str(folder)})
+    return GroundingDinoDetector(
+        model, processor, settings.short_side, settings.max_detections, settings.nms_iou, bf16=settings.bf16
+    )

@@ -10,8 +10,8 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from shared.errors import ImageRejected
-from shared.settings import Settings
-from shared.storage import store_for
+from shared.settings import ImageLimits
+from shared.storage import StoreFor
 
 ACCEPTED_FORMATS = frozenset({"JPEG", "MPO", "PNG", "GIF", "WEBP", "BMP", "TIFF"})
 
@@ -32,14 +32,14 @@ class LoadedImage:
         return self.pixels.height
 
 
-def load_image(uri: str, settings: Settings) -> LoadedImage:
-    """Read and decode the image at ``uri`` within the settings' byte and pixel bounds.
+def load_image(uri: str, store_for: StoreFor, limits: ImageLimits) -> LoadedImage:
+    """Read (one request) and decode the image at ``uri`` within the byte and pixel limits.
 
     Raises:
         ImageRejected: the file is missing, empty, too large, not an accepted image, or corrupt.
     """
-    data = store_for(uri).read_bytes(uri, max_bytes=settings.max_image_bytes)
-    return decode_image(data, max_pixels=settings.max_image_pixels)
+    data = store_for(uri).read_bytes(uri, max_bytes=limits.max_bytes)
+    return decode_image(data, max_pixels=limits.max_pixels)
 
 
 def decode_image(data: bytes, *, max_pixels: int) -> LoadedImage:

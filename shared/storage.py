@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,6 +20,10 @@ class ObjectStore(Protocol):
     def size(self, uri: str) -> int: ...
     def fingerprint(self, uri: str) -> str: ...
 
+
+# The storage port: the store that holds a URI. Steps receive one (:func:`store_for` in functions, an in-memory
+# one in tests) instead of reaching for a global.
+StoreFor = Callable[[str], ObjectStore]
 
 RESULTS_PREFIX = "results"  # under the results root: per image result documents, pictures and variants
 
@@ -113,12 +117,14 @@ class S3Store:
             raise
 
     def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes:
+        """One GET: the size is checked from its response before the body is read."""
         bucket, key = split_s3(uri)
-        if max_bytes is not None:
-            size = self.size(uri)
-            if size > max_bytes:
-                raise _too_large(uri, size, max_bytes)
-        return bytes(self._call("get_object", Bucket=bucket, Key=key)["Body"].read())
+        response = self._call("get_object", Bucket=bucket, Key=key)
+        size = int(response["ContentLength"])
+        if max_bytes is not None and size > max_bytes:
+            response["Body"].close()
+            raise _too_large(uri, size, max_bytes)
+        return bytes(response["Body"].read())
 
     def write_bytes(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> None:
         bucket, key = split_s3(uri)
@@ -159,3 +165,8 @@ def _s3_store() -> S3Store:
 def store_for(uri: str) -> ObjectStore:
     """The store that holds ``uri``: S3 for s3:// URIs, the local file system otherwise."""
     return _s3_store() if is_s3(uri) else LocalStore()
+
+
+def refresh_clients() -> None:
+    """The next S3 request opens a new client: after a SnapStart restore, or once the environment changed."""
+    _s3_store.cache_clear()

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shared.contracts import DEFAULT_ATTRIBUTES, Detection, ImageResult
-from shared.storage import join_uri, store_for
+from shared.storage import StoreFor, join_uri
 
 TABLES_PREFIX = "tables"
 
@@ -150,7 +150,9 @@ def detections_table(results: list[ImageResult]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=DETECTIONS_SCHEMA)
 
 
-def write_batch_tables(results: list[ImageResult], results_root: str, batch_id: str, day: datetime) -> dict[str, str]:
+def write_batch_tables(
+    results: list[ImageResult], results_root: str, batch_id: str, day: datetime, store_for: StoreFor
+) -> dict[str, str]:
     """Write the batch's rows of both tables, replacing any earlier copy of the batch; returns their URIs."""
     written = {}
     for name, table in (("images", images_table(results)), ("detections", detections_table(results))):

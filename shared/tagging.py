@@ -11,9 +11,10 @@ from PIL import Image
 
 from shared.contracts import AttributeScore
 from shared.errors import ModelUnavailable
+from shared.model_cache import cached_per_settings
 from shared.model_sources import prepare_torch, resolve_model_dir
 from shared.observability import logger
-from shared.settings import Settings
+from shared.settings import DescriptionSettings
 
 PROMPT_TEMPLATE = "a photo of a {value} {label}"
 
@@ -82,7 +83,7 @@ class ClipTagger:
         return text
 
 
-def _onnx_image_tower(model: Any, source: str, settings: Settings) -> Any:
+def _onnx_image_tower(model: Any, source: str, settings: DescriptionSettings) -> Any:
     import torch
 
     from shared.onnx_runtime import export_once, onnx_file, session_forward
@@ -97,37 +98,25 @@ def _onnx_image_tower(model: Any, source: str, settings: Settings) -> Any:
 
     size = model.visual.image_size
     size = size if isinstance(size, tuple | list) else (size, size)
-    path = onnx_file(settings, source, "clip-image")
+    path = onnx_file(settings.files, source, "clip-image")
     export_once(ImageTower(), torch.rand(1, 3, *size), path, "pixels", "features")
-    return session_forward(path, settings.torch_threads)
+    return session_forward(path, settings.threads)
 
 
-_loaded: dict[tuple[str, ...], ClipTagger] = {}
-_load_lock = threading.Lock()
-
-
-def load_tagger(settings: Settings) -> ClipTagger:
+@cached_per_settings
+def load_tagger(settings: DescriptionSettings) -> ClipTagger:
     """The first of the settings' open_clip models that loads; each one passed over is logged as a warning.
 
     Raises:
         ModelUnavailable: none of them could be loaded.
     """
-    sources = tuple(settings.tagger_models or [])
-    key = (*sources, settings.describe_runtime)
-    with _load_lock:
-        if key not in _loaded:
-            _loaded[key] = _first_loadable(sources, settings)
-        return _loaded[key]
-
-
-def _first_loadable(sources: tuple[str, ...], settings: Settings) -> ClipTagger:
     import open_clip
 
-    prepare_torch(settings)
+    prepare_torch(settings.threads)
     reasons = []
-    for source in sources:
+    for source in settings.tagger_models:
         try:
-            folder = resolve_model_dir(source, settings)
+            folder = resolve_model_dir(source, settings.files)
             model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}")
             tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
         except (ModelUnavailable, RuntimeError, OSError, ValueError) as error:
@@ -138,7 +127,7 @@ def _first_loadable(sources: tuple[str, ...], settings: Settings) -> ClipTagger:
         tagger = ClipTagger(
             source, model.eval(), preprocess, tokenizer, cache_size=settings.text_cache_size, passed_over=reasons
         )
-        if settings.describe_runtime == "onnx":
+        if settings.runtime == "onnx":
             tagger.encode_image = _onnx_image_tower(model, source, settings)
         return tagger
     raise ModelUnavailable("no tagger model could be loaded: " + " | ".join(reasons))

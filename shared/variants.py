@@ -9,29 +9,50 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from PIL import Image, ImageOps
 
-from shared.contracts import Variant, VariantJob, VariantsOutput
+from shared.contracts import ImageTask, Variant, VariantsOutput, VariantsRequest
 from shared.images import load_image
+from shared.model_cache import cached_per_settings
 from shared.model_sources import resolve_model_dir, resolve_model_file
 from shared.observability import logger
-from shared.settings import Settings
-from shared.storage import RESULTS_PREFIX, join_uri, store_for
+from shared.settings import VariantsSettings
+from shared.storage import RESULTS_PREFIX, join_uri
+
+if TYPE_CHECKING:
+    from shared.dependencies import Dependencies
 
 
-def variant_uris(job: VariantJob) -> tuple[str, list[str]]:
-    """Where the job's result document and variant pictures go: beside the image's own result."""
-    base = join_uri(job.results_uri, RESULTS_PREFIX, job.batch_id, job.image.image_id)
-    return f"{base}.variants.json", [f"{base}.variant-{index}.png" for index in range(job.variants.count)]
+def requested_variants(task: ImageTask) -> VariantsRequest:
+    """The variants the task's request asks for.
+
+    Raises:
+        ValueError: it asks for none (the Variants task runs only for requests that do).
+    """
+    if task.request.variants is None:
+        raise ValueError("the image's request asks for no variants")
+    return task.request.variants
 
 
-def first_seed(job: VariantJob) -> int:
-    """The request's seed, or one derived from the image, so that the same job gives the same pictures."""
-    if job.variants.seed is not None:
-        return job.variants.seed
-    return int(hashlib.sha256(job.image.image_id.encode()).hexdigest()[:7], 16)
+def variant_uris(task: ImageTask) -> tuple[str, list[str]]:
+    """Where the task's variants document and pictures go: beside the image's own result."""
+    base = join_uri(task.results_uri, RESULTS_PREFIX, task.batch_id, task.image.image_id)
+    count = requested_variants(task).count
+    return f"{base}.variants.json", [f"{base}.variant-{index}.png" for index in range(count)]
+
+
+def first_seed(task: ImageTask) -> int:
+    """The request's seed, or one derived from the image, so that the same task gives the same pictures."""
+    seed = requested_variants(task).seed
+    return seed if seed is not None else int(hashlib.sha256(task.image.image_id.encode()).hexdigest()[:7], 16)
+
+
+class Generator(Protocol):
+    model_name: str
+
+    def generate(self, task: ImageTask, init_image: Image.Image | None) -> list[tuple[Image.Image, int, float]]: ...
 
 
 @dataclass
@@ -40,13 +61,13 @@ class SdGenerator:
     model_name: str
     _lock: threading.Lock
 
-    def generate(self, job: VariantJob, init_image: Image.Image | None) -> list[tuple[Image.Image, int, float]]:
+    def generate(self, task: ImageTask, init_image: Image.Image | None) -> list[tuple[Image.Image, int, float]]:
         """(picture, seed, seconds) per variant."""
-        request = job.variants
+        request = requested_variants(task)
         produced = []
         with self._lock:
             for index in range(request.count):
-                seed = first_seed(job) + index
+                seed = first_seed(task) + index
                 started = time.perf_counter()
                 [picture] = self.engine.generate_image(
                     prompt=request.prompt,
@@ -63,10 +84,6 @@ class SdGenerator:
         return produced
 
 
-_loaded: dict[tuple[str, str, int], SdGenerator] = {}
-_load_lock = threading.Lock()
-
-
 def _tiny_vae(folder: Path) -> Path | None:
     config = folder / "vae" / "config.json"
     if config.is_file() and json.loads(config.read_text()).get("_class_name") == "AutoencoderTiny":
@@ -74,49 +91,45 @@ def _tiny_vae(folder: Path) -> Path | None:
     return None
 
 
-def load_generator(settings: Settings) -> SdGenerator:
+@cached_per_settings
+def load_generator(settings: VariantsSettings) -> SdGenerator:
     """The stable-diffusion.cpp engine the settings name, loaded once per process."""
-    key = (settings.variants_model, settings.variants_taesd, settings.variants_threads)
-    with _load_lock:
-        if key not in _loaded:
-            from stable_diffusion_cpp import StableDiffusion
+    from stable_diffusion_cpp import StableDiffusion
 
-            folder = resolve_model_dir(settings.variants_model, settings)
-            taesd = (
-                resolve_model_file(settings.variants_taesd, settings) if settings.variants_taesd else _tiny_vae(folder)
-            )
-            started = time.perf_counter()
-            engine = StableDiffusion(
-                model_path=str(folder),
-                taesd_path=str(taesd or ""),
-                n_threads=settings.variants_threads or -1,
-                vae_decode_only=False,  # img2img encodes the source image
-                verbose=False,
-            )
-            _loaded[key] = SdGenerator(engine, settings.variants_model, threading.Lock())
-            logger.info(
-                "generator loaded",
-                extra={"model": settings.variants_model, "seconds": round(time.perf_counter() - started, 2)},
-            )
-        return _loaded[key]
+    folder = resolve_model_dir(settings.model, settings.files)
+    taesd = resolve_model_file(settings.taesd, settings.files) if settings.taesd else _tiny_vae(folder)
+    started = time.perf_counter()
+    engine = StableDiffusion(
+        model_path=str(folder),
+        taesd_path=str(taesd or ""),
+        n_threads=settings.threads or -1,
+        vae_decode_only=False,  # img2img encodes the source image
+        verbose=False,
+    )
+    logger.info("generator loaded", extra={"model": settings.model, "seconds": round(time.perf_counter() - started, 2)})
+    return SdGenerator(engine, settings.model, threading.Lock())
 
 
-def run_variant_job(job: VariantJob, settings: Settings, generator: SdGenerator | None = None) -> VariantsOutput:
-    """Generate the job's variants, write them and their result document; returns the document."""
+def run_variant_job(task: ImageTask, deps: Dependencies) -> VariantsOutput:
+    """Generate the variants the task asks for, write them and their document; returns the document."""
+    request = requested_variants(task)
     init_image = None
-    if job.variants.mode == "img2img":
-        source = load_image(job.image.source_uri, settings).pixels
-        size = job.variants.size
+    if request.mode == "img2img":
+        source = load_image(task.image.source_uri, deps.store_for, deps.image_limits).pixels
+        size = request.size
         init_image = ImageOps.fit(source, (size, size), method=Image.Resampling.LANCZOS)
-    generator = generator or load_generator(settings)
-    document_uri, picture_uris = variant_uris(job)
+    if deps.generator is None:
+        raise TypeError("the Variants task's dependencies have no generator")
+    document_uri, picture_uris = variant_uris(task)
     variants = []
-    for (picture, seed, seconds), uri in zip(generator.generate(job, init_image), picture_uris, strict=True):
+    for (picture, seed, seconds), uri in zip(deps.generator.generate(task, init_image), picture_uris, strict=True):
         buffer = io.BytesIO()
         picture.save(buffer, format="PNG")
-        store_for(uri).write_bytes(uri, buffer.getvalue(), "image/png")
+        deps.store_for(uri).write_bytes(uri, buffer.getvalue(), "image/png")
         variants.append(Variant(uri=uri, seed=seed, seconds=seconds))
-    output = VariantsOutput(model=generator.model_name, mode=job.variants.mode, images=variants)
-    store_for(document_uri).write_bytes(document_uri, output.model_dump_json(indent=2).encode(), "application/json")
-    logger.info("variants written", extra={"image_id": job.image.image_id, "count": len(variants)})
+    output = VariantsOutput(model=deps.generator.model_name, mode=request.mode, images=variants)
+    deps.store_for(document_uri).write_bytes(
+        document_uri, output.model_dump_json(indent=2).encode(), "application/json"
+    )
+    logger.info("variants written", extra={"image_id": task.image.image_id, "count": len(variants)})
     return output

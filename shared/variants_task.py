@@ -3,7 +3,7 @@
 Exit status 0 when the variants are written; 1, with the reason in the log, when not (Step Functions then
 reports States.TaskFailed, and the workflow's Catch records it for the image).
 
-    python -m shared.variants_task          # ANNOTATE_VARIANT_JOB='{"batch_id": ..., "variants": {...}}'
+    python -m shared.variants_task   # ANNOTATE_VARIANT_JOB='{"batch_id": ..., "request": {..., "variants": ...}, ...}'
 """
 
 from __future__ import annotations
@@ -12,31 +12,33 @@ import sys
 
 from pydantic import ValidationError
 
-from shared.contracts import VariantJob, VariantsOutput
+from shared.contracts import ImageTask, VariantsOutput
+from shared.dependencies import Step, dependencies_of
 from shared.errors import AnnotateError, validation_reason
 from shared.observability import logger
-from shared.settings import Settings, get_settings
-from shared.variants import run_variant_job
+from shared.settings import get_settings
+from shared.variants import requested_variants, run_variant_job
 
 
-def run(settings: Settings) -> VariantsOutput:
-    """Parse the job from the settings and run it.
+def run(variant_job: str) -> VariantsOutput:
+    """Parse the job (ANNOTATE_VARIANT_JOB) and run it.
 
     Raises:
         ValueError: no job, or a job that breaks the contract (the message says which field and why).
     """
-    if not settings.variant_job:
+    if not variant_job:
         raise ValueError("ANNOTATE_VARIANT_JOB is empty: the task needs its job")
     try:
-        job = VariantJob.model_validate_json(settings.variant_job)
+        task = ImageTask.model_validate_json(variant_job)
     except ValidationError as error:
         raise ValueError(f"malformed job: {validation_reason(error)}") from error
-    return run_variant_job(job, settings)
+    requested_variants(task)  # refused before the model loads
+    return run_variant_job(task, dependencies_of(Step.VARIANTS))
 
 
 def main() -> int:
     try:
-        output = run(get_settings())
+        output = run(get_settings().variant_job)
     except (ValueError, AnnotateError, OSError, RuntimeError) as error:
         logger.error("variants failed", extra={"reason": f"{type(error).__name__}: {error}"})
         return 1

@@ -36,7 +36,11 @@ def _settings_are_restored_after_each_test() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def tiny_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     """The tiny profile, with the machine's model cache (tiny models are built once per machine)."""
-    return Settings(profile=Profile.TINY, data_dir=tmp_path_factory.mktemp("annotate-data"))
+    from tools.tiny_models import build_named_models
+
+    settings = Settings(profile=Profile.TINY, data_dir=tmp_path_factory.mktemp("annotate-data"))
+    build_named_models(settings)
+    return settings
 
 
 @pytest.fixture
@@ -72,6 +76,7 @@ def results_with_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from datetime import UTC, datetime
 
     from shared.contracts import AttributeScore, Box, CaptionOutput, ClassScore, Detection, ImageResult, Status
+    from shared.storage import store_for
     from shared.tables import write_batch_tables
 
     root = tmp_path_factory.mktemp("tables")
@@ -122,5 +127,5 @@ def results_with_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
             processed_at=now,
         ),
     ]
-    write_batch_tables(results, str(root), "b-" + "1" * 20, now)
+    write_batch_tables(results, str(root), "b-" + "1" * 20, now, store_for)
     return root

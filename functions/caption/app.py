@@ -8,16 +8,16 @@ from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from shared import steps
-from shared.contracts import WriteResultInput
+from shared.contracts import ImageState
+from shared.dependencies import Step, dependencies_of
 from shared.observability import logger, metrics
-from shared.settings import get_settings
 from shared.warmup import prepare_function
 
-prepare_function("caption")
+prepare_function(Step.CAPTION)
 
 
 @logger.inject_lambda_context(clear_state=True)
 @metrics.log_metrics
-@event_parser(model=WriteResultInput)
-def handler(event: WriteResultInput, context: LambdaContext) -> dict[str, Any]:
-    return steps.caption(event, get_settings()).model_dump(mode="json")
+@event_parser(model=ImageState)
+def handler(event: ImageState, context: LambdaContext) -> dict[str, Any]:
+    return steps.caption(event, dependencies_of(Step.CAPTION)).model_dump(mode="json")

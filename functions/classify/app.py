@@ -9,14 +9,14 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from shared import steps
 from shared.contracts import DescribeInput
+from shared.dependencies import Step, dependencies_of
 from shared.observability import logger
-from shared.settings import get_settings
 from shared.warmup import prepare_function
 
-prepare_function("classify")
+prepare_function(Step.CLASSIFY)
 
 
 @logger.inject_lambda_context(clear_state=True)
 @event_parser(model=DescribeInput)
 def handler(event: DescribeInput, context: LambdaContext) -> dict[str, Any]:
-    return steps.classify(event, get_settings()).model_dump(mode="json")
+    return steps.classify(event, dependencies_of(Step.CLASSIFY)).model_dump(mode="json")

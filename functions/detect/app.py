@@ -9,14 +9,14 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from shared import steps
 from shared.contracts import ImageTask
+from shared.dependencies import Step, dependencies_of
 from shared.observability import logger
-from shared.settings import get_settings
 from shared.warmup import prepare_function
 
-prepare_function("detect")
+prepare_function(Step.DETECT)
 
 
 @logger.inject_lambda_context(clear_state=True)
 @event_parser(model=ImageTask)
 def handler(event: ImageTask, context: LambdaContext) -> dict[str, Any]:
-    return steps.detect(event, get_settings()).model_dump(mode="json")
+    return steps.detect(event, dependencies_of(Step.DETECT)).model_dump(mode="json")

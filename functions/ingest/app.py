@@ -9,12 +9,13 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from shared.ingest import deployed_starter, ingest_sqs_batch
 from shared.observability import logger, metrics, tracer
 from shared.settings import get_settings
+from shared.storage import store_for
 
 
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    settings = get_settings()
+    settings = get_settings().ingest
     starter = deployed_starter(settings.state_machine_arn)
-    return ingest_sqs_batch(event, settings, starter, allowed_buckets=settings.input_buckets)
+    return ingest_sqs_batch(event, settings, starter, store_for, allowed_buckets=settings.input_buckets)

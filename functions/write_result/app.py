@@ -8,12 +8,12 @@ from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from shared import steps
-from shared.contracts import WriteResultInput
+from shared.contracts import ImageState
+from shared.dependencies import Step, dependencies_of
 from shared.observability import logger
-from shared.settings import get_settings
 
 
 @logger.inject_lambda_context(clear_state=True)
-@event_parser(model=WriteResultInput)
-def handler(event: WriteResultInput, context: LambdaContext) -> dict[str, Any]:
-    return steps.write_result(event, get_settings()).model_dump(mode="json")
+@event_parser(model=ImageState)
+def handler(event: ImageState, context: LambdaContext) -> dict[str, Any]:
+    return steps.write_result(event, dependencies_of(Step.WRITE_RESULT)).model_dump(mode="json")

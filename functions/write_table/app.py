@@ -9,11 +9,11 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from shared import steps
 from shared.contracts import WriteTableInput
+from shared.dependencies import Step, dependencies_of
 from shared.observability import logger
-from shared.settings import get_settings
 
 
 @logger.inject_lambda_context(clear_state=True)
 @event_parser(model=WriteTableInput)
 def handler(event: WriteTableInput, context: LambdaContext) -> dict[str, Any]:
-    return steps.write_table(event, get_settings()).model_dump(mode="json")
+    return steps.write_table(event, dependencies_of(Step.WRITE_TABLE)).model_dump(mode="json")

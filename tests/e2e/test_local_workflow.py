@@ -1,4 +1,5 @@
-"""The whole workflow through the local runner: the real ASL on moto's interpreter, the real handlers."""
+"""The whole workflow through the local runner and the CLI, on the tiny real models: the real ASL on moto's
+interpreter, the real handlers. Failure paths are covered with fakes in tests/functional."""
 
 from __future__ import annotations
 
@@ -8,15 +9,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from shared import steps
 from shared.batches import plan_batches
-from shared.cli import app
 from shared.contracts import PromptMessage
-from shared.errors import ModelUnavailable
-from shared.local_runner import local_workflow
-from shared.query import run_local_query
 from shared.settings import Settings
+from shared.storage import store_for
 from tests.conftest import SAMPLES
+from tools.cli import app
+from tools.local_runner import local_workflow
+from tools.query import run_local_query
 
 pytestmark = pytest.mark.slow
 cli = CliRunner()
@@ -93,24 +93,6 @@ def test_the_samples_all_succeed(tmp_path: Path, tiny_settings: Settings) -> Non
     assert f"{len(list(SAMPLES.iterdir()))} succeeded, 0 failed" in output
 
 
-def test_a_failure_while_writing_a_result_still_ends_as_a_failure_row(
-    settings_in: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def broken_drawing(*args: object) -> bytes:
-        raise OSError("disk full")
-
-    monkeypatch.setattr(steps, "draw_detections", broken_drawing)
-    message = PromptMessage(prompt="cat.", images=[str(SAMPLES / "coffee.webp")])
-    [manifest] = plan_batches(message, settings_in, settings_in.results_root)
-
-    with local_workflow() as run:
-        result = run(manifest)
-
-    assert result.summary is not None and result.summary.failed == 1
-    [row] = rows("SELECT failed_step, error, status FROM images", settings_in.data_dir)
-    assert row == {"failed_step": "write_result", "error": "OSError: disk full", "status": "failed"}
-
-
 def test_a_bad_prompt_is_refused_before_anything_runs(tmp_path: Path) -> None:
     code, output = annotate("run", str(SAMPLES), "--prompt", " . . ", "--data-dir", str(tmp_path))
     assert code == 2
@@ -143,7 +125,7 @@ def test_attribute_vocabularies_from_the_command_line_are_honoured(tmp_path: Pat
 
 
 def run_message(message: PromptMessage, settings: Settings, listener=None) -> list[dict]:
-    [manifest] = plan_batches(message, settings, settings.results_root)
+    [manifest] = plan_batches(message, 500, settings.results_root, store_for)
     with local_workflow(listener) as run:
         assert run(manifest).summary is not None
     return rows("SELECT * FROM images", settings.data_dir)
@@ -173,33 +155,6 @@ def test_captions_can_be_turned_off_per_request(settings_in: Settings) -> None:
     [row] = run_message(message, settings_in, lambda name, payload, error: invoked.append(name))
     assert row["status"] == "succeeded" and row["caption"] is None
     assert "caption" not in invoked and "classify" in invoked
-
-
-def test_a_caption_failure_is_recorded_and_the_rest_is_kept(
-    settings_in: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def unavailable(settings: Settings) -> None:
-        raise ModelUnavailable("no GGUF here")
-
-    monkeypatch.setattr(steps, "load_captioner", unavailable)
-    [row] = run_message(PromptMessage(prompt="cat.", images=[str(SAMPLES / "coffee.webp")]), settings_in)
-    assert (row["status"], row["failed_step"], row["caption"]) == ("failed", "caption", None)
-    assert row["error"] == "caption: ModelUnavailable: no GGUF here"
-    assert row["detections"] and all(d["class_label"] and d["attributes"] for d in row["detections"])
-
-
-def test_a_classify_failure_is_recorded_and_the_tags_are_kept(
-    settings_in: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def unavailable(settings: Settings) -> None:
-        raise ModelUnavailable("classifier weights are missing")
-
-    monkeypatch.setattr(steps, "load_classifier", unavailable)
-    [row] = run_message(PromptMessage(prompt="cat.", images=[str(SAMPLES / "coffee.webp")]), settings_in)
-    assert row["status"] == "failed" and row["failed_step"] == "classify"
-    assert row["error"] == "classify: ModelUnavailable: classifier weights are missing"
-    assert row["detections"] and all(d["attributes"] and d["class_label"] is None for d in row["detections"])
-    assert row["annotated_uri"]
 
 
 def test_annotate_send_runs_a_prompt_message_through_the_ingest_code(tmp_path: Path, tiny_settings: Settings) -> None:
@@ -252,26 +207,3 @@ def test_variants_run_through_the_fargate_state_and_land_in_the_row(tmp_path: Pa
     assert row["variant_seeds"] == [7, 8] and row["variants_model"] == "tiny:sdxs"
     assert all(Path(uri).read_bytes().startswith(b"\x89PNG") for uri in row["variant_uris"])
     assert "variant-0.png" in output  # shown in the local results output
-
-
-def test_a_variants_failure_is_caught_as_a_task_failure_and_the_rest_is_kept(
-    settings_in: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from shared import variants
-
-    def no_model(settings: Settings) -> None:
-        raise ModelUnavailable("no diffusion model here")
-
-    monkeypatch.setattr(variants, "load_generator", no_model)
-    message = PromptMessage.model_validate(
-        {
-            "prompt": "cat.",
-            "images": [str(SAMPLES / "coffee.webp")],
-            "caption": False,
-            "variants": {"prompt": "a watercolor", "size": 128, "steps": 1},
-        }
-    )
-    [row] = run_message(message, settings_in)
-    assert (row["status"], row["failed_step"], row["variant_uris"]) == ("failed", "variants", [])
-    assert row["error"].startswith("variants: States.TaskFailed: Essential container in task exited: ModelUnavailable")
-    assert row["detections"] and row["annotated_uri"]

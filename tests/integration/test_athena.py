@@ -11,10 +11,10 @@ from moto import mock_aws
 from moto.athena.models import QueryResults, athena_backends
 from typer.testing import CliRunner
 
-from shared.athena import run_athena_query
-from shared.cli import app
 from shared.errors import RequestRejected
 from shared.settings import Settings
+from tools.athena import run_athena_query
+from tools.cli import app
 
 REGION = "us-east-1"
 
@@ -43,4 +43,4 @@ def test_athena_rows_come_back_typed_and_in_the_local_formats(athena: object) ->
 
 def test_athena_needs_the_stack_outputs() -> None:
     with pytest.raises(RequestRejected, match="ANNOTATE_ATHENA_WORKGROUP"):
-        run_athena_query("SELECT 1", Settings(athena_workgroup="", athena_database=""))
+        run_athena_query("SELECT 1", Settings(athena_workgroup="", athena_database="").athena)

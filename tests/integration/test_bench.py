@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from shared.bench import BenchOptions, _detection_drift, run_bench
 from shared.settings import Settings
 from tests.conftest import SAMPLES
+from tools.bench import BenchOptions, _detection_drift, run_bench
 
 pytestmark = pytest.mark.slow
 

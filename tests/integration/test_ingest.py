@@ -16,9 +16,9 @@ from functions.ingest.app import handler
 from shared import storage
 from shared.contracts import BatchManifest
 from shared.ingest import deployed_starter
-from shared.local_runner import LocalContext
 from shared.settings import Settings, use_settings
 from tests.conftest import SAMPLES
+from tools.local_runner import LocalContext
 
 REGION = "us-east-1"
 S3_EVENT = json.loads((Path(__file__).parent.parent / "events" / "s3_object_created_eventbridge.json").read_text())
@@ -48,7 +48,7 @@ def sqs_event(*bodies: str, message_ids: list[str] | None = None) -> dict[str, A
 @pytest.fixture
 def aws(tiny_settings: Settings) -> Iterator[Any]:
     with mock_aws():
-        storage._s3_store.cache_clear()
+        storage.refresh_clients()
         deployed_starter.cache_clear()
         s3 = boto3.client("s3", region_name=REGION)
         for bucket in ("annotate-input", "annotate-results"):
@@ -70,7 +70,7 @@ def aws(tiny_settings: Settings) -> Iterator[Any]:
             )
         )
         yield sfn, arn
-    storage._s3_store.cache_clear()
+    storage.refresh_clients()
     deployed_starter.cache_clear()
 
 

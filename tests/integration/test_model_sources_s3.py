@@ -23,11 +23,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def s3() -> Iterator[object]:
     with mock_aws():
-        storage._s3_store.cache_clear()
+        storage.refresh_clients()
         client = boto3.client("s3", region_name="us-east-1")
         client.create_bucket(Bucket="models")
         yield client
-    storage._s3_store.cache_clear()
+    storage.refresh_clients()
 
 
 def upload_folder(client: object, folder: Path, prefix: str) -> None:
@@ -37,22 +37,22 @@ def upload_folder(client: object, folder: Path, prefix: str) -> None:
 
 
 def test_an_s3_prefix_is_read_into_memory_and_loads(s3: object, tiny_settings: Settings, tmp_path: Path) -> None:
-    upload_folder(s3, resolve_model_dir("tiny:grounding-dino", tiny_settings), "models/gd/")
+    upload_folder(s3, resolve_model_dir("tiny:grounding-dino", tiny_settings.model_files), "models/gd/")
     settings = tiny_settings.model_copy(
         update={"detector_model": "s3://models/models/gd/", "model_cache_dir": tmp_path}
     )
 
-    folder = resolve_model_dir(settings.detector_model, settings)
+    folder = resolve_model_dir(settings.detector_model, settings.model_files)
 
     weights = folder / "model.safetensors"
     assert weights.is_symlink() and str(weights.readlink()).startswith("/proc/self/fd/")
-    assert resolve_model_dir(settings.detector_model, settings) == folder  # read once per process
+    assert resolve_model_dir(settings.detector_model, settings.model_files) == folder  # read once per process
     cat = Image.open(SAMPLES / "chelsea-the-cat.jpg").convert("RGB")
-    detections = load_detector(settings).detect(cat, ["cat"], 0.0, 0.0)  # weights read from the memory files
+    detections = load_detector(settings.detection).detect(cat, ["cat"], 0.0, 0.0)  # weights read from the memory files
     assert detections and all(d.box.x1 <= cat.width for d in detections)
 
 
 def test_an_empty_s3_prefix_says_to_upload_first(s3: object, tmp_path: Path) -> None:
     settings = Settings(model_cache_dir=tmp_path)
     with pytest.raises(ModelUnavailable, match="annotate models push"):
-        resolve_model_dir("s3://models/nothing-here/", settings)
+        resolve_model_dir("s3://models/nothing-here/", settings.model_files)

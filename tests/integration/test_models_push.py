@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 
 from shared import storage
 from shared.classification import load_classifier
-from shared.cli import app
 from shared.model_sources import resolve_model_file
-from shared.models_push import MODEL_OUTPUTS
 from shared.settings import Settings
 from tests.gguf_factory import write_tiny_llama
 from tests.unit.test_workflow_definition import template
+from tools.cli import app
+from tools.models_push import MODEL_OUTPUTS
 
 pytestmark = pytest.mark.slow
 REGION = "eu-central-1"
@@ -45,7 +45,7 @@ def test_pushed_tiny_models_land_where_the_stack_reads_them_and_load(
     monkeypatch.setenv("ANNOTATE_CAPTION_MODEL", str(gguf))
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     with mock_aws():
-        storage._s3_store.cache_clear()
+        storage.refresh_clients()
         # GIVEN a stack deployed with its own model parameters (folders that are not the defaults)
         _stack_with_model_outputs("team/")
 
@@ -58,9 +58,12 @@ def test_pushed_tiny_models_land_where_the_stack_reads_them_and_load(
         deployed = tiny_settings.model_copy(
             update={"classifier_model": "s3://models-bucket/team/convnext/", "model_cache_dir": tmp_path}
         )
-        assert len(load_classifier(deployed).labels) == 1000
-        assert resolve_model_file("s3://models-bucket/team/captions/model.gguf", deployed).read_bytes()[:4] == b"GGUF"
-    storage._s3_store.cache_clear()
+        assert len(load_classifier(deployed.description).labels) == 1000
+        assert (
+            resolve_model_file("s3://models-bucket/team/captions/model.gguf", deployed.model_files).read_bytes()[:4]
+            == b"GGUF"
+        )
+    storage.refresh_clients()
 
 
 def test_a_stack_that_does_not_exist_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,7 +21,7 @@ def both(settings: Settings) -> tuple[Settings, Settings]:
 
 
 def test_the_onnx_classifier_matches_torch(tiny_settings: Settings) -> None:
-    torch_side, onnx_side = (load_classifier(s) for s in both(tiny_settings))
+    torch_side, onnx_side = (load_classifier(s.description) for s in both(tiny_settings))
     pixels = torch_side.preprocess([CAT, CAT.rotate(90), CAT.crop((0, 0, 120, 80))])
     with torch.inference_mode():
         expected = torch_side.forward(pixels)
@@ -34,7 +34,7 @@ def test_the_onnx_classifier_matches_torch(tiny_settings: Settings) -> None:
 
 
 def test_the_onnx_clip_image_tower_matches_torch(tiny_settings: Settings) -> None:
-    torch_side, onnx_side = (load_tagger(s) for s in both(tiny_settings))
+    torch_side, onnx_side = (load_tagger(s.description) for s in both(tiny_settings))
     pixels = torch.stack([torch_side.preprocess(CAT), torch_side.preprocess(CAT.rotate(90))])
     with torch.inference_mode():
         expected = torch_side.model.encode_image(pixels)

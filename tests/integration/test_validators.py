@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shared.workflow import DEFINITION_PATH
 from tests.conftest import REPO
+from tools.workflow import DEFINITION_PATH
 
 
 def test_cfn_lint_passes_on_the_template() -> None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from shared.cost import (
+from tools.cost import (
     SCENARIOS,
     STATES_PER_IMAGE,
     cost_table,
@@ -15,7 +15,7 @@ from shared.cost import (
     load_prices,
     rekognition_month,
 )
-from shared.workflow import DEFINITION_PATH
+from tools.workflow import DEFINITION_PATH
 
 BENCH = {
     "steps": {
@@ -85,7 +85,7 @@ def test_prices_carry_their_date_and_source() -> None:
 def test_annotate_cost_writes_the_table_and_the_chart(tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from shared.cli import app
+    from tools.cli import app
 
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps(BENCH))

@@ -7,6 +7,7 @@ from PIL import Image
 from shared.errors import ImageRejected
 from shared.images import decode_image, load_image
 from shared.settings import Settings
+from shared.storage import store_for
 from tests.conftest import SAMPLES, encode
 
 MAX_PIXELS = 40_000_000
@@ -100,9 +101,9 @@ def test_files_over_the_byte_limit_are_refused_before_reading(tmp_path) -> None:
     big.write_bytes(b"\xff" * 5000)
     settings = Settings(max_image_bytes=4000)
     with pytest.raises(ImageRejected, match="5,000 bytes, over the limit of 4,000"):
-        load_image(str(big), settings)
+        load_image(str(big), store_for, settings.image_limits)
 
 
 def test_a_missing_file_is_rejected(tmp_path) -> None:
     with pytest.raises(ImageRejected, match="does not exist"):
-        load_image(str(tmp_path / "nope.jpg"), Settings())
+        load_image(str(tmp_path / "nope.jpg"), store_for, Settings().image_limits)

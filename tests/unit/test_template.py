@@ -10,11 +10,11 @@ import pytest
 import sqlglot
 
 from shared.ingest import MANIFESTS_PREFIX
-from shared.query import run_local_query
 from shared.storage import RESULTS_PREFIX
 from shared.tables import SCHEMAS, TABLES_PREFIX, glue_type
 from tests.conftest import REPO
 from tests.unit.test_workflow_definition import template
+from tools.query import run_local_query
 
 TEMPLATE_TEXT = (REPO / "template.yaml").read_text()
 RESOURCES = template()["Resources"]

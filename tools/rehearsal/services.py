@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from shared.local_runner import container_environment, services_in_process
 from shared.settings import get_settings, settings_from_environment, use_settings
+from tools.local_runner import container_environment, services_in_process
 from tools.rehearsal.calls import CallLog, acting_as
 from tools.rehearsal.iam import Request
 from tools.rehearsal.stack import DeployedFunction, DeployedStack

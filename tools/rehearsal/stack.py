@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-from shared.local_runner import MOTO_CONFIG as LOCAL_MOTO_CONFIG
-from shared.sam_template import TEMPLATE_PATH
-from shared.workflow import substitute
+from tools.local_runner import MOTO_CONFIG as LOCAL_MOTO_CONFIG
 from tools.rehearsal.iam import Statement, statements
+from tools.sam_template import TEMPLATE_PATH
+from tools.workflow import substitute
 
 if TYPE_CHECKING:
     from moto.core.config import DefaultConfig

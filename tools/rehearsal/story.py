@@ -117,7 +117,7 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
         mock.patch.dict(os.environ, region),
         record_calls(deployment.region, ACCOUNT) as log,
     ):
-        storage._s3_store.cache_clear()  # clients made before the call log would go unrecorded
+        storage.refresh_clients()  # clients made before the call log would go unrecorded
         deployed_starter.cache_clear()
         if with_variants:
             deployment = replace(deployment, parameters=deployment.parameters | _network(deployment.region))
@@ -131,7 +131,7 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
         report.calls = list(log.calls)
         report.failures += log.problems
         _check_iam(stack, report)
-    storage._s3_store.cache_clear()
+    storage.refresh_clients()
     deployed_starter.cache_clear()
     return report
 
@@ -202,7 +202,7 @@ def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: 
 def _push_models(stack: DeployedStack, report: Report, with_variants: bool, settings: Settings) -> None:
     import boto3
 
-    from shared.models_push import push_models, stack_model_uris
+    from tools.models_push import push_models, stack_model_uris
 
     started = time.monotonic()
     cloudformation = boto3.client("cloudformation", region_name=stack.region)
@@ -341,7 +341,7 @@ def _download_todays_tables(stack: DeployedStack, report: Report, local: Path) -
 
 
 def _check_rows(report: Report, local: Path, images: int, with_variants: bool) -> None:
-    from shared.query import run_local_query
+    from tools.query import run_local_query
 
     rows = run_local_query("SELECT source_uri, status, failed_step, error, variants_model FROM images", local)
     rows = rows.to_pylist()
@@ -361,7 +361,7 @@ def _run_named_queries(stack: DeployedStack, report: Report, local: Path) -> Non
     import boto3
     import sqlglot
 
-    from shared.query import run_local_query
+    from tools.query import run_local_query
 
     athena = boto3.client("athena", region_name=stack.region)
     database, workgroup = stack.outputs["GlueDatabaseName"], stack.outputs["AthenaWorkGroupName"]

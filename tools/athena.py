@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 
 from shared.errors import RequestRejected, TransientError
-from shared.settings import Settings
+from shared.settings import AthenaSettings
 
 _ARROW_TYPES = {
     "boolean": pa.bool_(),
@@ -24,7 +24,7 @@ _ARROW_TYPES = {
 _TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
-def run_athena_query(sql: str, settings: Settings, client: Any = None, poll_seconds: float = 0.5) -> pa.Table:
+def run_athena_query(sql: str, settings: AthenaSettings, client: Any = None, poll_seconds: float = 0.5) -> pa.Table:
     """Run ``sql`` in the stack's workgroup and database; numbers and booleans come back typed, the rest text.
 
     Raises:
@@ -32,21 +32,21 @@ def run_athena_query(sql: str, settings: Settings, client: Any = None, poll_seco
     """
     import boto3
 
-    if not settings.athena_workgroup or not settings.athena_database:
+    if not settings.workgroup or not settings.database:
         raise RequestRejected("set ANNOTATE_ATHENA_WORKGROUP and ANNOTATE_ATHENA_DATABASE (the stack's outputs)")
     athena = client or boto3.client("athena")
     execution_id = athena.start_query_execution(
         QueryString=sql,
-        WorkGroup=settings.athena_workgroup,
-        QueryExecutionContext={"Database": settings.athena_database},
+        WorkGroup=settings.workgroup,
+        QueryExecutionContext={"Database": settings.database},
     )["QueryExecutionId"]
-    deadline = time.monotonic() + settings.athena_timeout_s
+    deadline = time.monotonic() + settings.timeout_s
     while (status := athena.get_query_execution(QueryExecutionId=execution_id)["QueryExecution"]["Status"])[
         "State"
     ] not in _TERMINAL:
         if time.monotonic() > deadline:
             athena.stop_query_execution(QueryExecutionId=execution_id)
-            raise TransientError(f"Athena query {execution_id} ran past {settings.athena_timeout_s} s; stopped")
+            raise TransientError(f"Athena query {execution_id} ran past {settings.timeout_s} s; stopped")
         time.sleep(poll_seconds)
     if status["State"] != "SUCCEEDED":
         raise RequestRejected(f"Athena query {status['State'].lower()}: {status.get('StateChangeReason', '')}")

@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from shared.errors import ModelUnavailable
+from shared.model_sources import BUILT_MARKER, BUILT_PREFIXES, built_model_dir, prepare_torch
 from shared.observability import logger
-from shared.settings import Settings
+from shared.settings import ModelFiles, Settings
 
 _SEED = 0
-_VERSION = "v2"  # bump when a recipe changes, so stale caches are rebuilt
 
 
-def build_tiny_model(name: str, settings: Settings) -> Path:
-    """The folder of tiny model ``name``, built on first use."""
+def build_model(source: str, files: ModelFiles) -> Path:
+    """The folder of the built model ``source`` (``tiny:NAME`` or ``random:NAME``), built unless it is there."""
     builders: dict[str, Callable[[Path], None]] = {
         "grounding-dino": _build_grounding_dino,
         "convnext": _build_convnext,
@@ -34,28 +34,35 @@ def build_tiny_model(name: str, settings: Settings) -> Path:
         "convnext-tiny-224": lambda folder: _build_convnext(folder, full_size=True),
         "clip-vit-b-32": lambda folder: _build_clip(folder, full_size=True),
     }
+    name = source.split(":", 1)[1]
     if name not in builders:
         raise ModelUnavailable(f"no tiny model named {name!r}; known: {sorted(builders)}")
-    folder = settings.model_cache_dir / "tiny" / f"{name}-{_VERSION}"
-    if (folder / ".complete").exists():
+    folder = built_model_dir(source, files)
+    if (folder / BUILT_MARKER).exists():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{name}-"))
     try:
-        from shared.model_sources import prepare_torch
-
-        prepare_torch(settings)
+        prepare_torch(0)
         builders[name](staging)
-        (staging / ".complete").touch()
+        (staging / BUILT_MARKER).touch()
         shutil.rmtree(folder, ignore_errors=True)
         staging.rename(folder)
     except OSError:
-        if not (folder / ".complete").exists():  # another process finished first otherwise
+        if not (folder / BUILT_MARKER).exists():  # another process finished first otherwise
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("tiny model built", extra={"model": name, "folder": str(folder)})
     return folder
+
+
+def build_named_models(settings: Settings, variants: bool = False) -> None:
+    """Build every ``tiny:``/``random:`` model the settings name (the diffusion model only with ``variants``)."""
+    sources = [settings.detector_model, settings.classifier_model, *(settings.tagger_models or [])]
+    for source in [*sources, *([settings.variants_model] if variants else [])]:
+        if source.startswith(BUILT_PREFIXES):
+            build_model(source, settings.model_files)
 
 
 def bert_base_uncased_vocab() -> dict[str, int]:

@@ -61,7 +61,7 @@ SCENARIOS = (
 
 
 def load_prices(path: Path | None = None) -> dict[str, Any]:
-    text = path.read_text() if path else resources.files("shared").joinpath("data/aws_prices.json").read_text()
+    text = path.read_text() if path else resources.files("tools").joinpath("data/aws_prices.json").read_text()
     return json.loads(text)
 
 

@@ -97,6 +97,7 @@ def send(
     from shared.contracts import PromptMessage
     from shared.errors import RequestRejected
     from shared.ingest import dead_letter, parse_body
+    from shared.storage import store_for
 
     _quiet_logs(verbose)
     settings = use_settings(profile=profile, data_dir=data_dir)
@@ -106,16 +107,23 @@ def send(
         if not isinstance(message, PromptMessage):
             raise RequestRejected("S3 events come from the input bucket; send a prompt message here")
     except RequestRejected as error:
-        kept = dead_letter(body, str(error), str(message_file), settings)
+        kept = dead_letter(body, str(error), str(message_file), settings.results_root, store_for)
         raise _fail(f"{error}\nkept in {kept}") from None
     _annotate(message, f"annotate-send:{message_file.resolve()}", settings)
 
 
-def _annotate(message: Any, delivery: str, settings: Any) -> None:
+def _annotate(message: Any, delivery: str, settings: Settings) -> None:
     """Start the message's batches on the local workflow, show progress, print the summary and exit."""
-    from shared.errors import RequestRejected
+    from shared.errors import ModelUnavailable, RequestRejected
     from shared.ingest import start_batches
-    from shared.local_runner import ExecutionResult, LocalStarter, local_workflow
+    from shared.storage import store_for
+    from tools.local_runner import ExecutionResult, LocalStarter, local_workflow
+    from tools.tiny_models import build_named_models
+
+    try:
+        build_named_models(settings, variants=message.variants is not None)
+    except ModelUnavailable as error:
+        raise _fail(str(error)) from None
 
     columns = (TextColumn("annotating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as progress:
@@ -133,7 +141,7 @@ def _annotate(message: Any, delivery: str, settings: Any) -> None:
 
             starter = LocalStarter(run_counted)
             try:
-                start_batches(message, delivery, settings, starter)
+                start_batches(message, delivery, settings.ingest, starter, store_for)
             except RequestRejected as error:
                 raise _fail(str(error)) from None
     succeeded = failed = 0
@@ -170,7 +178,7 @@ def _annotate(message: Any, delivery: str, settings: Any) -> None:
 
 def _print_batch_rows(title: str, select: str, batch_ids: list[str], data_dir: Path) -> None:
     """``select`` (a query over ``images`` ending in WHERE ...) for these batches only, as a table."""
-    from shared.query import run_local_query
+    from tools.query import run_local_query
 
     ids = ", ".join(f"'{batch_id}'" for batch_id in batch_ids)  # batch ids are b-<hex>: no quoting needed
     _print_table(run_local_query(select.format(batches=f"batch_id IN ({ids})"), data_dir), title=title)
@@ -198,16 +206,16 @@ def query(
     """Run SQL over the local results with DuckDB, or over the deployed ones with Athena."""
     import duckdb
 
-    from shared.athena import run_athena_query
     from shared.errors import RequestRejected, TransientError
-    from shared.query import OutputFormat, format_rows, run_local_query
+    from tools.athena import run_athena_query
+    from tools.query import OutputFormat, format_rows, run_local_query
 
     try:
         output_format = OutputFormat(output)
     except ValueError:
         raise _fail(f"--format must be one of {[f.value for f in OutputFormat]}") from None
     try:
-        rows = run_athena_query(sql, Settings()) if athena else run_local_query(sql, data_dir)
+        rows = run_athena_query(sql, Settings().athena) if athena else run_local_query(sql, data_dir)
     except (duckdb.Error, RequestRejected, TransientError) as error:
         raise _fail(str(error)) from None
     if output_format is OutputFormat.TABLE:
@@ -229,7 +237,7 @@ def bench(
     out_dir: Annotated[Path, typer.Option(help="Where bench.json and bench.md go")] = Path("bench"),
 ) -> None:
     """Time this pipeline against the straightforward way, side by side, and write the report."""
-    from shared.bench import BenchOptions, run_bench
+    from tools.bench import BenchOptions, run_bench
 
     _quiet_logs(False)
     samples = Path(__file__).resolve().parent.parent / "samples"
@@ -257,13 +265,13 @@ def cost(
     bench_file: Annotated[Path, typer.Option("--bench", help="A bench.json written by annotate bench")] = Path(
         "bench/bench.json"
     ),
-    prices_file: Annotated[Path | None, typer.Option("--prices", help="Prices (default: shared/data)")] = None,
+    prices_file: Annotated[Path | None, typer.Option("--prices", help="Prices (default: tools/data)")] = None,
     out_dir: Annotated[Path, typer.Option(help="Where cost.md, cost.json and cost.png go")] = Path("bench"),
 ) -> None:
     """Cost per 1,000 images and per month for the original study's scenarios, from measured seconds."""
     import json
 
-    from shared.cost import cost_table, load_prices, markdown_table, write_chart
+    from tools.cost import cost_table, load_prices, markdown_table, write_chart
 
     if not bench_file.is_file():
         raise _fail(f"{bench_file} does not exist: run annotate bench first")
@@ -295,7 +303,7 @@ def models_push(
     The region is boto3's (AWS_REGION, or the profile's).
     """
     from shared.errors import ModelUnavailable, RequestRejected
-    from shared.models_push import push_models, stack_model_uris
+    from tools.models_push import push_models, stack_model_uris
 
     _quiet_logs(False)
     try:
@@ -305,6 +313,20 @@ def models_push(
     for model in pushed:
         line = f"{model.output}: {model.source} -> {model.uri} ({model.files} files, {model.bytes / 1e6:.1f} MB)"
         out.print(line, soft_wrap=True, highlight=False)
+
+
+@models.command("build")
+def models_build(
+    profile: Annotated[Profile, typer.Option(help="Whose tiny: and random: models to build")] = Profile.TINY,
+    variants: Annotated[bool, typer.Option(help="The diffusion model too (0.85 GB at full size)")] = False,
+) -> None:
+    """Build the profile's random-weight models (tiny:, random:) into the model cache, offline."""
+    from tools.tiny_models import build_named_models
+
+    _quiet_logs(False)
+    settings = use_settings(profile=profile)
+    build_named_models(settings, variants=variants)
+    out.print(f"built into {settings.model_cache_dir / 'tiny'}", highlight=False)
 
 
 def _print_table(rows, title: str | None = None) -> None:

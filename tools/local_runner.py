@@ -22,7 +22,7 @@ from unittest import mock
 
 from shared.contracts import BatchManifest, BatchSummary
 from shared.observability import logger, metrics
-from shared.workflow import FUNCTION_PLACEHOLDERS, substitute
+from tools.workflow import FUNCTION_PLACEHOLDERS, substitute
 
 if TYPE_CHECKING:
     from moto.core.config import DefaultConfig
@@ -187,11 +187,9 @@ def services_in_process(invoke: Invoker, run_container: ContainerRunner) -> Iter
 
 def _run_variants_container(run_task_parameters: dict[str, Any], task_arn: str) -> None:
     """Locally the Variants container is this process, with the settings in force."""
-    from shared.settings import get_settings
     from shared.variants_task import run
 
-    job = container_environment(run_task_parameters).get("ANNOTATE_VARIANT_JOB", "")
-    run(get_settings().model_copy(update={"variant_job": job}))
+    run(container_environment(run_task_parameters).get("ANNOTATE_VARIANT_JOB", ""))
 
 
 @contextmanager

@@ -33,11 +33,12 @@ FULL_SIZE_RANDOM: dict[str, Any] = {
     "classifier_model": "random:convnext-tiny-224",
     "tagger_models": ["random:clip-vit-b-32"],
 }
+# step -> (its loader, the Settings section it takes)
 STEP_LOADERS = {
-    "detect": "shared.detection:load_detector",
-    "classify": "shared.classification:load_classifier",
-    "tag": "shared.tagging:load_tagger",
-    "caption": "shared.captioning:load_captioner",
+    "detect": ("shared.detection:load_detector", "detection"),
+    "classify": ("shared.classification:load_classifier", "description"),
+    "tag": ("shared.tagging:load_tagger", "description"),
+    "caption": ("shared.captioning:load_captioner", "caption"),
 }
 
 
@@ -111,18 +112,19 @@ class _Sides:
         from shared.tagging import load_tagger
 
         self.settings = settings
-        self.detector = load_detector(settings)
-        self.classifier = load_classifier(settings)
-        self.tagger = load_tagger(settings)
-        self.captioner = load_captioner(settings)
+        self.detector = load_detector(settings.detection)
+        self.classifier = load_classifier(settings.description)
+        self.tagger = load_tagger(settings.description)
+        self.captioner = load_captioner(settings.caption)
+        files = settings.model_files
         self._reference_detector, self._reference_classifier = self._transformers_pipelines(
-            resolve_model_dir(settings.detector_model, settings), resolve_model_dir(settings.classifier_model, settings)
+            resolve_model_dir(settings.detector_model, files), resolve_model_dir(settings.classifier_model, files)
         )
-        self._clip = self._open_clip(resolve_model_dir((settings.tagger_models or [""])[0], settings))
+        self._clip = self._open_clip(resolve_model_dir((settings.tagger_models or [""])[0], files))
         from llama_cpp import Llama
 
         self._llm = Llama(
-            model_path=str(resolve_model_file(settings.caption_model, settings)),
+            model_path=str(resolve_model_file(settings.caption_model, files)),
             n_ctx=settings.caption_context,
             n_threads=settings.caption_threads or None,
             verbose=False,
@@ -182,14 +184,15 @@ class _Sides:
 
 def _cold_start(step: str, settings: Settings) -> dict[str, float]:
     """Import and model load of one step in a fresh process: what a cold Lambda pays before its first image."""
-    module, function = STEP_LOADERS[step].split(":")
+    loader, section = STEP_LOADERS[step]
+    module, function = loader.split(":")
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss across execve, so a child would report its parent's peak.
     script = (
         "import sys, time\n"
         "started = time.perf_counter()\n"
         f"from {module} import {function}\n"
         "from shared.settings import Settings\n"
-        f"{function}(Settings.model_validate_json(sys.argv[1]))\n"
+        f"{function}(Settings.model_validate_json(sys.argv[1]).{section})\n"
         "seconds = time.perf_counter() - started\n"
         "status = open('/proc/self/status').read().split('VmHWM:')[1].split()[0]\n"
         "print(seconds, int(status) / 1024)\n"
@@ -208,7 +211,7 @@ def _detection_drift(settings: Settings, images: list[Image.Image]) -> dict[str,
 
     from shared.detection import load_detector
 
-    detectors = {bf16: load_detector(settings.model_copy(update={"detector_bf16": bf16})) for bf16 in (False, True)}
+    detectors = {bf16: load_detector(settings.detection.model_copy(update={"bf16": bf16})) for bf16 in (False, True)}
     ious: list[float] = []
     deltas: list[float] = []
     unmatched = total = 0
@@ -257,19 +260,22 @@ def _caption_prefix(sides: _Sides, facts: dict, repeats: int) -> dict[str, float
 
 
 def _variant_seconds(settings: Settings, image_path: Path, repeats: int) -> dict[str, float]:
-    from shared.contracts import ImageRef, VariantJob, VariantsRequest
+    from shared.contracts import AnnotationRequest, ImageRef, ImageTask
+    from shared.dependencies import Dependencies
+    from shared.storage import store_for
     from shared.variants import load_generator, run_variant_job
 
-    generator = load_generator(settings)
+    deps = Dependencies(store_for, settings.image_limits, generator=load_generator(settings.variants))
     timings = {}
     for size in (256, 512):
-        job = VariantJob(
+        variants = {"prompt": "the same picture as a watercolor painting", "size": size, "seed": 1}
+        job = ImageTask(
             batch_id="b-" + "0" * 20,
+            request=AnnotationRequest(prompt="cat.", variants=variants),
             image=ImageRef(image_id="0" * 16, source_uri=str(image_path)),
             results_uri=str(Path(settings.model_cache_dir) / "bench-variants"),
-            variants=VariantsRequest(prompt="the same picture as a watercolor painting", size=size, seed=1),
         )
-        runs = [run_variant_job(job, settings, generator).images[0].seconds for _ in range(repeats)]
+        runs = [run_variant_job(job, deps).images[0].seconds for _ in range(repeats)]
         timings[f"seconds_per_variant_{size}px"] = round(statistics.median(runs), 2)
     return timings
 
@@ -277,10 +283,12 @@ def _variant_seconds(settings: Settings, image_path: Path, repeats: int) -> dict
 def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Run the benchmark and write ``bench.json`` and ``bench.md`` under ``options.out_dir``."""
     from shared.captioning import image_facts
+    from tools.tiny_models import build_named_models
 
     settings = bench_settings(options)
     steps = list(STEP_LOADERS)
     progress("building and loading the models (once per machine: random weights, ONNX exports)")
+    build_named_models(settings, variants=options.variants)
     sides = _Sides(settings)  # before the cold starts, so that they measure loading, not building
     progress("cold starts (a fresh process per step)")
     cold = {step: _cold_start(step, settings) for step in steps}

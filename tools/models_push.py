@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from shared.errors import RequestRejected
-from shared.model_sources import resolve_model_dir, resolve_model_file
+from shared.model_sources import BUILT_PREFIXES, resolve_model_dir, resolve_model_file
 from shared.observability import logger
-from shared.settings import Settings
+from shared.settings import ModelFiles, Settings
 from shared.storage import join_uri, store_for
+from tools.tiny_models import build_model
 
 # Stack output -> the setting that names the model to upload there. VariantsModelUri exists only in a stack
 # deployed with variants.
@@ -62,13 +63,13 @@ def _source(settings: Settings, output: str) -> str:
     return str((value or [""])[0] if isinstance(value, list) else value)
 
 
-def _local_files(source: str, target: str, settings: Settings) -> list[tuple[Path, str]]:
+def _local_files(source: str, target: str, files: ModelFiles) -> list[tuple[Path, str]]:
     """(local file, S3 URI) pairs: a single-file model (a GGUF) to ``target``, a folder's files under it."""
     if not target.endswith("/"):
-        return [(resolve_model_file(source, settings), target)]
-    folder = resolve_model_dir(source, settings)
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
-    return [(path, join_uri(target, str(path.relative_to(folder)))) for path in files]
+        return [(resolve_model_file(source, files), target)]
+    folder = build_model(source, files) if source.startswith(BUILT_PREFIXES) else resolve_model_dir(source, files)
+    paths = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    return [(path, join_uri(target, str(path.relative_to(folder)))) for path in paths]
 
 
 def push_models(settings: Settings, targets: dict[str, str]) -> list[PushedModel]:
@@ -84,7 +85,7 @@ def push_models(settings: Settings, targets: dict[str, str]) -> list[PushedModel
     for output, target in targets.items():
         source = _source(settings, output)
         size = 0
-        files = _local_files(source, target, settings)
+        files = _local_files(source, target, settings.model_files)
         for path, uri in files:
             data = path.read_bytes()
             store_for(uri).write_bytes(uri, data)

@@ -1,0 +1,90 @@
+"""What each step works with (its ports), built once per function from the settings in force.
+
+A handler asks :func:`dependencies_of` for its step's value and passes it to the step; tests put in-memory fakes
+in force with :func:`use_dependencies` and run the same handlers and workflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from shared.settings import ImageLimits, Settings, get_settings
+from shared.storage import StoreFor, store_for
+
+if TYPE_CHECKING:
+    from shared.captioning import Captioner
+    from shared.classification import Classifier
+    from shared.detection import Detector
+    from shared.tagging import Tagger
+    from shared.variants import Generator
+
+
+class Step(StrEnum):
+    """A function (or the Variants task) of the workflow: ``functions/<step>/app.py``."""
+
+    DETECT = "detect"
+    CLASSIFY = "classify"
+    TAG = "tag"
+    CAPTION = "caption"
+    WRITE_RESULT = "write_result"
+    WRITE_TABLE = "write_table"
+    VARIANTS = "variants"
+
+
+@dataclass(frozen=True)
+class Dependencies:
+    """The store that holds each URI, the image limits and crop margin, and the step's model (only its own)."""
+
+    store_for: StoreFor
+    image_limits: ImageLimits
+    crop_margin: float = 0.1
+    detector: Detector | None = None
+    classifier: Classifier | None = None
+    tagger: Tagger | None = None
+    captioner: Captioner | None = None
+    generator: Generator | None = None
+
+
+def build_dependencies(step: Step, settings: Settings) -> Dependencies:
+    """The real ports of ``step``: S3 or local files, and its model from the settings (loaded once per process)."""
+    common = Dependencies(
+        store_for=store_for, image_limits=settings.image_limits, crop_margin=settings.description.crop_margin
+    )
+    if step is Step.DETECT:
+        from shared.detection import load_detector
+
+        return replace(common, detector=load_detector(settings.detection))
+    if step is Step.CLASSIFY:
+        from shared.classification import load_classifier
+
+        return replace(common, classifier=load_classifier(settings.description))
+    if step is Step.TAG:
+        from shared.tagging import load_tagger
+
+        return replace(common, tagger=load_tagger(settings.description))
+    if step is Step.CAPTION:
+        from shared.captioning import load_captioner
+
+        return replace(common, captioner=load_captioner(settings.caption))
+    if step is Step.VARIANTS:
+        from shared.variants import load_generator
+
+        return replace(common, generator=load_generator(settings.variants))
+    return common
+
+
+_override: Callable[[Step], Dependencies] | None = None
+
+
+def dependencies_of(step: Step) -> Dependencies:
+    """The dependencies in force for ``step``: the ones given to :func:`use_dependencies`, else the real ones."""
+    return _override(step) if _override is not None else build_dependencies(step, get_settings())
+
+
+def use_dependencies(factory: Callable[[Step], Dependencies] | None) -> None:
+    """Put ``factory``'s dependencies in force for this process (tests); None restores the real ones."""
+    global _override
+    _override = factory

@@ -1,0 +1,160 @@
+"""In-memory stand-ins for every port a step uses: object storage and the five models. Each can be told to fail."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from PIL import Image
+
+from shared.contracts import AttributeScore, CaptionOutput, ClassScore, Detection, ImageTask
+from shared.dependencies import Dependencies, Step
+from shared.errors import ImageRejected
+from shared.settings import ImageLimits
+from shared.storage import ObjectStore
+from shared.variants import first_seed, requested_variants
+
+
+@dataclass
+class InMemoryStore:
+    """Every URI's bytes in one dict; it is also its own ``store_for`` (every URI lives here)."""
+
+    objects: dict[str, bytes] = field(default_factory=dict)
+    failing_writes: tuple[str, ...] = ()  # URIs ending so fail to be written, as a full disk would
+    reads: Counter[str] = field(default_factory=Counter)
+
+    def __call__(self, uri: str) -> ObjectStore:
+        return self
+
+    def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes:
+        if uri not in self.objects:
+            raise ImageRejected(f"{uri} does not exist")
+        self.reads[uri] += 1
+        data = self.objects[uri]
+        if max_bytes is not None and len(data) > max_bytes:
+            raise ImageRejected(f"{uri} is {len(data):,} bytes, over the limit of {max_bytes:,} bytes")
+        return data
+
+    def write_bytes(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> None:
+        if uri.endswith(self.failing_writes) and self.failing_writes:
+            raise OSError(f"no space left for {uri}")
+        self.objects[uri] = data
+
+    def list_uris(self, prefix_uri: str) -> Iterator[str]:
+        yield from sorted(uri for uri in self.objects if uri.startswith(prefix_uri))
+
+    def delete(self, uri: str) -> None:
+        self.objects.pop(uri, None)
+
+    def size(self, uri: str) -> int:
+        return len(self.objects[uri])
+
+    def fingerprint(self, uri: str) -> str:
+        return hashlib.sha256(self.objects[uri]).hexdigest() if uri in self.objects else "missing"
+
+
+def _fail(failure: Exception | None) -> None:
+    if failure is not None:
+        raise failure
+
+
+@dataclass
+class FakeDetector:
+    """Finds the boxes it was given, for the phrases the request names."""
+
+    boxes: list[Detection]
+    failure: Exception | None = None
+
+    def detect(
+        self, image: Image.Image, phrases: list[str], box_threshold: float, text_threshold: float
+    ) -> list[Detection]:
+        _fail(self.failure)
+        return [box for box in self.boxes if box.label in phrases and box.score >= box_threshold]
+
+
+@dataclass
+class FakeClassifier:
+    """Each crop is a 'kind of <label>'."""
+
+    failure: Exception | None = None
+
+    def classify(self, crops: list[Image.Image], box_labels: list[str], top_k: int) -> list[list[ClassScore]]:
+        _fail(self.failure)
+        return [[ClassScore(label=f"kind of {label}", score=0.9)] for label in box_labels]
+
+
+@dataclass
+class FakeTagger:
+    """Each crop takes the first value of every vocabulary."""
+
+    failure: Exception | None = None
+
+    def tag(
+        self, crops: list[Image.Image], box_labels: list[str], vocabularies: dict[str, list[str]]
+    ) -> list[list[AttributeScore]]:
+        _fail(self.failure)
+        return [[AttributeScore(name=n, value=v[0], score=0.8) for n, v in vocabularies.items()] for _ in crops]
+
+
+@dataclass
+class FakeCaptioner:
+    """Says what the facts found, in one line."""
+
+    failure: Exception | None = None
+    multimodal: bool = False
+
+    def caption(
+        self, facts: dict[str, Any], image: Image.Image | None = None, *, as_json: bool = False
+    ) -> CaptionOutput:
+        _fail(self.failure)
+        found = ", ".join(f"{group['count']} {group['object']}" for group in facts["found"]) or "nothing"
+        return CaptionOutput(
+            caption=f"Found {found}.",
+            model="fake-llm",
+            ttft_ms=1.0,
+            tokens_per_s=100.0,
+            prompt_tokens=10,
+            completion_tokens=3,
+            peak_rss_mb=1.0,
+        )
+
+
+@dataclass
+class FakeGenerator:
+    """Plain gray pictures of the requested size."""
+
+    failure: Exception | None = None
+    model_name: str = "fake-diffusion"
+
+    def generate(self, task: ImageTask, init_image: Image.Image | None) -> list[tuple[Image.Image, int, float]]:
+        _fail(self.failure)
+        request = requested_variants(task)
+        picture = Image.new("RGB", (request.size, request.size), "gray")
+        return [(picture, first_seed(task) + index, 0.0) for index in range(request.count)]
+
+
+@dataclass
+class FakeModels:
+    """The fakes of one test: each step's dependencies share the one store."""
+
+    store: InMemoryStore = field(default_factory=InMemoryStore)
+    detector: FakeDetector = field(default_factory=lambda: FakeDetector([]))
+    classifier: FakeClassifier = field(default_factory=FakeClassifier)
+    tagger: FakeTagger = field(default_factory=FakeTagger)
+    captioner: FakeCaptioner = field(default_factory=FakeCaptioner)
+    generator: FakeGenerator = field(default_factory=FakeGenerator)
+    image_limits: ImageLimits = field(default_factory=lambda: ImageLimits(max_bytes=1_000_000, max_pixels=4_000_000))
+
+    def dependencies(self, step: Step) -> Dependencies:
+        return Dependencies(
+            store_for=self.store,
+            image_limits=self.image_limits,
+            detector=self.detector,
+            classifier=self.classifier,
+            tagger=self.tagger,
+            captioner=self.captioner,
+            generator=self.generator,
+        )

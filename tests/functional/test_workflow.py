@@ -1,0 +1,184 @@
+"""The workflow definition on moto's interpreter and the real handlers, with every port a fake: the merge of the
+steps' results and every failure path, in seconds."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from shared.batches import plan_batches
+from shared.contracts import Box, Detection, ImageResult, PromptMessage
+from shared.dependencies import use_dependencies
+from shared.errors import ModelUnavailable
+from tests.fakes import FakeDetector, FakeModels
+from tools.local_runner import ExecutionResult, local_workflow
+
+RESULTS = "s3://results"
+DOG = Detection(label="dog", score=0.9, box=Box(x0=4, y0=4, x1=40, y1=30))
+CAT = Detection(label="cat", score=0.8, box=Box(x0=20, y0=10, x1=60, y1=46))
+
+
+def jpeg(width: int = 64, height: int = 48) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), "brown").save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def fakes() -> Iterator[FakeModels]:
+    models = FakeModels(detector=FakeDetector([DOG, CAT]))
+    models.store.objects["s3://in/a.jpg"] = jpeg()
+    use_dependencies(models.dependencies)
+    yield models
+    use_dependencies(None)
+
+
+@pytest.fixture(scope="module")
+def workflow() -> Iterator:
+    with local_workflow() as run:
+        yield run
+
+
+def run_batch(workflow, fakes: FakeModels, **request: object) -> tuple[ExecutionResult, dict[str, ImageResult]]:
+    """GIVEN the images in the fake store, WHEN one batch runs, THEN its result documents by source URI."""
+    message = PromptMessage.model_validate({"prompt": "dog. cat.", "images": ["s3://in/"], **request})
+    [manifest] = plan_batches(message, 500, RESULTS, fakes.store)
+    result = workflow(manifest)
+    folder = f"{RESULTS}/results/{manifest.batch_id}/"
+    documents = [
+        ImageResult.model_validate_json(data)
+        for uri, data in fakes.store.objects.items()
+        if uri.startswith(folder) and uri.endswith(".json") and not uri.endswith(".variants.json")
+    ]
+    return result, {document.source_uri: document for document in documents}
+
+
+def table_rows(fakes: FakeModels, name: str) -> list[dict]:
+    [uri] = [uri for uri in fakes.store.objects if f"/tables/{name}/" in uri]
+    return pq.read_table(io.BytesIO(fakes.store.objects[uri])).to_pylist()
+
+
+def test_the_steps_results_are_merged_into_one_row_per_image(workflow, fakes: FakeModels) -> None:
+    fakes.store.objects["s3://in/b.png"] = jpeg(32, 32)
+
+    result, documents = run_batch(workflow, fakes)
+
+    assert result.summary is not None and (result.summary.succeeded, result.summary.failed) == (2, 0)
+    document = documents["s3://in/a.jpg"]
+    assert [(d.label, d.class_label, [a.value for a in d.attributes]) for d in document.detections] == [
+        ("dog", "kind of dog", ["black", "solid"]),
+        ("cat", "kind of cat", ["black", "solid"]),
+    ]
+    assert document.caption is not None and document.caption.caption == "Found 1 dog, 1 cat."
+    assert fakes.store.objects[document.annotated_uri].startswith(b"\x89PNG")
+    images = table_rows(fakes, "images")
+    assert sorted(row["source_uri"] for row in images) == ["s3://in/a.jpg", "s3://in/b.png"]
+    assert len(table_rows(fakes, "detections")) == 4
+    # Fetches: Detect, Classify, Tag and WriteResult read the image once each; the caption needs no pixels.
+    assert fakes.store.reads["s3://in/a.jpg"] == 4
+
+
+@pytest.mark.parametrize(
+    ("broken", "failed_step", "classes", "attributes"),
+    [
+        ("classifier", "classify", False, True),
+        ("tagger", "tag", True, False),
+        ("both", "classify,tag", False, False),
+    ],
+)
+def test_a_failed_describe_branch_keeps_the_other_branchs_results(
+    workflow, fakes: FakeModels, broken: str, failed_step: str, classes: bool, attributes: bool
+) -> None:
+    if broken in {"classifier", "both"}:
+        fakes.classifier.failure = ModelUnavailable("classifier weights are missing")
+    if broken in {"tagger", "both"}:
+        fakes.tagger.failure = RuntimeError("tagger crashed")
+
+    _, documents = run_batch(workflow, fakes)
+
+    document = documents["s3://in/a.jpg"]
+    assert (document.status, document.failed_step) == ("failed", failed_step)
+    assert all(bool(d.class_label) is classes and bool(d.attributes) is attributes for d in document.detections)
+    assert len(document.detections) == 2 and document.annotated_uri and document.caption
+    if broken == "classifier":
+        assert document.error == "classify: ModelUnavailable: classifier weights are missing"
+
+
+def test_a_rejected_image_ends_as_a_detect_failure_and_the_batch_goes_on(workflow, fakes: FakeModels) -> None:
+    fakes.store.objects["s3://in/empty.jpg"] = b""
+
+    result, documents = run_batch(workflow, fakes)
+
+    assert result.summary is not None and (result.summary.succeeded, result.summary.failed) == (1, 1)
+    failed = documents["s3://in/empty.jpg"]
+    assert (failed.failed_step, failed.error) == ("detect", "detect: ImageRejected: file is empty")
+    assert failed.annotated_uri is None and failed.caption is None
+
+
+def test_a_detector_failure_skips_every_later_step(workflow, fakes: FakeModels) -> None:
+    fakes.detector.failure = ModelUnavailable("no detector weights")
+
+    _, documents = run_batch(workflow, fakes)
+
+    document = documents["s3://in/a.jpg"]
+    assert (document.failed_step, document.detections, document.caption) == ("detect", [], None)
+
+
+def test_a_caption_failure_is_recorded_and_the_rest_is_kept(workflow, fakes: FakeModels) -> None:
+    fakes.captioner.failure = ModelUnavailable("no GGUF here")
+
+    _, documents = run_batch(workflow, fakes)
+
+    document = documents["s3://in/a.jpg"]
+    assert (document.failed_step, document.error) == ("caption", "caption: ModelUnavailable: no GGUF here")
+    assert all(d.class_label and d.attributes for d in document.detections)
+
+
+def test_an_image_without_boxes_skips_describe_and_still_gets_a_caption(workflow, fakes: FakeModels) -> None:
+    fakes.detector.boxes = []
+
+    _, documents = run_batch(workflow, fakes)
+
+    document = documents["s3://in/a.jpg"]
+    assert (document.status, document.detections) == ("succeeded", [])
+    assert document.caption is not None and document.caption.caption == "Found nothing."
+    assert fakes.store.reads["s3://in/a.jpg"] == 2  # Detect and WriteResult
+
+
+def test_a_failure_writing_the_result_still_ends_as_a_failure_row(workflow, fakes: FakeModels) -> None:
+    fakes.store.failing_writes = (".json",)
+
+    result, _ = run_batch(workflow, fakes, caption=False)
+
+    assert result.summary is not None and result.summary.failed == 1
+    [row] = table_rows(fakes, "images")
+    assert (row["status"], row["failed_step"]) == ("failed", "write_result")
+    assert row["error"].startswith("OSError: no space left for s3://results/results/")
+
+
+def test_variants_are_written_beside_the_result(workflow, fakes: FakeModels) -> None:
+    _, documents = run_batch(
+        workflow, fakes, caption=False, variants={"prompt": "a watercolor", "size": 128, "count": 2, "seed": 5}
+    )
+
+    document = documents["s3://in/a.jpg"]
+    assert document.status == "succeeded" and document.variants is not None
+    assert [v.seed for v in document.variants.images] == [5, 6]
+    assert all(fakes.store.objects[v.uri].startswith(b"\x89PNG") for v in document.variants.images)
+
+
+def test_a_variants_failure_is_a_task_failure_and_the_rest_is_kept(workflow, fakes: FakeModels) -> None:
+    fakes.generator.failure = ModelUnavailable("no diffusion model here")
+
+    _, documents = run_batch(workflow, fakes, caption=False, variants={"prompt": "a watercolor", "size": 128})
+
+    document = documents["s3://in/a.jpg"]
+    assert (document.failed_step, document.variants) == ("variants", None)
+    assert document.error.startswith(
+        "variants: States.TaskFailed: Essential container in task exited: ModelUnavailable"
+    )
+    assert document.detections and document.annotated_uri

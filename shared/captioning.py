@@ -252,25 +252,29 @@ def load_captioner(settings: CaptionSettings) -> LlamaCaptioner:
     from llama_cpp import Llama
 
     _route_llama_cpp_logs()
-    path = resolve_model_file(settings.model, settings.files)
+    path = resolve_model_file(settings.caption_model, settings)
     chat_handler = None
-    if settings.mmproj:
+    if settings.caption_mmproj:
         from llama_cpp.llama_chat_format import MTMDChatHandler
 
-        projector = resolve_model_file(settings.mmproj, settings.files)
+        projector = resolve_model_file(settings.caption_mmproj, settings)
         chat_handler = MTMDChatHandler(clip_model_path=str(projector), verbose=False)
     started = time.perf_counter()
     try:
         llm = Llama(
             model_path=str(path),
-            n_ctx=settings.context,
-            n_threads=settings.threads or None,
+            n_ctx=settings.caption_context,
+            n_threads=settings.caption_threads or None,
             chat_handler=chat_handler,
             verbose=False,
         )
     except ValueError as error:  # llama-cpp-python's word for "could not load"
-        raise ModelUnavailable(f"llama.cpp could not load {settings.model}: {error}") from error
-    captioner = LlamaCaptioner(llm, settings.model, settings.max_tokens, multimodal=chat_handler is not None)
+        raise ModelUnavailable(f"llama.cpp could not load {settings.caption_model}: {error}") from error
+    captioner = LlamaCaptioner(
+        llm, settings.caption_model, settings.caption_max_tokens, multimodal=chat_handler is not None
+    )
     captioner.warm_prefix()
-    logger.info("captioner loaded", extra={"model": settings.model, "seconds": round(time.perf_counter() - started, 2)})
+    logger.info(
+        "captioner loaded", extra={"model": settings.caption_model, "seconds": round(time.perf_counter() - started, 2)}
+    )
     return captioner

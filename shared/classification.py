@@ -92,13 +92,13 @@ class ImageClassifier:
 @cached_per_settings
 def load_classifier(settings: DescriptionSettings) -> ImageClassifier:
     """The classifier the settings name, loaded once per process."""
-    prepare_torch(settings.threads)
-    folder = resolve_model_dir(settings.classifier_model, settings.files)
+    prepare_torch(settings.torch_threads)
+    folder = resolve_model_dir(settings.classifier_model, settings)
     if (folder / TORCHSCRIPT_FILE).is_file():
         classifier = _load_torchscript(folder)
     else:
         classifier = _load_transformers(folder, settings)
-    classifier.class_filter = dict(settings.class_filter)
+    classifier.class_filter = dict(settings.class_filter or {})
     logger.info("classifier loaded", extra={"model": settings.classifier_model, "classes": len(classifier.labels)})
     return classifier
 
@@ -120,12 +120,12 @@ def _load_transformers(folder: Path, settings: DescriptionSettings) -> ImageClas
             return self.model(pixel_values=pixel_values).logits
 
     forward: Callable[[Any], Any] = Logits()
-    if settings.runtime == "onnx":
+    if settings.describe_runtime == "onnx":
         from shared.onnx_runtime import export_once, onnx_file, session_forward
 
-        path = onnx_file(settings.files, settings.classifier_model, "classifier")
+        path = onnx_file(settings, settings.classifier_model, "classifier")
         export_once(Logits(), torch.rand(1, 3, 224, 224), path, "pixel_values", "logits", dynamic_size=True)
-        forward = session_forward(path, settings.threads)
+        forward = session_forward(path, settings.torch_threads)
     return ImageClassifier(
         forward=forward,
         preprocess=lambda crops: processor(images=crops, return_tensors="pt")["pixel_values"],

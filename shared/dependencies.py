@@ -50,9 +50,7 @@ class Dependencies:
 
 def build_dependencies(step: Step, settings: Settings) -> Dependencies:
     """The real ports of ``step``: S3 or local files, and its model from the settings (loaded once per process)."""
-    common = Dependencies(
-        store_for=store_for, image_limits=settings.image_limits, crop_margin=settings.description.crop_margin
-    )
+    common = Dependencies(store_for=store_for, image_limits=settings.image_limits, crop_margin=settings.crop_margin)
     if step is Step.DETECT:
         from shared.detection import load_detector
 

@@ -91,11 +91,16 @@ def load_detector(settings: DetectionSettings) -> GroundingDinoDetector:
     """The Grounding DINO detector the settings name, loaded once per process."""
     from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
 
-    prepare_torch(settings.threads)
-    folder = resolve_model_dir(settings.model, settings.files)
+    prepare_torch(settings.torch_threads)
+    folder = resolve_model_dir(settings.detector_model, settings)
     model = AutoModelForZeroShotObjectDetection.from_pretrained(folder).eval()
     processor = AutoProcessor.from_pretrained(folder)
-    logger.info("detector loaded", extra={"model": settings.model, "folder": str(folder)})
+    logger.info("detector loaded", extra={"model": settings.detector_model, "folder": str(folder)})
     return GroundingDinoDetector(
-        model, processor, settings.short_side, settings.max_detections, settings.nms_iou, bf16=settings.bf16
+        model,
+        processor,
+        settings.detection_short_side,
+        settings.max_detections,
+        settings.nms_iou,
+        bf16=settings.detector_bf16,
     )

@@ -38,8 +38,8 @@ def load_image(uri: str, store_for: StoreFor, limits: ImageLimits) -> LoadedImag
     Raises:
         ImageRejected: the file is missing, empty, too large, not an accepted image, or corrupt.
     """
-    data = store_for(uri).read_bytes(uri, max_bytes=limits.max_bytes)
-    return decode_image(data, max_pixels=limits.max_pixels)
+    data = store_for(uri).read_bytes(uri, max_bytes=limits.max_image_bytes)
+    return decode_image(data, max_pixels=limits.max_image_pixels)
 
 
 def decode_image(data: bytes, *, max_pixels: int) -> LoadedImage:

@@ -171,7 +171,7 @@ def ingest_sqs_batch(
         processor.process()
     response: dict[str, Any] = dict(processor.response())
     if s3_group.uris:
-        message = PromptMessage(prompt=settings.prompt, images=s3_group.uris)
+        message = PromptMessage(prompt=settings.ingest_prompt, images=s3_group.uris)
         try:
             start_batches(message, "|".join(sorted(s3_group.identities)), settings, starter, store_for, allowed_buckets)
         except Exception:

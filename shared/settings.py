@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
@@ -52,6 +52,85 @@ PROFILE_MODELS: dict[Profile, dict[str, Any]] = {
 def _default_cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "annotate"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+SectionT = TypeVar("SectionT", bound=_Section)
+
+
+class _SectionOf(Generic[SectionT]):
+    """``settings.detection``: the settings' values of the section's fields."""
+
+    def __init__(self, kind: type[SectionT]) -> None:
+        self._kind = kind
+
+    def __get__(self, settings: BaseModel, owner: object = None) -> SectionT:
+        return self._kind.model_validate({name: getattr(settings, name) for name in self._kind.model_fields})
+
+
+class ModelFiles(_Section):
+    """Where model files are kept, and whether the Hugging Face hub may be asked: every model section's too."""
+
+    model_cache_dir: Path
+    hf_offline: bool
+
+
+class ImageLimits(_Section):
+    max_image_bytes: int
+    max_image_pixels: int
+
+
+class DetectionSettings(ModelFiles):
+    detector_model: str
+    detection_short_side: int
+    detector_bf16: bool
+    max_detections: int
+    nms_iou: float
+    torch_threads: int
+
+
+class DescriptionSettings(ModelFiles):
+    """Classify's and Tag's: the models, their runtime and threads, and the crops they share."""
+
+    classifier_model: str
+    class_filter: dict[str, list[str]] | None
+    tagger_models: list[str] | None
+    describe_runtime: Literal["torch", "onnx"]
+    crop_margin: float
+    text_cache_size: int
+    torch_threads: int
+
+
+class CaptionSettings(ModelFiles):
+    caption_model: str
+    caption_mmproj: str
+    caption_context: int
+    caption_max_tokens: int
+    caption_threads: int
+
+
+class VariantsSettings(ModelFiles):
+    variants_model: str
+    variants_taesd: str
+    variants_threads: int
+
+
+class IngestSettings(_Section):
+    ingest_prompt: str
+    max_images_per_batch: int
+    input_buckets: list[str]
+    variants_enabled: bool
+    state_machine_arn: str
+    results_root: str
+
+
+class AthenaSettings(_Section):
+    athena_workgroup: str
+    athena_database: str
+    athena_timeout_s: float
 
 
 class Settings(BaseSettings):
@@ -155,143 +234,16 @@ class Settings(BaseSettings):
     def results_root(self) -> str:
         return self.results_uri or str(self.data_dir.resolve())
 
-    # Each concern's settings, passed to its own code: a loader's cache key is exactly what it reads.
-    @property
-    def model_files(self) -> ModelFiles:
-        return ModelFiles(cache_dir=self.model_cache_dir, hf_offline=self.hf_offline)
-
-    @property
-    def image_limits(self) -> ImageLimits:
-        return ImageLimits(max_bytes=self.max_image_bytes, max_pixels=self.max_image_pixels)
-
-    @property
-    def detection(self) -> DetectionSettings:
-        return DetectionSettings(
-            model=self.detector_model,
-            short_side=self.detection_short_side,
-            bf16=self.detector_bf16,
-            max_detections=self.max_detections,
-            nms_iou=self.nms_iou,
-            threads=self.torch_threads,
-            files=self.model_files,
-        )
-
-    @property
-    def description(self) -> DescriptionSettings:
-        return DescriptionSettings(
-            classifier_model=self.classifier_model,
-            class_filter=self.class_filter or {},
-            tagger_models=tuple(self.tagger_models or ()),
-            runtime=self.describe_runtime,
-            crop_margin=self.crop_margin,
-            text_cache_size=self.text_cache_size,
-            threads=self.torch_threads,
-            files=self.model_files,
-        )
-
-    @property
-    def caption(self) -> CaptionSettings:
-        return CaptionSettings(
-            model=self.caption_model,
-            mmproj=self.caption_mmproj,
-            context=self.caption_context,
-            max_tokens=self.caption_max_tokens,
-            threads=self.caption_threads,
-            files=self.model_files,
-        )
-
-    @property
-    def variants(self) -> VariantsSettings:
-        return VariantsSettings(
-            model=self.variants_model, taesd=self.variants_taesd, threads=self.variants_threads, files=self.model_files
-        )
-
-    @property
-    def ingest(self) -> IngestSettings:
-        return IngestSettings(
-            prompt=self.ingest_prompt,
-            max_images_per_batch=self.max_images_per_batch,
-            input_buckets=tuple(self.input_buckets),
-            variants_enabled=self.variants_enabled,
-            state_machine_arn=self.state_machine_arn,
-            results_root=self.results_root,
-        )
-
-    @property
-    def athena(self) -> AthenaSettings:
-        return AthenaSettings(
-            workgroup=self.athena_workgroup, database=self.athena_database, timeout_s=self.athena_timeout_s
-        )
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class ModelFiles(_Section):
-    """Where model files are kept, and whether the Hugging Face hub may be asked."""
-
-    cache_dir: Path
-    hf_offline: bool
-
-
-class ImageLimits(_Section):
-    max_bytes: int
-    max_pixels: int
-
-
-class DetectionSettings(_Section):
-    model: str
-    short_side: int
-    bf16: bool
-    max_detections: int
-    nms_iou: float
-    threads: int
-    files: ModelFiles
-
-
-class DescriptionSettings(_Section):
-    """Classify's and Tag's: the models, their runtime, and the crops they share."""
-
-    classifier_model: str
-    class_filter: dict[str, list[str]]
-    tagger_models: tuple[str, ...]
-    runtime: Literal["torch", "onnx"]
-    crop_margin: float
-    text_cache_size: int
-    threads: int
-    files: ModelFiles
-
-
-class CaptionSettings(_Section):
-    model: str
-    mmproj: str
-    context: int
-    max_tokens: int
-    threads: int
-    files: ModelFiles
-
-
-class VariantsSettings(_Section):
-    model: str
-    taesd: str
-    threads: int
-    files: ModelFiles
-
-
-class IngestSettings(_Section):
-    prompt: str
-    max_images_per_batch: int
-    input_buckets: tuple[str, ...]
-    variants_enabled: bool
-    state_machine_arn: str
-    results_root: str
-
-
-class AthenaSettings(_Section):
-    workgroup: str
-    database: str
-    timeout_s: float
+    # Each concern's settings: the fields its code reads, by the same names, frozen. A loader takes only its own
+    # section, and caches what it loads by that section's value.
+    model_files: ClassVar[_SectionOf[ModelFiles]] = _SectionOf(ModelFiles)
+    image_limits: ClassVar[_SectionOf[ImageLimits]] = _SectionOf(ImageLimits)
+    detection: ClassVar[_SectionOf[DetectionSettings]] = _SectionOf(DetectionSettings)
+    description: ClassVar[_SectionOf[DescriptionSettings]] = _SectionOf(DescriptionSettings)
+    caption: ClassVar[_SectionOf[CaptionSettings]] = _SectionOf(CaptionSettings)
+    variants: ClassVar[_SectionOf[VariantsSettings]] = _SectionOf(VariantsSettings)
+    ingest: ClassVar[_SectionOf[IngestSettings]] = _SectionOf(IngestSettings)
+    athena: ClassVar[_SectionOf[AthenaSettings]] = _SectionOf(AthenaSettings)
 
 
 class _GivenEnvironment(EnvSettingsSource):

@@ -11,7 +11,7 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shared.contracts import DEFAULT_ATTRIBUTES, Detection, ImageResult
+from shared.contracts import DEFAULT_ATTRIBUTES, CaptionOutput, Detection, ImageResult
 from shared.storage import StoreFor, join_uri
 
 TABLES_PREFIX = "tables"
@@ -20,13 +20,17 @@ CLASS_SCORE_STRUCT = pa.struct([("label", pa.string()), ("score", pa.float64())]
 ATTRIBUTE_STRUCT = pa.struct([("name", pa.string()), ("value", pa.string()), ("score", pa.float64())])
 BOX_FIELDS = [(name, pa.float64()) for name in ("x0", "y0", "x1", "y1")]
 
+# A box and its class: in each `images` row's detections, and the columns of a `detections` row.
+DETECTION_FIELDS = [
+    ("label", pa.string()),
+    ("score", pa.float64()),
+    *BOX_FIELDS,
+    ("class_label", pa.string()),
+    ("class_score", pa.float64()),
+]
 DETECTION_STRUCT = pa.struct(
     [
-        ("label", pa.string()),
-        ("score", pa.float64()),
-        *BOX_FIELDS,
-        ("class_label", pa.string()),
-        ("class_score", pa.float64()),
+        *DETECTION_FIELDS,
         ("top_k", pa.list_(CLASS_SCORE_STRUCT)),
         ("attributes", pa.list_(ATTRIBUTE_STRUCT)),
         ("skipped", pa.string()),
@@ -37,11 +41,24 @@ DETECTION_STRUCT = pa.struct(
 # own vocabularies included, is also in its `attributes` list.
 FLAT_ATTRIBUTES = tuple(DEFAULT_ATTRIBUTES)
 
+# The caption and its measurements: a column per field of CaptionOutput, `caption` and `caption_<field>`.
+_ARROW_TYPES: dict[object, pa.DataType] = {
+    str: pa.string(),
+    float: pa.float64(),
+    int: pa.int32(),
+    list[str]: pa.list_(pa.string()),
+}
+CAPTION_FIELDS = [
+    (name if name == "caption" else f"caption_{name}", _ARROW_TYPES[field.annotation])
+    for name, field in CaptionOutput.model_fields.items()
+]
+
+# Which image a row is about: the first columns of both tables.
+IMAGE_KEY_FIELDS = [("image_id", pa.string()), ("source_uri", pa.string()), ("batch_id", pa.string())]
+
 IMAGES_SCHEMA = pa.schema(
     [
-        ("image_id", pa.string()),
-        ("source_uri", pa.string()),
-        ("batch_id", pa.string()),
+        *IMAGE_KEY_FIELDS,
         ("status", pa.string()),
         ("error", pa.string()),
         ("failed_step", pa.string()),
@@ -49,14 +66,7 @@ IMAGES_SCHEMA = pa.schema(
         ("height", pa.int32()),
         ("prompt", pa.string()),
         ("detections", pa.list_(DETECTION_STRUCT)),
-        ("caption", pa.string()),
-        ("caption_tags", pa.list_(pa.string())),
-        ("caption_model", pa.string()),
-        ("caption_ttft_ms", pa.float64()),
-        ("caption_tokens_per_s", pa.float64()),
-        ("caption_prompt_tokens", pa.int32()),
-        ("caption_completion_tokens", pa.int32()),
-        ("caption_peak_rss_mb", pa.float64()),
+        *CAPTION_FIELDS,
         ("variants_model", pa.string()),
         ("variant_uris", pa.list_(pa.string())),
         ("variant_seeds", pa.list_(pa.int64())),
@@ -68,15 +78,9 @@ IMAGES_SCHEMA = pa.schema(
 
 DETECTIONS_SCHEMA = pa.schema(
     [
-        ("image_id", pa.string()),
-        ("source_uri", pa.string()),
-        ("batch_id", pa.string()),
+        *IMAGE_KEY_FIELDS,
         ("detection_index", pa.int32()),
-        ("label", pa.string()),
-        ("score", pa.float64()),
-        *BOX_FIELDS,
-        ("class_label", pa.string()),
-        ("class_score", pa.float64()),
+        *DETECTION_FIELDS,
         *(
             (column, type_)
             for name in FLAT_ATTRIBUTES

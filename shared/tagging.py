@@ -98,9 +98,9 @@ def _onnx_image_tower(model: Any, source: str, settings: DescriptionSettings) ->
 
     size = model.visual.image_size
     size = size if isinstance(size, tuple | list) else (size, size)
-    path = onnx_file(settings.files, source, "clip-image")
+    path = onnx_file(settings, source, "clip-image")
     export_once(ImageTower(), torch.rand(1, 3, *size), path, "pixels", "features")
-    return session_forward(path, settings.threads)
+    return session_forward(path, settings.torch_threads)
 
 
 @cached_per_settings
@@ -112,11 +112,11 @@ def load_tagger(settings: DescriptionSettings) -> ClipTagger:
     """
     import open_clip
 
-    prepare_torch(settings.threads)
+    prepare_torch(settings.torch_threads)
     reasons = []
-    for source in settings.tagger_models:
+    for source in settings.tagger_models or []:
         try:
-            folder = resolve_model_dir(source, settings.files)
+            folder = resolve_model_dir(source, settings)
             model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}")
             tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
         except (ModelUnavailable, RuntimeError, OSError, ValueError) as error:
@@ -127,7 +127,7 @@ def load_tagger(settings: DescriptionSettings) -> ClipTagger:
         tagger = ClipTagger(
             source, model.eval(), preprocess, tokenizer, cache_size=settings.text_cache_size, passed_over=reasons
         )
-        if settings.runtime == "onnx":
+        if settings.describe_runtime == "onnx":
             tagger.encode_image = _onnx_image_tower(model, source, settings)
         return tagger
     raise ModelUnavailable("no tagger model could be loaded: " + " | ".join(reasons))

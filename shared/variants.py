@@ -96,18 +96,20 @@ def load_generator(settings: VariantsSettings) -> SdGenerator:
     """The stable-diffusion.cpp engine the settings name, loaded once per process."""
     from stable_diffusion_cpp import StableDiffusion
 
-    folder = resolve_model_dir(settings.model, settings.files)
-    taesd = resolve_model_file(settings.taesd, settings.files) if settings.taesd else _tiny_vae(folder)
+    folder = resolve_model_dir(settings.variants_model, settings)
+    taesd = resolve_model_file(settings.variants_taesd, settings) if settings.variants_taesd else _tiny_vae(folder)
     started = time.perf_counter()
     engine = StableDiffusion(
         model_path=str(folder),
         taesd_path=str(taesd or ""),
-        n_threads=settings.threads or -1,
+        n_threads=settings.variants_threads or -1,
         vae_decode_only=False,  # img2img encodes the source image
         verbose=False,
     )
-    logger.info("generator loaded", extra={"model": settings.model, "seconds": round(time.perf_counter() - started, 2)})
-    return SdGenerator(engine, settings.model, threading.Lock())
+    logger.info(
+        "generator loaded", extra={"model": settings.variants_model, "seconds": round(time.perf_counter() - started, 2)}
+    )
+    return SdGenerator(engine, settings.variants_model, threading.Lock())
 
 
 def run_variant_job(task: ImageTask, deps: Dependencies) -> VariantsOutput:

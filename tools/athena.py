@@ -32,21 +32,21 @@ def run_athena_query(sql: str, settings: AthenaSettings, client: Any = None, pol
     """
     import boto3
 
-    if not settings.workgroup or not settings.database:
+    if not settings.athena_workgroup or not settings.athena_database:
         raise RequestRejected("set ANNOTATE_ATHENA_WORKGROUP and ANNOTATE_ATHENA_DATABASE (the stack's outputs)")
     athena = client or boto3.client("athena")
     execution_id = athena.start_query_execution(
         QueryString=sql,
-        WorkGroup=settings.workgroup,
-        QueryExecutionContext={"Database": settings.database},
+        WorkGroup=settings.athena_workgroup,
+        QueryExecutionContext={"Database": settings.athena_database},
     )["QueryExecutionId"]
-    deadline = time.monotonic() + settings.timeout_s
+    deadline = time.monotonic() + settings.athena_timeout_s
     while (status := athena.get_query_execution(QueryExecutionId=execution_id)["QueryExecution"]["Status"])[
         "State"
     ] not in _TERMINAL:
         if time.monotonic() > deadline:
             athena.stop_query_execution(QueryExecutionId=execution_id)
-            raise TransientError(f"Athena query {execution_id} ran past {settings.timeout_s} s; stopped")
+            raise TransientError(f"Athena query {execution_id} ran past {settings.athena_timeout_s} s; stopped")
         time.sleep(poll_seconds)
     if status["State"] != "SUCCEEDED":
         raise RequestRejected(f"Athena query {status['State'].lower()}: {status.get('StateChangeReason', '')}")

@@ -211,7 +211,9 @@ def _detection_drift(settings: Settings, images: list[Image.Image]) -> dict[str,
 
     from shared.detection import load_detector
 
-    detectors = {bf16: load_detector(settings.detection.model_copy(update={"bf16": bf16})) for bf16 in (False, True)}
+    detectors = {
+        bf16: load_detector(settings.detection.model_copy(update={"detector_bf16": bf16})) for bf16 in (False, True)
+    }
     ious: list[float] = []
     deltas: list[float] = []
     unmatched = total = 0

@@ -167,6 +167,18 @@ def _build_clip(folder: Path, full_size: bool = False) -> None:
     )
 
 
+# CLIP ViT-L/14's text tower, SD 1.x's text encoder: the shapes stable-diffusion.cpp expects.
+SDXS_TEXT_ENCODER = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "max_position_embeddings": 77,
+    "vocab_size": 49408,
+    "projection_dim": 768,
+}
+
+
 def _build_sdxs(folder: Path) -> None:
     """An SDXS-512-style model in diffusers layout: a UNet without middle block (one res block, three levels),
     the CLIP ViT-L text encoder and a tiny (TAESD) VAE. stable-diffusion.cpp fixes the architecture per version,
@@ -189,17 +201,7 @@ def _build_sdxs(folder: Path) -> None:
     )
     unet.to(torch.float16).save_pretrained(folder / "unet")
     AutoencoderTiny().save_pretrained(folder / "vae")
-    text_encoder = CLIPTextModel(
-        CLIPTextConfig(
-            hidden_size=768,
-            intermediate_size=3072,
-            num_hidden_layers=12,
-            num_attention_heads=12,
-            max_position_embeddings=77,
-            vocab_size=49408,
-            projection_dim=768,
-        )
-    ).to(torch.float16)  # type: ignore[arg-type]  # transformers' decorator hides nn.Module.to
+    text_encoder = CLIPTextModel(CLIPTextConfig(**SDXS_TEXT_ENCODER)).to(torch.float16)  # type: ignore[arg-type]  # transformers' decorator hides nn.Module.to
     # transformers 5 drops the "text_model." prefix when saving; stable-diffusion.cpp needs it to tell the version.
     weights = {
         (key if key.startswith("text_model.") else f"text_model.{key}"): tensor.contiguous()

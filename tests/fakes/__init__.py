@@ -146,7 +146,9 @@ class FakeModels:
     tagger: FakeTagger = field(default_factory=FakeTagger)
     captioner: FakeCaptioner = field(default_factory=FakeCaptioner)
     generator: FakeGenerator = field(default_factory=FakeGenerator)
-    image_limits: ImageLimits = field(default_factory=lambda: ImageLimits(max_bytes=1_000_000, max_pixels=4_000_000))
+    image_limits: ImageLimits = field(
+        default_factory=lambda: ImageLimits(max_image_bytes=1_000_000, max_image_pixels=4_000_000)
+    )
 
     def dependencies(self, step: Step) -> Dependencies:
         return Dependencies(

@@ -182,3 +182,13 @@ def test_a_variants_failure_is_a_task_failure_and_the_rest_is_kept(workflow, fak
         "variants: States.TaskFailed: Essential container in task exited: ModelUnavailable"
     )
     assert document.detections and document.annotated_uri
+
+
+def test_a_failure_writing_the_tables_fails_the_execution_with_its_reason(workflow, fakes: FakeModels) -> None:
+    fakes.store.failing_writes = (".parquet",)
+
+    result, documents = run_batch(workflow, fakes, caption=False)
+
+    assert result.status == "FAILED" and result.summary is None
+    assert "no space left" in (result.error or "")
+    assert documents["s3://in/a.jpg"].status == "succeeded"  # the result documents stay, for a rerun of the batch

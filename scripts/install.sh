@@ -21,3 +21,10 @@ done
 "$venv/bin/python" -m pip install --quiet "${find_links[@]}" -e ".[dev]"
 command -v npm >/dev/null || { echo "npm is needed for asl-validator (the ASL check of make test)" >&2; exit 1; }
 npm install --silent --no-audit --no-fund
+# Headless Chromium for the gallery's browser test (Debian's package; Playwright drives it, never downloads one).
+if ! command -v chromium >/dev/null; then
+  as_root=(); [ "$(id -u)" = 0 ] || as_root=(sudo)
+  "${as_root[@]}" apt-get install -y -q chromium >/dev/null \
+    || { "${as_root[@]}" apt-get update -q >/dev/null && "${as_root[@]}" apt-get install -y -q chromium >/dev/null; } \
+    || { echo "Chromium (Debian's chromium package) is needed for the gallery test of make test" >&2; exit 1; }
+fi

@@ -29,10 +29,6 @@ class CachedLoader(Generic[S, M]):
                 self._loaded[key] = self._loader(settings)
             return self._loaded[key]
 
-    def cache_clear(self) -> None:
-        with self._lock:
-            self._loaded.clear()
-
 
 def cached_per_settings(loader: Callable[[S], M]) -> CachedLoader[S, M]:
     return CachedLoader(loader)

@@ -135,11 +135,12 @@ def _annotate(message: Any, delivery: str, settings: Settings) -> None:
 
         with local_workflow(on_invocation) as run_batch:
 
-            def run_counted(manifest: Any) -> ExecutionResult:
+            def run_counted(manifest: Any, name: str) -> ExecutionResult:
                 progress.update(task, total=(progress.tasks[0].total or 0) + len(manifest.images))
-                return run_batch(manifest)
+                err.print(f"batch {manifest.batch_id}: execution {name}", highlight=False)
+                return run_batch(manifest, name)
 
-            starter = LocalStarter(run_counted)
+            starter = LocalStarter(run_counted, settings.data_dir, delivery)
             try:
                 start_batches(message, delivery, settings.ingest, starter, store_for)
             except RequestRejected as error:
@@ -171,7 +172,8 @@ def _annotate(message: Any, delivery: str, settings: Settings) -> None:
         )
     out.print(f"{succeeded} succeeded, {failed} failed", highlight=False)
     out.print(
-        f"results in {settings.results_root}; query them with: annotate query --data-dir {settings.data_dir} 'SQL'"
+        f"results in {settings.results_root}; query them with: annotate query --data-dir {settings.data_dir} 'SQL'; "
+        f"ask what became of them with: annotate status --data-dir {settings.data_dir} --last"
     )
     raise typer.Exit(1 if failed else 0)
 
@@ -286,6 +288,179 @@ def cost(
     write_chart(rows, out_dir / "cost.png")
     out.print(markdown_table(rows, prices), highlight=False, soft_wrap=True)
     out.print(f"written to {out_dir}/cost.md, cost.json and cost.png")
+
+
+Where = Annotated[str | None, typer.Option(help="Which images: SQL over the images table's columns")]
+Stack = Annotated[
+    str | None, typer.Option(help="A deployed stack's name: its tables (Athena) and results instead of local ones")
+]
+
+
+def _annotated_images(where: str | None, data_dir: Path, stack: str | None) -> list[Any]:
+    """The images ``where`` selects, from the local tables or, with ``stack``, the deployed ones (Athena)."""
+    import duckdb
+
+    from shared.errors import RequestRejected, TransientError
+    from tools.annotations import read_annotated_images
+    from tools.athena import run_athena_query
+    from tools.query import run_local_query
+
+    def query(sql: str) -> Any:
+        if not stack:
+            return run_local_query(sql, data_dir)
+        outputs = _outputs(stack)
+        athena = Settings(
+            athena_workgroup=outputs["AthenaWorkGroupName"], athena_database=outputs["GlueDatabaseName"]
+        ).athena
+        return run_athena_query(sql, athena)
+
+    try:
+        return read_annotated_images(query, where, "athena" if stack else "duckdb")
+    except (duckdb.Error, RequestRejected, TransientError) as error:
+        raise _fail(str(error)) from None
+
+
+def _outputs(stack: str) -> dict[str, str]:
+    from shared.errors import RequestRejected
+    from tools.aws_stack import stack_outputs
+
+    try:
+        return stack_outputs(stack)
+    except RequestRejected as error:
+        raise _fail(str(error)) from None
+
+
+@app.command("export")
+def export_command(
+    export_format: Annotated[str, typer.Option("--format", help="coco, yolo or labelstudio")],
+    out_dir: Annotated[Path, typer.Option("--out", help="The folder to write the dataset into")],
+    where: Where = None,
+    data_dir: DataDir = Path("annotate-data"),
+    stack: Stack = None,
+) -> None:
+    """Write the annotations as a COCO or YOLO dataset (with the pictures) or as Label Studio pre-annotations."""
+    from shared.storage import store_for
+    from tools.export import ExportFormat, export
+
+    try:
+        chosen = ExportFormat(export_format)
+    except ValueError:
+        raise _fail(f"--format must be one of {[f.value for f in ExportFormat]}") from None
+    report = export(_annotated_images(where, data_dir, stack), chosen, out_dir, store_for)
+    for source, reason in report.skipped.items():
+        err.print(f"[yellow]skipped[/yellow] {source}: {reason}", highlight=False)
+    out.print(f"{report.images} images, {report.boxes} boxes written to {out_dir} ({chosen})", highlight=False)
+
+
+@app.command()
+def gallery(
+    out_dir: Annotated[Path, typer.Option("--out", help="The folder to write index.html (and its pictures) into")],
+    where: Where = None,
+    data_dir: DataDir = Path("annotate-data"),
+    stack: Stack = None,
+    expires: Annotated[int, typer.Option(help="With --stack: seconds the pictures' URLs stay valid")] = 3600,
+) -> None:
+    """One static page of the annotated pictures, their captions, boxes, classes, attributes and failures."""
+    from shared.storage import store_for
+    from tools.gallery import write_gallery
+
+    presign = None
+    if stack:
+        import boto3
+
+        from shared.storage import split_s3
+
+        s3 = boto3.client("s3")
+
+        def presign(uri: str) -> str:
+            bucket, key = split_s3(uri)
+            return str(s3.generate_presigned_url("get_object", {"Bucket": bucket, "Key": key}, ExpiresIn=expires))
+
+    images = _annotated_images(where, data_dir, stack)
+    index = write_gallery(images, out_dir, store_for, presign)
+    out.print(f"{len(images)} images: open {index}", highlight=False)
+
+
+@app.command()
+def status(
+    what: Annotated[str | None, typer.Argument(help="A prompt message file (as sent), or a batch id (b-...)")] = None,
+    last: Annotated[bool, typer.Option("--last", help="What was sent last")] = False,
+    data_dir: DataDir = Path("annotate-data"),
+    stack: Stack = None,
+) -> None:
+    """How many images of what was sent are done, failed (and why) and still running, and where the results are."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from shared.errors import AnnotateError
+    from tools.status import BatchStatus
+
+    if (what is None) == (not last):
+        raise _fail("give a message file or a batch id, or --last")
+    try:
+        statuses: list[BatchStatus] = _statuses(what, data_dir, stack)
+    except (AnnotateError, ValueError, OSError, BotoCoreError, ClientError) as error:
+        raise _fail(f"{type(error).__name__}: {error}") from None
+    for batch in statuses:
+        out.print(
+            f"batch {batch.batch_id}: {batch.state} ({batch.execution or 'no execution'}): {batch.images} images, "
+            f"{batch.done} done, {batch.failed} failed, {batch.still_running} still running; results in "
+            f"{batch.results}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        for failure in batch.failures:
+            out.print(f"  failed {failure.source_uri}: {failure.reason}", highlight=False, soft_wrap=True)
+    raise typer.Exit(0 if all(b.state == "SUCCEEDED" and not b.failed for b in statuses) else 1)
+
+
+def _statuses(what: str | None, data_dir: Path, stack: str | None) -> list[Any]:
+    from shared.errors import RequestRejected
+    from shared.storage import store_for
+    from tools import status
+
+    settings = Settings(data_dir=data_dir)
+    executions: list[dict[str, Any]] = []
+    if stack:
+        import boto3
+
+        outputs = _outputs(stack)
+        results_root = f"s3://{outputs['ResultsBucketName']}"
+        executions = status.step_functions_executions(boto3.client("stepfunctions"), outputs["StateMachineArn"])
+    else:
+        results_root = settings.results_root
+    if what is not None and what.startswith("b-") and not Path(what).exists():
+        batch_ids = [what]
+    elif what is not None:
+        batch_ids = _planned_batches(Path(what), results_root, settings.max_images_per_batch)
+    elif stack:
+        if not executions:
+            raise RequestRejected(f"stack {stack!r} has run no execution yet")
+        batch_ids = [status.batch_of_execution(executions[0]["name"])]
+    else:
+        batch_ids = status.last_local_batches(data_dir)
+    return [
+        status.batch_status(
+            batch_id,
+            results_root,
+            store_for,
+            status.deployed_execution(executions, batch_id) if stack else status.local_execution(data_dir, batch_id),
+        )
+        for batch_id in batch_ids
+    ]
+
+
+def _planned_batches(message_file: Path, results_root: str, max_images_per_batch: int) -> list[str]:
+    """The batches the message plans, as ingest planned them: ids follow from the images' content and the request."""
+    from shared.batches import plan_batches
+    from shared.contracts import PromptMessage
+    from shared.errors import RequestRejected
+    from shared.ingest import parse_body
+    from shared.storage import store_for
+
+    message = parse_body(message_file.read_text(encoding="utf-8", errors="replace"))
+    if not isinstance(message, PromptMessage):
+        raise RequestRejected(f"{message_file} is not a prompt message")
+    return [m.batch_id for m in plan_batches(message, max_images_per_batch, results_root, store_for)]
 
 
 models = typer.Typer(help="Model files for the deployed stack")

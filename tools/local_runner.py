@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
@@ -195,7 +196,7 @@ def _run_variants_container(run_task_parameters: dict[str, Any], task_arn: str) 
 @contextmanager
 def local_workflow(
     listener: InvocationListener | None = None,
-) -> Iterator[Callable[[BatchManifest], ExecutionResult]]:
+) -> Iterator[Callable[..., ExecutionResult]]:
     """Inside: a function that runs one batch through the workflow and waits for it to end."""
     import boto3
     from moto import mock_aws
@@ -221,10 +222,10 @@ def local_workflow(
             roleArn=f"arn:aws:iam::{ACCOUNT}:role/annotate-local",
         )["stateMachineArn"]
 
-        def run(manifest: BatchManifest) -> ExecutionResult:
+        def run(manifest: BatchManifest, name: str | None = None) -> ExecutionResult:
             execution_arn = client.start_execution(
                 stateMachineArn=machine_arn,
-                name=f"{manifest.batch_id}-{uuid.uuid4().hex[:8]}",  # unnamed executions collide in moto
+                name=name or f"{manifest.batch_id}-{uuid.uuid4().hex[:8]}",  # unnamed executions collide in moto
                 input=manifest.model_dump_json(),
             )["executionArn"]
             return _wait(client, execution_arn)
@@ -243,13 +244,28 @@ def _wait(client: Any, execution_arn: str) -> ExecutionResult:
 
 
 class LocalStarter:
-    """Runs each started batch to its end through the local workflow, keeping the results in order."""
+    """Runs each started batch to its end through the local workflow, keeping the results in order and a record
+    of each run in ``data_dir/runs/`` (what ``annotate status`` reads)."""
 
-    def __init__(self, run: Callable[[BatchManifest], ExecutionResult]) -> None:
+    def __init__(self, run: Callable[..., ExecutionResult], data_dir: Path, delivery: str) -> None:
         self._run = run
+        self._data_dir = data_dir
+        self._delivery = delivery
         self.results: list[tuple[BatchManifest, ExecutionResult]] = []
 
     def start(self, manifest: BatchManifest, name: str) -> str:
-        result = self._run(manifest)
+        from tools.status import RunRecord, now, record_run
+
+        record = RunRecord(
+            execution_name=name,
+            batch_id=manifest.batch_id,
+            delivery=self._delivery,
+            images=len(manifest.images),
+            started_at=now(),
+        )
+        record_run(self._data_dir, record)
+        result = self._run(manifest, name)
+        ended = {"status": result.status, "ended_at": now(), "error": result.error}
+        record_run(self._data_dir, record.model_copy(update=ended))
         self.results.append((manifest, result))
         return result.execution_arn

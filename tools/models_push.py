@@ -15,6 +15,7 @@ from shared.model_sources import BUILT_PREFIXES, resolve_model_dir, resolve_mode
 from shared.observability import logger
 from shared.settings import ModelFiles, Settings
 from shared.storage import join_uri, store_for
+from tools.aws_stack import stack_outputs
 from tools.tiny_models import build_model
 
 # Stack output -> the setting that names the model to upload there. VariantsModelUri exists only in a stack
@@ -43,15 +44,7 @@ def stack_model_uris(stack_name: str, cloudformation: Any = None) -> dict[str, s
     Raises:
         RequestRejected: the stack does not exist or has no model outputs.
     """
-    import boto3
-    from botocore.exceptions import ClientError
-
-    client = cloudformation or boto3.client("cloudformation")
-    try:
-        [stack] = client.describe_stacks(StackName=stack_name)["Stacks"]
-    except ClientError as error:
-        raise RequestRejected(f"stack {stack_name!r}: {error.response['Error']['Message']}") from error
-    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+    outputs = stack_outputs(stack_name, cloudformation)
     uris = {name: outputs[name] for name in MODEL_OUTPUTS if name in outputs}
     if not uris:
         raise RequestRejected(f"stack {stack_name!r} has no model outputs ({', '.join(MODEL_OUTPUTS)})")

@@ -166,6 +166,7 @@ def test_annotate_send_runs_a_prompt_message_through_the_ingest_code(tmp_path: P
     assert code == 0, output
     assert "3 succeeded, 0 failed" in output
     [manifest] = (tmp_path / "data" / "manifests").iterdir()
+    assert f"batch {manifest.stem}: execution {manifest.stem}-" in output  # what to ask `annotate status` about
     assert json.loads(manifest.read_text())["request"]["caption"] is False
 
 

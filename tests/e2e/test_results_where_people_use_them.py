@@ -1,0 +1,227 @@
+"""After a local run on the tiny models: the exports read back by a library that reads them, the gallery in a real
+headless browser, and the status of what was sent."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+from typer.testing import CliRunner
+
+from tests.conftest import REPO, SAMPLES
+from tools.cli import app
+from tools.query import run_local_query
+
+pytestmark = pytest.mark.slow
+cli = CliRunner()
+ARTIFACTS = REPO / "test-artifacts"
+
+
+def annotate(*args: str) -> tuple[int, str]:
+    result = cli.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The samples and an empty file."""
+    inputs = tmp_path_factory.mktemp("inputs")
+    for sample in SAMPLES.iterdir():
+        shutil.copy(sample, inputs / sample.name)
+    (inputs / "empty.jpg").write_bytes(b"")
+    return inputs
+
+
+@pytest.fixture(scope="module")
+def annotated(tmp_path_factory: pytest.TempPathFactory, tiny_settings: object, inputs: Path) -> Path:
+    """GIVEN the inputs annotated through the local workflow (tiny models, no captions)"""
+    data_dir = tmp_path_factory.mktemp("data")
+    code, output = annotate(
+        "run", str(inputs), "--prompt", "dog. cat.", "--profile", "tiny", "--data-dir", str(data_dir), "--no-caption"
+    )
+    assert code == 1 and "3 succeeded, 1 failed" in output, output
+    return data_dir
+
+
+def table_boxes(data_dir: Path) -> dict[str, list[tuple[str, list[float]]]]:
+    """image_id -> [(label, [x0, y0, x1, y1])] from the detections table, in detection order."""
+    rows = run_local_query(
+        "SELECT image_id, label, x0, y0, x1, y1 FROM detections ORDER BY image_id, detection_index", data_dir
+    ).to_pylist()
+    boxes: dict[str, list[tuple[str, list[float]]]] = {}
+    for row in rows:
+        boxes.setdefault(row["image_id"], []).append((row["label"], [row[k] for k in ("x0", "y0", "x1", "y1")]))
+    return boxes
+
+
+def assert_same_boxes(dataset: object, expected: dict[str, list[tuple[str, list[float]]]]) -> None:
+    """Every image of the supervision dataset holds its table boxes, labels equal, corners within 1 px."""
+    found = 0
+    for path, _, detections in dataset:  # type: ignore[attr-defined]
+        image_id = Path(path).stem
+        labels = [dataset.classes[int(class_id)] for class_id in detections.class_id]  # type: ignore[attr-defined]
+        assert labels == [label for label, _ in expected[image_id]]
+        for corners, (_, table_corners) in zip(detections.xyxy.tolist(), expected[image_id], strict=True):
+            assert max(abs(a - b) for a, b in zip(corners, table_corners, strict=True)) <= 1.0
+        found += 1
+    assert found == len(expected) == 3
+
+
+def test_coco_and_yolo_exports_read_back_through_supervision_with_the_tables_boxes(
+    annotated: Path, tmp_path: Path
+) -> None:
+    import supervision as sv
+
+    expected = table_boxes(annotated)
+    for export_format in ("coco", "yolo"):
+        # WHEN the annotations are exported
+        code, output = annotate(
+            "export", "--format", export_format, "--out", str(tmp_path / export_format), "--data-dir", str(annotated)
+        )
+        assert code == 0 and "3 images" in output, output
+        assert "skipped" in output and "empty.jpg" in output  # the failed image, with its reason
+
+    # THEN supervision reads each dataset back with every box of the table
+    coco = tmp_path / "coco"
+    assert_same_boxes(sv.DetectionDataset.from_coco(str(coco / "images"), str(coco / "annotations.json")), expected)
+    yolo = tmp_path / "yolo"
+    dataset = sv.DetectionDataset.from_yolo(str(yolo / "images"), str(yolo / "labels"), str(yolo / "data.yaml"))
+    assert_same_boxes(dataset, expected)
+    # AND the picture whose EXIF turns it is exported turned, so that it agrees with its boxes
+    [rotated] = run_local_query(
+        "SELECT image_id FROM images WHERE source_uri LIKE '%rotated-exif%'", annotated
+    ).to_pylist()
+    assert (coco / "images" / f"{rotated['image_id']}.png").is_file()
+
+
+# Label Studio's task format, as its documentation gives it (labelstud.io/guide/task_format, .../predictions).
+class LsValue(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    x: float = Field(ge=0, le=100)
+    y: float = Field(ge=0, le=100)
+    width: float = Field(ge=0, le=100)
+    height: float = Field(ge=0, le=100)
+    rotation: float
+    rectanglelabels: list[str] | None = None
+    choices: list[str] | None = None
+
+
+class LsResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    from_name: str
+    to_name: str
+    type: Literal["rectanglelabels", "choices"]
+    original_width: int
+    original_height: int
+    image_rotation: float
+    value: LsValue
+    score: float | None = None
+
+
+class LsPrediction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model_version: str
+    score: float
+    result: list[LsResult]
+
+
+class LsTask(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    data: dict[str, str]
+    predictions: list[LsPrediction]
+
+
+def test_label_studio_tasks_follow_the_documented_format_and_name_the_configs_controls(
+    annotated: Path, tmp_path: Path
+) -> None:
+    code, output = annotate("export", "--format", "labelstudio", "--out", str(tmp_path), "--data-dir", str(annotated))
+    assert code == 0, output
+
+    tasks = [LsTask.model_validate(task) for task in json.loads((tmp_path / "tasks.json").read_text())]
+    config = (tmp_path / "label_config.xml").read_text()
+    expected = table_boxes(annotated)
+    ids = {r["source_uri"]: r["image_id"] for r in run_local_query("SELECT * FROM images", annotated).to_pylist()}
+    assert len(tasks) == 3
+    for task in tasks:
+        [prediction] = task.predictions
+        boxes = [r for r in prediction.result if r.type == "rectanglelabels"]
+        table = expected[ids[task.data["image"]]]
+        assert [box.value.rectanglelabels for box in boxes] == [[label] for label, _ in table]
+        for box, (_, (x0, y0, x1, y1)) in zip(boxes, table, strict=True):
+            assert (box.value.x, box.value.width) == pytest.approx(
+                (100 * x0 / box.original_width, 100 * (x1 - x0) / box.original_width)
+            )
+            assert (box.value.y, box.value.height) == pytest.approx(
+                (100 * y0 / box.original_height, 100 * (y1 - y0) / box.original_height)
+            )
+        choices = [r for r in prediction.result if r.type == "choices"]
+        assert {r.from_name for r in choices} == {"class", "color", "pattern"}
+        assert {r.id for r in choices} <= {r.id for r in boxes}  # a class or attribute belongs to its box
+        for result in prediction.result:
+            assert f'name="{result.from_name}"' in config and result.to_name == "image"
+
+
+def test_the_gallery_renders_one_card_per_image_in_headless_chromium_without_console_errors(
+    annotated: Path, tmp_path: Path
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    assert shutil.which("chromium"), "Debian's chromium is needed (scripts/install.sh installs it)"
+    code, output = annotate("gallery", "--out", str(tmp_path), "--data-dir", str(annotated))
+    assert code == 0, output
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=shutil.which("chromium"),
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
+        )
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto((tmp_path / "index.html").as_uri())
+
+        assert page.locator(".card").count() == 4  # one per row of `images`
+        assert page.locator(".card.failed .reason").inner_text().startswith("detect: ImageRejected: file is empty")
+        assert page.locator(".card img").count() == 3 and all(
+            page.evaluate("img => img.naturalWidth", img.element_handle()) > 0
+            for img in page.locator(".card img").all()
+        )
+        page.get_by_role("button", name="failed").click()
+        assert page.locator(".card:visible").count() == 1
+        page.get_by_role("button", name="all").click()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "gallery.png"), full_page=True)
+        browser.close()
+    assert errors == []
+
+
+def test_status_of_the_last_run_reports_its_images_done_and_failed_with_reasons(annotated: Path) -> None:
+    code, output = annotate("status", "--last", "--data-dir", str(annotated))
+
+    assert code == 1, output  # one image failed
+    assert "SUCCEEDED" in output and "4 images, 3 done, 1 failed, 0 still running" in output
+    assert "empty.jpg: detect: ImageRejected: file is empty" in output
+
+
+def test_status_of_a_batch_id_and_of_a_message_file(annotated: Path, inputs: Path, tmp_path: Path) -> None:
+    [batch] = run_local_query("SELECT DISTINCT batch_id FROM images", annotated).to_pylist()
+    code, output = annotate("status", batch["batch_id"], "--data-dir", str(annotated))
+    assert f"batch {batch['batch_id']}: SUCCEEDED" in output
+
+    # The message that was run: its batch is found from its content, as ingest planned it
+    sent = tmp_path / "sent.json"
+    sent.write_text(json.dumps({"prompt": "dog. cat.", "images": [str(inputs)], "caption": False}))
+    code, output = annotate("status", str(sent), "--data-dir", str(annotated))
+    assert f"batch {batch['batch_id']}: SUCCEEDED" in output and "3 done, 1 failed" in output
+
+    # A message never sent (another prompt is another batch) is said to be unknown
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"prompt": "cat.", "images": [str(inputs)]}))
+    code, output = annotate("status", str(other), "--data-dir", str(annotated))
+    assert code == 2 and "no batch b-" in output

@@ -1,0 +1,216 @@
+"""The annotations where people take them: a COCO detection dataset, a YOLO dataset, Label Studio pre-annotations.
+
+Boxes are in pixels of the image as a viewer shows it (EXIF orientation applied). So that a dataset's pictures
+agree with its boxes, a source whose EXIF turns it is exported turned (as PNG, lossless); any other is copied as
+it is.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from shared.errors import ImageRejected
+from shared.images import decode_image
+from shared.storage import StoreFor
+from tools.annotations import AnnotatedImage, Box
+
+IMAGES_FOLDER = "images"
+EXIF_ORIENTATION = 0x0112
+# Label Studio's own names for the controls its labelling config declares (label_config.xml beside the tasks).
+LS_IMAGE, LS_BOXES, LS_CLASS = "image", "label", "class"
+
+
+class ExportFormat(StrEnum):
+    COCO = "coco"
+    YOLO = "yolo"
+    LABEL_STUDIO = "labelstudio"
+
+
+@dataclass
+class ExportReport:
+    images: int = 0
+    boxes: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)  # source -> why it is not in the export
+
+
+def export(
+    images: list[AnnotatedImage], export_format: ExportFormat, out_dir: Path, store_for: StoreFor
+) -> ExportReport:
+    """Write ``images`` in ``export_format`` under ``out_dir``. A failed image (no boxes to give) or a source that
+    cannot be read any more is skipped, with the reason, and the rest is exported."""
+    report = ExportReport()
+    kept: list[tuple[AnnotatedImage, str]] = []
+    for image in images:
+        if image.status != "succeeded" or not image.width or not image.height:
+            report.skipped[image.source_uri] = f"not annotated: {image.error or image.status}"
+            continue
+        try:
+            file_name = "" if export_format is ExportFormat.LABEL_STUDIO else _copy_picture(image, out_dir, store_for)
+        except ImageRejected as error:
+            report.skipped[image.source_uri] = str(error)
+            continue
+        kept.append((image, file_name))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    {ExportFormat.COCO: _write_coco, ExportFormat.YOLO: _write_yolo, ExportFormat.LABEL_STUDIO: _write_label_studio}[
+        export_format
+    ](kept, out_dir)
+    report.images, report.boxes = len(kept), sum(len(image.boxes) for image, _ in kept)
+    return report
+
+
+def categories(images: list[AnnotatedImage]) -> list[str]:
+    """The detected labels, sorted: class ids are their positions."""
+    return sorted({box.label for image in images for box in image.boxes})
+
+
+def _copy_picture(image: AnnotatedImage, out_dir: Path, store_for: StoreFor) -> str:
+    """The source picture as ``images/<image_id>.<ext>``, turned as a viewer shows it; its file name.
+
+    Raises:
+        ImageRejected: the source cannot be read any more (moved or deleted since it was annotated).
+    """
+    data = store_for(image.source_uri).read_bytes(image.source_uri)
+    with Image.open(io.BytesIO(data)) as opened:
+        turned = opened.getexif().get(EXIF_ORIENTATION, 1) != 1
+        extension = {"JPEG": "jpg", "MPO": "jpg"}.get(opened.format or "", (opened.format or "bin").lower())
+    folder = out_dir / IMAGES_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    if turned:
+        name = f"{image.image_id}.png"
+        decode_image(data, max_pixels=(image.width or 1) * (image.height or 1)).pixels.save(folder / name)
+    else:
+        name = f"{image.image_id}.{extension}"
+        (folder / name).write_bytes(data)
+    return name
+
+
+def _write_coco(kept: list[tuple[AnnotatedImage, str]], out_dir: Path) -> None:
+    names = categories([image for image, _ in kept])
+    coco: dict[str, Any] = {
+        "info": {"description": "annotate export", "version": "1.0"},
+        "images": [],
+        "annotations": [],
+        "categories": [{"id": index + 1, "name": name, "supercategory": "none"} for index, name in enumerate(names)],
+    }
+    for image_number, (image, file_name) in enumerate(kept, start=1):
+        coco["images"].append(
+            {"id": image_number, "file_name": file_name, "width": image.width, "height": image.height}
+        )
+        for box in image.boxes:
+            width, height = box.x1 - box.x0, box.y1 - box.y0
+            coco["annotations"].append(
+                {
+                    "id": len(coco["annotations"]) + 1,
+                    "image_id": image_number,
+                    "category_id": names.index(box.label) + 1,
+                    "bbox": [box.x0, box.y0, width, height],
+                    "area": width * height,
+                    "iscrowd": 0,
+                    "score": box.score,
+                    "attributes": {"class": box.class_label, **box.attributes},
+                }
+            )
+    (out_dir / "annotations.json").write_text(json.dumps(coco, indent=1))
+
+
+def _write_yolo(kept: list[tuple[AnnotatedImage, str]], out_dir: Path) -> None:
+    names = categories([image for image, _ in kept])
+    labels = out_dir / "labels"
+    labels.mkdir(parents=True, exist_ok=True)
+    for image, file_name in kept:
+        assert image.width and image.height
+        lines = [f"{names.index(box.label)} {_yolo_box(box, image.width, image.height)}\n" for box in image.boxes]
+        (labels / f"{Path(file_name).stem}.txt").write_text("".join(lines))
+    data = ["path: .", f"train: {IMAGES_FOLDER}", f"val: {IMAGES_FOLDER}", f"nc: {len(names)}", "names:"]
+    data += [f"  {index}: {json.dumps(name)}" for index, name in enumerate(names)]
+    (out_dir / "data.yaml").write_text("\n".join(data) + "\n")
+
+
+def _yolo_box(box: Box, width: int, height: int) -> str:
+    """Centre x, centre y, width, height, each a fraction of the image's side."""
+    values = (
+        (box.x0 + box.x1) / 2 / width,
+        (box.y0 + box.y1) / 2 / height,
+        (box.x1 - box.x0) / width,
+        (box.y1 - box.y0) / height,
+    )
+    return " ".join(f"{value:.6f}" for value in values)
+
+
+def _write_label_studio(kept: list[tuple[AnnotatedImage, str]], out_dir: Path) -> None:
+    images = [image for image, _ in kept]
+    tasks = [label_studio_task(image) for image in images]
+    (out_dir / "tasks.json").write_text(json.dumps(tasks, indent=1))
+    (out_dir / "label_config.xml").write_text(label_studio_config(images))
+
+
+def label_studio_task(image: AnnotatedImage) -> dict[str, Any]:
+    """One task: the picture's location and the pipeline's boxes as a prediction, each box's class and attributes
+    as per-region choices (the same result id as its box)."""
+    assert image.width and image.height
+    result: list[dict[str, Any]] = []
+    for box in image.boxes:
+        region = uuid.uuid5(uuid.NAMESPACE_URL, f"{image.image_id}/{box}").hex[:10]
+        common = {
+            "id": region,
+            "to_name": LS_IMAGE,
+            "original_width": image.width,
+            "original_height": image.height,
+            "image_rotation": 0,
+        }
+        geometry = {
+            "x": 100 * box.x0 / image.width,
+            "y": 100 * box.y0 / image.height,
+            "width": 100 * (box.x1 - box.x0) / image.width,
+            "height": 100 * (box.y1 - box.y0) / image.height,
+            "rotation": 0,
+        }
+        result.append(
+            {
+                **common,
+                "from_name": LS_BOXES,
+                "type": "rectanglelabels",
+                "value": {**geometry, "rectanglelabels": [box.label]},
+                "score": box.score,
+            }
+        )
+        for name, value in ({LS_CLASS: box.class_label} | box.attributes).items():
+            if value:
+                result.append(
+                    {**common, "from_name": name, "type": "choices", "value": {**geometry, "choices": [value]}}
+                )
+    score = min((box.score for box in image.boxes), default=1.0)
+    return {
+        "data": {LS_IMAGE: image.source_uri, "caption": image.caption or ""},
+        "predictions": [{"model_version": "annotate", "score": score, "result": result}],
+    }
+
+
+def label_studio_config(images: list[AnnotatedImage]) -> str:
+    """The labelling config that names every control the tasks use: boxes, and per-region class and attributes."""
+    from xml.sax.saxutils import quoteattr
+
+    choices: dict[str, set[str]] = {LS_CLASS: set()}
+    for image in images:
+        for box in image.boxes:
+            for name, value in ({LS_CLASS: box.class_label} | box.attributes).items():
+                if value:
+                    choices.setdefault(name, set()).add(value)
+    lines = ["<View>", f'  <Image name="{LS_IMAGE}" value="${LS_IMAGE}"/>']
+    lines.append(f'  <RectangleLabels name="{LS_BOXES}" toName="{LS_IMAGE}">')
+    lines += [f"    <Label value={quoteattr(label)}/>" for label in categories(images)]
+    lines.append("  </RectangleLabels>")
+    for name, values in choices.items():
+        lines.append(f'  <Choices name={quoteattr(name)} toName="{LS_IMAGE}" perRegion="true">')
+        lines += [f"    <Choice value={quoteattr(value)}/>" for value in sorted(values)]
+        lines.append("  </Choices>")
+    lines += ['  <Text name="caption" value="$caption"/>', "</View>"]
+    return "\n".join(lines) + "\n"

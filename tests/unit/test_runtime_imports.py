@@ -125,3 +125,29 @@ def test_the_packages_runtime_dependencies_are_the_layers_pins() -> None:
     runtime = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     for pin in runtime:
         assert pin in pinned_by_layers or pin in torch_image, f"{pin} is in no layer or image recipe"
+
+
+def test_the_images_copy_what_exists_and_start_runtime_code() -> None:
+    from tools.sam_template import functions, load_template
+
+    built_with = {  # Dockerfile -> the FUNCTION build args the template gives it ([""] when it takes none)
+        REPO / "layers" / "variants-image" / "Dockerfile": [""],
+        REPO / "layers" / "torch-image" / "Dockerfile": [
+            f["Metadata"]["DockerBuildArgs"]["FUNCTION"]
+            for f in functions(load_template()).values()
+            if f.get("Metadata", {}).get("Dockerfile") == "layers/torch-image/Dockerfile"
+        ],
+    }
+    for dockerfile, arguments in built_with.items():
+        assert arguments, dockerfile
+        for line in dockerfile.read_text().splitlines():
+            words = line.split()
+            if words[:1] == ["COPY"] and not words[1].startswith("--from") and "MODEL_DIR" not in line:
+                for function in arguments:
+                    assert (REPO / words[1].replace("${FUNCTION}", function)).exists(), (dockerfile, line)
+    variants = (REPO / "layers" / "variants-image" / "Dockerfile").read_text()
+    [entrypoint] = [
+        json.loads(line.split(" ", 1)[1]) for line in variants.splitlines() if line.startswith("ENTRYPOINT")
+    ]
+    module = entrypoint[entrypoint.index("-m") + 1]
+    assert (REPO / (module.replace(".", "/") + ".py")).is_file() and module.startswith("shared.")

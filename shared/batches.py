@@ -9,24 +9,27 @@ from shared.contracts import AnnotationRequest, BatchManifest, ImageRef, PromptM
 from shared.storage import StoreFor, is_s3
 
 
-def expand_locations(locations: list[str], store_for: StoreFor) -> list[str]:
-    """Every image a message names: files as they are, local folders and S3 prefixes ending in '/' expanded.
+def expand_locations(locations: list[str], store_for: StoreFor) -> dict[str, str]:
+    """Every image a message names, with its fingerprint (content digest, or S3's ETag): files as they are, local
+    folders and S3 prefixes ending in '/' expanded. A prefix's ETags come from its listing (one request per 1,000
+    objects); a named object costs one HEAD.
 
-    A location that does not exist is kept, so that it ends as a failure row rather than silently vanishing.
+    A location that does not exist is kept (fingerprint 'missing'), so that it ends as a failure row rather than
+    silently vanishing.
     """
-    expanded: list[str] = []
+    found: dict[str, str] = {}
     for location in locations:
-        if is_s3(location):
-            found = list(store_for(location).list_uris(location)) if location.endswith("/") else [location]
-        else:
-            path = Path(location).expanduser().resolve()
-            found = list(store_for(str(path)).list_uris(str(path))) if path.is_dir() else [str(path)]
-        expanded.extend(uri for uri in found if uri not in expanded)
-    return expanded
+        if not is_s3(location):
+            location = str(Path(location).expanduser().resolve())
+        store = store_for(location)
+        folder = location.endswith("/") if is_s3(location) else Path(location).is_dir()
+        listed = store.list_fingerprinted(location) if folder else [(location, store.fingerprint(location))]
+        for uri, fingerprint in listed:
+            found.setdefault(uri, fingerprint)
+    return found
 
 
-def image_ref(uri: str, store_for: StoreFor) -> ImageRef:
-    fingerprint = store_for(uri).fingerprint(uri)
+def image_ref(uri: str, fingerprint: str) -> ImageRef:
     return ImageRef(image_id=hashlib.sha256(f"{uri}\0{fingerprint}".encode()).hexdigest()[:16], source_uri=uri)
 
 
@@ -43,7 +46,7 @@ def plan_batches(
 ) -> list[BatchManifest]:
     """The manifests of the executions that annotate everything ``message`` names."""
     request = message.request()
-    refs = [image_ref(uri, store_for) for uri in expand_locations(message.images, store_for)]
+    refs = [image_ref(uri, fingerprint) for uri, fingerprint in expand_locations(message.images, store_for).items()]
     size = max_images_per_batch
     chunks = [refs[start : start + size] for start in range(0, len(refs), size)]
     return [

@@ -16,6 +16,7 @@ class ObjectStore(Protocol):
     def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes: ...
     def write_bytes(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> None: ...
     def list_uris(self, prefix_uri: str) -> Iterator[str]: ...
+    def list_fingerprinted(self, prefix_uri: str) -> Iterator[tuple[str, str]]: ...
     def delete(self, uri: str) -> None: ...
     def size(self, uri: str) -> int: ...
     def fingerprint(self, uri: str) -> str: ...
@@ -77,6 +78,10 @@ class LocalStore:
         elif root.is_dir():
             yield from (str(p) for p in sorted(root.rglob("*")) if p.is_file() and not p.name.startswith("."))
 
+    def list_fingerprinted(self, prefix_uri: str) -> Iterator[tuple[str, str]]:
+        """Each file under ``prefix_uri`` with :meth:`fingerprint`'s digest (a read of each file)."""
+        yield from ((uri, self.fingerprint(uri)) for uri in self.list_uris(prefix_uri))
+
     def delete(self, uri: str) -> None:
         self._path(uri).unlink(missing_ok=True)
 
@@ -131,11 +136,15 @@ class S3Store:
         self._call("put_object", Bucket=bucket, Key=key, Body=data, ContentType=content_type)
 
     def list_uris(self, prefix_uri: str) -> Iterator[str]:
+        yield from (uri for uri, _ in self.list_fingerprinted(prefix_uri))
+
+    def list_fingerprinted(self, prefix_uri: str) -> Iterator[tuple[str, str]]:
+        """Each object under ``prefix_uri`` with its ETag, from the listing itself: no request per object."""
         bucket, prefix = split_s3(prefix_uri)
         for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for item in page.get("Contents", []):
                 if not item["Key"].endswith("/"):
-                    yield f"s3://{bucket}/{item['Key']}"
+                    yield f"s3://{bucket}/{item['Key']}", str(item["ETag"]).strip('"')
 
     def delete(self, uri: str) -> None:
         bucket, key = split_s3(uri)

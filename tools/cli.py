@@ -262,6 +262,19 @@ def bench(
     out.print(f"whole image: {report['whole_image']['speedup']}x the reference; written to {out_dir}/")
 
 
+@app.command("bench-ingest")
+def bench_ingest(
+    objects: Annotated[int, typer.Option(help="Objects under the prefix ingest plans")] = 100_000,
+    out_dir: Annotated[Path, typer.Option(help="Where ingest.json and ingest.md go")] = Path("bench"),
+) -> None:
+    """Time ingest planning a large S3 prefix (moto), and its memory, beside a HEAD per object; write the report."""
+    from tools.bench_ingest import run_ingest_bench
+
+    _quiet_logs(False)
+    run_ingest_bench(objects, out_dir, progress=lambda text: err.print(f"[dim]{text}[/dim]"))
+    out.print((out_dir / "ingest.md").read_text(), highlight=False, soft_wrap=True)
+
+
 @app.command()
 def cost(
     bench_file: Annotated[Path, typer.Option("--bench", help="A bench.json written by annotate bench")] = Path(

@@ -46,6 +46,9 @@ class InMemoryStore:
     def list_uris(self, prefix_uri: str) -> Iterator[str]:
         yield from sorted(uri for uri in self.objects if uri.startswith(prefix_uri))
 
+    def list_fingerprinted(self, prefix_uri: str) -> Iterator[tuple[str, str]]:
+        yield from ((uri, self.fingerprint(uri)) for uri in self.list_uris(prefix_uri))
+
     def delete(self, uri: str) -> None:
         self.objects.pop(uri, None)
 

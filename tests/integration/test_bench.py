@@ -34,3 +34,15 @@ def test_a_short_bench_run_writes_its_report(tmp_path: Path) -> None:
     assert set(written["steps"]) == {"detect", "classify", "tag", "caption"}
     assert all(step["pipeline_median_s"] > 0 and step["cold_start_s"] > 0 for step in written["steps"].values())
     assert "| **whole image** |" in (tmp_path / "bench.md").read_text()
+
+
+def test_the_ingest_bench_plans_a_prefix_from_its_listing_and_writes_its_report(tmp_path: Path) -> None:
+    from tools.bench_ingest import run_ingest_bench
+
+    report = run_ingest_bench(1_200, tmp_path)
+
+    assert report["planning"]["requests"] == {"ListObjectsV2": 2, "PutObject": 3}  # 3 manifests of <= 500 images
+    assert report["head_per_object"]["requests"] == {"ListObjectsV2": 2, "HeadObject": 1_200}
+    assert report["executions_started"] == 3 and report["planning"]["peak_python_mb"] > 0
+    assert json.loads((tmp_path / "ingest.json").read_text()) == report
+    assert "| listing's ETags (now) |" in (tmp_path / "ingest.md").read_text()

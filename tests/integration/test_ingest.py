@@ -185,3 +185,33 @@ def test_a_message_asking_for_variants_is_refused_by_a_stack_without_them(aws: A
     assert response == {"batchItemFailures": [{"itemIdentifier": "variants"}]}
     [started] = executions(aws)
     assert started.request.variants is None
+
+
+def test_planning_an_s3_prefix_takes_the_etags_from_the_listing_not_a_head_per_object() -> None:
+    from collections import Counter
+
+    from shared.batches import image_ref, plan_batches
+    from shared.contracts import PromptMessage
+
+    with mock_aws():
+        # GIVEN 2,500 objects under a prefix (three listing pages) and one object named on its own
+        s3 = boto3.client("s3", region_name=REGION)
+        s3.create_bucket(Bucket="annotate-input")
+        for index in range(2_500):
+            s3.put_object(Bucket="annotate-input", Key=f"big/{index:05d}.jpg", Body=str(index).encode())
+        s3.put_object(Bucket="annotate-input", Key="single.jpg", Body=b"one")
+        first = "s3://annotate-input/big/00000.jpg"
+        expected_id = image_ref(first, s3.head_object(Bucket="annotate-input", Key="big/00000.jpg")["ETag"].strip('"'))
+        requests: Counter[str] = Counter()
+        s3.meta.events.register("before-call.s3.*", lambda model, **_: requests.update([model.name]))
+        store = storage.S3Store(s3)
+        message = PromptMessage(prompt="dog.", images=["s3://annotate-input/big/", "s3://annotate-input/single.jpg"])
+
+        # WHEN ingest plans the message
+        batches = plan_batches(message, 5_000, "s3://annotate-results", lambda uri: store)
+
+    # THEN three listing pages and one HEAD (for the named object) were all it took
+    assert requests == Counter({"ListObjectsV2": 3, "HeadObject": 1})
+    assert sum(len(batch.images) for batch in batches) == 2_501
+    # AND an image's id is the one its HEAD's ETag gives
+    assert expected_id in [image for batch in batches for image in batch.images]

@@ -19,7 +19,8 @@ def make_inputs(folder: Path) -> Path:
 def test_folders_expand_to_their_files_and_missing_paths_are_kept(tmp_path: Path) -> None:
     folder = make_inputs(tmp_path / "in")
     found = expand_locations([str(folder), str(tmp_path / "missing.jpg"), str(folder / "a.jpg")], store_for)
-    assert found == [str(folder / "a.jpg"), str(folder / "sub" / "b.png"), str(tmp_path / "missing.jpg")]
+    assert list(found) == [str(folder / "a.jpg"), str(folder / "sub" / "b.png"), str(tmp_path / "missing.jpg")]
+    assert found[str(tmp_path / "missing.jpg")] == "missing"
 
 
 def test_the_same_inputs_and_options_name_the_same_batch(tmp_path: Path) -> None:

@@ -281,6 +281,7 @@ class DetectOutput(Frozen):
     width: int = Field(gt=0)
     height: int = Field(gt=0)
     detections: list[Detection]
+    ms: float = Field(ge=0, description="Time this step took for the image, fetch and decode included")
 
 
 class DescribeInput(Frozen):
@@ -297,6 +298,7 @@ class BoxClasses(Frozen):
 
 class ClassifyOutput(Frozen):
     classes: list[BoxClasses] = Field(description="One entry per detection, in order")
+    ms: float = Field(ge=0, description="Time this step took for the image, fetch and decode included")
 
 
 class BoxAttributes(Frozen):
@@ -306,6 +308,7 @@ class BoxAttributes(Frozen):
 
 class TagOutput(Frozen):
     tags: list[BoxAttributes] = Field(description="One entry per detection, in order")
+    ms: float = Field(ge=0, description="Time this step took for the image, fetch and decode included")
 
 
 class BranchFailure(Frozen):
@@ -332,6 +335,7 @@ class CaptionOutput(Frozen):
     prompt_tokens: int
     completion_tokens: int
     peak_rss_mb: float
+    ms: float | None = Field(None, ge=0, description="Time the Caption step took for the image (set by the step)")
 
 
 class VariantsTaskRun(Frozen):
@@ -352,6 +356,7 @@ class VariantsOutput(Frozen):
     model: str
     mode: str
     images: list[Variant]
+    ms: float = Field(ge=0, description="Time this step took for the image, fetch and decode included")
 
 
 class ImageState(Frozen):
@@ -396,6 +401,9 @@ class ImageResult(Frozen):
     height: int | None = None
     prompt: str
     detections: list[Detection] = Field(default_factory=list)
+    detect_ms: float | None = None
+    classify_ms: float | None = None
+    tag_ms: float | None = None
     caption: CaptionOutput | None = None
     variants: VariantsOutput | None = None
     annotated_uri: str | None = None

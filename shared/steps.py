@@ -4,6 +4,7 @@ step's :class:`~shared.dependencies.Dependencies`."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -58,8 +59,13 @@ def result_uris(task: ImageTask) -> tuple[str, str]:
     return f"{base}.json", f"{base}.png"
 
 
+def _elapsed_ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 1)
+
+
 def detect(task: ImageTask, deps: Dependencies) -> DetectOutput:
     """Decode the image and find the request's phrases in it."""
+    started = time.perf_counter()
     image = load_image(task.image.source_uri, deps.store_for, deps.image_limits)
     detections = _port(deps.detector, "detector").detect(
         image.pixels, task.request.phrases, task.request.box_threshold, task.request.text_threshold
@@ -68,7 +74,7 @@ def detect(task: ImageTask, deps: Dependencies) -> DetectOutput:
         "detected",
         extra={"image_id": task.image.image_id, "boxes": len(detections), "width": image.width},
     )
-    return DetectOutput(width=image.width, height=image.height, detections=detections)
+    return DetectOutput(width=image.width, height=image.height, detections=detections, ms=_elapsed_ms(started))
 
 
 def box_crops(task: DescribeInput, deps: Dependencies) -> list[Image.Image | str]:
@@ -98,20 +104,24 @@ def _per_box(
 
 def classify(task: DescribeInput, deps: Dependencies) -> ClassifyOutput:
     """Classify every box of the image, in one batch."""
+    started = time.perf_counter()
     model = _port(deps.classifier, "classifier")
     results = _per_box(task, deps, lambda crops, labels: model.classify(crops, labels, task.task.request.top_k))
     return ClassifyOutput(
-        classes=[BoxClasses(skipped=r) if isinstance(r, str) else BoxClasses(top_k=r) for r in results]
+        classes=[BoxClasses(skipped=r) if isinstance(r, str) else BoxClasses(top_k=r) for r in results],
+        ms=_elapsed_ms(started),
     )
 
 
 def tag(task: DescribeInput, deps: Dependencies) -> TagOutput:
     """Tag every box of the image with the request's attribute vocabularies, in one batch."""
+    started = time.perf_counter()
     model = _port(deps.tagger, "tagger")
     vocabularies = task.task.request.attributes
     results = _per_box(task, deps, lambda crops, labels: model.tag(crops, labels, vocabularies))
     return TagOutput(
-        tags=[BoxAttributes(skipped=r) if isinstance(r, str) else BoxAttributes(attributes=r) for r in results]
+        tags=[BoxAttributes(skipped=r) if isinstance(r, str) else BoxAttributes(attributes=r) for r in results],
+        ms=_elapsed_ms(started),
     )
 
 
@@ -148,6 +158,7 @@ def describe_detections(
 
 def caption(state: ImageState, deps: Dependencies) -> CaptionOutput:
     """Write the image's caption from what Detect, Classify and Tag found."""
+    started = time.perf_counter()
     if state.detection is None:
         raise ValueError("Caption needs the Detect step's output")
     detections, _ = describe_detections(state.detection.detections, state.description)
@@ -159,6 +170,7 @@ def caption(state: ImageState, deps: Dependencies) -> CaptionOutput:
         else None
     )
     output = captioner.caption(facts, image, as_json=state.task.request.caption_format == "json")
+    output = output.model_copy(update={"ms": _elapsed_ms(started)})
     for name, unit, value in (
         ("CaptionTimeToFirstToken", MetricUnit.Milliseconds, output.ttft_ms),
         ("CaptionTokensPerSecond", MetricUnit.CountPerSecond, output.tokens_per_s),
@@ -201,6 +213,9 @@ def write_result(state: ImageState, deps: Dependencies) -> ImageOutcome:
         height=state.detection.height if state.detection else None,
         prompt=task.request.prompt,
         detections=detections,
+        detect_ms=state.detection.ms if state.detection else None,
+        classify_ms=_branch_ms(state.description.classify) if state.description else None,
+        tag_ms=_branch_ms(state.description.tag) if state.description else None,
         caption=state.caption,
         variants=variants,
         annotated_uri=annotated_uri,
@@ -210,6 +225,10 @@ def write_result(state: ImageState, deps: Dependencies) -> ImageOutcome:
     deps.store_for(json_uri).write_bytes(json_uri, result.model_dump_json(indent=2).encode(), "application/json")
     logger.info("result written", extra={"image_id": result.image_id, "status": result.status, "error": result.error})
     return ImageOutcome(image=task.image, status=result.status, error=result.error, result_uri=json_uri)
+
+
+def _branch_ms(output: ClassifyOutput | TagOutput | BranchFailure) -> float | None:
+    return None if isinstance(output, BranchFailure) else output.ms
 
 
 def _variants_document(state: ImageState, deps: Dependencies) -> tuple[VariantsOutput | None, StepFailure | None]:

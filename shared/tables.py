@@ -46,6 +46,7 @@ _ARROW_TYPES: dict[object, pa.DataType] = {
     str: pa.string(),
     float: pa.float64(),
     int: pa.int32(),
+    float | None: pa.float64(),
     list[str]: pa.list_(pa.string()),
 }
 CAPTION_FIELDS = [
@@ -66,10 +67,15 @@ IMAGES_SCHEMA = pa.schema(
         ("height", pa.int32()),
         ("prompt", pa.string()),
         ("detections", pa.list_(DETECTION_STRUCT)),
+        # What each step took for this image (caption_ms is with the caption's columns, variants_ms with theirs)
+        ("detect_ms", pa.float64()),
+        ("classify_ms", pa.float64()),
+        ("tag_ms", pa.float64()),
         *CAPTION_FIELDS,
         ("variants_model", pa.string()),
         ("variant_uris", pa.list_(pa.string())),
         ("variant_seeds", pa.list_(pa.int64())),
+        ("variants_ms", pa.float64()),
         ("annotated_uri", pa.string()),
         ("result_uri", pa.string()),
         ("processed_at", pa.timestamp("ms", tz="UTC")),
@@ -121,6 +127,7 @@ def _variant_columns(result: ImageResult) -> dict[str, object]:
         "variants_model": variants.model if variants else None,
         "variant_uris": [v.uri for v in variants.images] if variants else [],
         "variant_seeds": [v.seed for v in variants.images] if variants else [],
+        "variants_ms": variants.ms if variants else None,
     }
 
 

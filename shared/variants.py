@@ -114,6 +114,7 @@ def load_generator(settings: VariantsSettings) -> SdGenerator:
 
 def run_variant_job(task: ImageTask, deps: Dependencies) -> VariantsOutput:
     """Generate the variants the task asks for, write them and their document; returns the document."""
+    started = time.perf_counter()
     request = requested_variants(task)
     init_image = None
     if request.mode == "img2img":
@@ -129,7 +130,8 @@ def run_variant_job(task: ImageTask, deps: Dependencies) -> VariantsOutput:
         picture.save(buffer, format="PNG")
         deps.store_for(uri).write_bytes(uri, buffer.getvalue(), "image/png")
         variants.append(Variant(uri=uri, seed=seed, seconds=seconds))
-    output = VariantsOutput(model=deps.generator.model_name, mode=request.mode, images=variants)
+    elapsed_ms = round((time.perf_counter() - started) * 1000, 1)
+    output = VariantsOutput(model=deps.generator.model_name, mode=request.mode, images=variants, ms=elapsed_ms)
     deps.store_for(document_uri).write_bytes(
         document_uri, output.model_dump_json(indent=2).encode(), "application/json"
     )

@@ -75,7 +75,12 @@ def test_the_steps_results_are_merged_into_one_row_per_image(workflow, fakes: Fa
     ]
     assert document.caption is not None and document.caption.caption == "Found 1 dog, 1 cat."
     assert fakes.store.objects[document.annotated_uri].startswith(b"\x89PNG")
+    # Each step's time for this image, in the document and in the row
+    assert all(ms is not None and ms > 0 for ms in (document.detect_ms, document.classify_ms, document.tag_ms))
+    assert document.caption.ms is not None and document.caption.ms > 0
     images = table_rows(fakes, "images")
+    row = next(row for row in images if row["image_id"] == document.image_id)
+    assert (row["detect_ms"], row["caption_ms"]) == (document.detect_ms, document.caption.ms)
     assert sorted(row["source_uri"] for row in images) == ["s3://in/a.jpg", "s3://in/b.png"]
     assert len(table_rows(fakes, "detections")) == 4
     # Fetches: Detect, Classify, Tag and WriteResult read the image once each; the caption needs no pixels.
@@ -104,6 +109,7 @@ def test_a_failed_describe_branch_keeps_the_other_branchs_results(
     assert (document.status, document.failed_step) == ("failed", failed_step)
     assert all(bool(d.class_label) is classes and bool(d.attributes) is attributes for d in document.detections)
     assert len(document.detections) == 2 and document.annotated_uri and document.caption
+    assert (document.classify_ms is not None) is classes and (document.tag_ms is not None) is attributes
     if broken == "classifier":
         assert document.error == "classify: ModelUnavailable: classifier weights are missing"
 
@@ -167,7 +173,7 @@ def test_variants_are_written_beside_the_result(workflow, fakes: FakeModels) -> 
 
     document = documents["s3://in/a.jpg"]
     assert document.status == "succeeded" and document.variants is not None
-    assert [v.seed for v in document.variants.images] == [5, 6]
+    assert [v.seed for v in document.variants.images] == [5, 6] and document.variants.ms > 0
     assert all(fakes.store.objects[v.uri].startswith(b"\x89PNG") for v in document.variants.images)
 
 

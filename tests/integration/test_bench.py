@@ -33,7 +33,11 @@ def test_a_short_bench_run_writes_its_report(tmp_path: Path) -> None:
     assert written["whole_image"] == report["whole_image"]
     assert set(written["steps"]) == {"detect", "classify", "tag", "caption"}
     assert all(step["pipeline_median_s"] > 0 and step["cold_start_s"] > 0 for step in written["steps"].values())
-    assert "| **whole image** |" in (tmp_path / "bench.md").read_text()
+    markdown = (tmp_path / "bench.md").read_text()
+    assert "| **whole image** |" in markdown
+    # The detect reference is the model card's recipe; transformers' pipeline() is a second, labelled row
+    assert written["detect_against_transformers_pipeline"]["transformers_pipeline_median_s"] > 0
+    assert '| detect, against `pipeline("zero-shot-object-detection")`' in markdown
 
 
 def test_the_ingest_bench_plans_a_prefix_from_its_listing_and_writes_its_report(tmp_path: Path) -> None:

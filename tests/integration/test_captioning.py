@@ -104,7 +104,9 @@ def test_the_caption_handler_emits_its_measurements_as_emf_metrics(
         image=ImageRef(image_id="0" * 16, source_uri=str(SAMPLES / "coffee.webp")),
         results_uri="/unused",
     )
-    event = ImageState(task=task, detection=DetectOutput(width=400, height=300, detections=[])).model_dump(mode="json")
+    event = ImageState(task=task, detection=DetectOutput(width=400, height=300, detections=[], ms=1.0)).model_dump(
+        mode="json"
+    )
     printed = io.StringIO()
     with redirect_stdout(printed):
         output = handler(event, LocalContext(function_name="caption", aws_request_id="test"))

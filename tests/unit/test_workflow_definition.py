@@ -142,7 +142,7 @@ IMAGE = ImageRef(image_id="0123456789abcdef", source_uri="s3://in/dog.jpg")
 MANIFEST = BatchManifest(batch_id="b-" + "1" * 20, request=REQUEST, images=[IMAGE], results_uri="s3://out")
 TASK = ImageTask(batch_id=MANIFEST.batch_id, request=REQUEST, image=IMAGE, results_uri="s3://out")
 DETECTION = DetectOutput(
-    width=64, height=48, detections=[Detection(label="dog", score=0.9, box=Box(x0=1, y0=2, x1=30, y1=40))]
+    width=64, height=48, detections=[Detection(label="dog", score=0.9, box=Box(x0=1, y0=2, x1=30, y1=40))], ms=9.5
 )
 FAILURE = StepFailure(Error="ImageRejected", Cause="file is empty")
 CAPTION = CaptionOutput(
@@ -154,8 +154,8 @@ OUTCOME = ImageOutcome(image=IMAGE, status="succeeded", result_uri="s3://out/res
 # is checked by validating the whole image state afterwards.
 CONTRACTS: dict[str, tuple[type[BaseModel] | None, BaseModel | dict[str, Any]]] = {
     "Detect": (ImageTask, DETECTION),
-    "Classify": (DescribeInput, ClassifyOutput(classes=[BoxClasses()])),
-    "Tag": (DescribeInput, TagOutput(tags=[BoxAttributes()])),
+    "Classify": (DescribeInput, ClassifyOutput(classes=[BoxClasses()], ms=1.0)),
+    "Tag": (DescribeInput, TagOutput(tags=[BoxAttributes()], ms=1.0)),
     "ClassifyFailed": (BranchFailure, BranchFailure(failure=FAILURE)),
     "TagFailed": (BranchFailure, BranchFailure(failure=FAILURE)),
     "Caption": (ImageState, CAPTION),
@@ -180,7 +180,10 @@ def full_state() -> dict[str, Any]:
         ImageState(
             task=TASK,
             detection=DETECTION,
-            description={"classify": ClassifyOutput(classes=[BoxClasses()]), "tag": BranchFailure(failure=FAILURE)},
+            description={
+                "classify": ClassifyOutput(classes=[BoxClasses()], ms=1.0),
+                "tag": BranchFailure(failure=FAILURE),
+            },
             caption=CAPTION,
             variants_task={"task_arn": "arn:aws:ecs:us-east-1:1:task/c/1"},
         )
@@ -222,7 +225,7 @@ def test_a_failed_describe_branch_becomes_a_branch_failure(name: str) -> None:
 
 def test_the_describe_results_are_selected_by_name_into_the_image_state() -> None:
     describe = STATES["Describe"]
-    results = [dumped(ClassifyOutput(classes=[BoxClasses()])), dumped(BranchFailure(failure=FAILURE))]
+    results = [dumped(ClassifyOutput(classes=[BoxClasses()], ms=1.0)), dumped(BranchFailure(failure=FAILURE))]
     after = ImageState.model_validate(state_output(describe, full_state(), results))
     assert after.description is not None and after.description.tag == BranchFailure(failure=FAILURE)
 

@@ -1,9 +1,10 @@
 """`annotate cost`: what the pipeline costs per 1,000 images and per month, from measured seconds and prices.
 
 Inputs: a bench report (seconds per step and cold starts, measured here on 2 cores: a Lambda function with
-3,538 MB or more has at least 2 vCPUs, so the figures are conservative for the memory sizes below) and the
-prices in ``shared/data/aws_prices.json``. Scenarios are the original study's: idle; 17,000 images a day, every
-day; bursts of 25,000 images a day on 10 days a month.
+3,538 MB or more has at least 2 vCPUs, so the figures are conservative for the memory sizes used), the prices in
+``tools/data/aws_prices.json``, and the functions' memory sizes as ``template.yaml`` deploys them by default.
+Scenarios are the original study's: idle; 17,000 images a day, every day; bursts of 25,000 images a day on 10
+days a month.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from tools.sam_template import load_template
 
 SECONDS_PER_MONTH = 30 * 24 * 3600
 HOURS_PER_MONTH = 30 * 24
@@ -31,14 +34,30 @@ STATES_PER_IMAGE = (
     "VariantsWanted",
     "WriteResult",
 )
-# Function memory in MB (the template's defaults) and the bench step whose seconds it bills.
-FUNCTIONS = {
-    "detect": (6144, "detect"),
-    "classify": (3008, "classify"),
-    "tag": (3008, "tag"),
-    "caption": (3008, "caption"),
-    "write_result": (1024, None),
+# The functions every image passes through (logical ids in template.yaml) and the bench step whose seconds each bills.
+BILLED_FUNCTIONS = {
+    "DetectFunction": "detect",
+    "ClassifyFunction": "classify",
+    "TagFunction": "tag",
+    "CaptionFunction": "caption",
+    "WriteResultFunction": None,
 }
+
+
+def billed_functions(template: dict[str, Any]) -> dict[str, tuple[int, str | None]]:
+    """Each billed function's memory in MB as the template deploys it by default (its MemorySize, or the default
+    of the parameter it names), with its bench step."""
+    parameters = template.get("Parameters", {})
+    billed = {}
+    for logical_id, step in BILLED_FUNCTIONS.items():
+        memory = template["Resources"][logical_id]["Properties"]["MemorySize"]
+        if isinstance(memory, dict):
+            memory = parameters[memory["Ref"]]["Default"]
+        billed[logical_id] = (int(memory), step)
+    return billed
+
+
+FUNCTIONS = billed_functions(load_template())
 WRITE_RESULT_SECONDS = 0.3  # drawing and writing one result; not benchmarked
 S3_GETS_PER_IMAGE, S3_PUTS_PER_IMAGE = 5, 2  # Detect, Classify, Tag, WriteResult x2 read; JSON and PNG written
 SQS_REQUESTS_PER_IMAGE = 3  # send, receive, delete

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -97,3 +98,20 @@ def test_annotate_cost_writes_the_table_and_the_chart(tmp_path) -> None:
     bench.write_text("{}")
     result = CliRunner().invoke(app, ["cost", "--bench", str(bench), "--out-dir", str(tmp_path)])
     assert result.exit_code == 2 and "not what annotate bench writes" in result.output
+
+
+def test_the_functions_memory_is_what_the_template_deploys() -> None:
+    from tools.cost import FUNCTIONS, billed_functions
+    from tools.sam_template import load_template
+
+    # GIVEN the template, and a copy whose Detect memory parameter defaults to twice as much
+    template = load_template()
+    doubled = copy.deepcopy(template)
+    parameter = template["Resources"]["DetectFunction"]["Properties"]["MemorySize"]["Ref"]
+    doubled["Parameters"][parameter]["Default"] = 2 * int(template["Parameters"][parameter]["Default"])
+
+    # THEN the cost model bills each function at the template's memory: Detect's from its parameter
+    assert billed_functions(template) == FUNCTIONS
+    assert billed_functions(doubled)["DetectFunction"][0] == 2 * FUNCTIONS["DetectFunction"][0]
+    write_result = template["Resources"]["WriteResultFunction"]["Properties"]
+    assert FUNCTIONS["WriteResultFunction"][0] == write_result["MemorySize"]  # a literal size

@@ -8,17 +8,53 @@ shared between environments (connections, random state) is made anew.
 
 from __future__ import annotations
 
+import contextlib
 import random
+from pathlib import Path
+from typing import Any
 
 from shared.dependencies import Step, dependencies_of
 from shared.observability import logger
 from shared.settings import get_settings
 from shared.storage import refresh_clients
 
+# The instruction sets that decide which kernels torch, ONNX Runtime and llama.cpp take. x86 Lambda promises AVX2
+# only, arm64 Lambda is Graviton2 (dot products, no bf16): what a measurement here assumed may be absent there.
+WATCHED_CPU_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_bf16",
+    "asimddp",
+    "bf16",
+    "i8mm",
+    "sve",
+)
+
+
+def cpu_features(cpuinfo: str) -> dict[str, Any]:
+    """The CPU's name and which of :data:`WATCHED_CPU_FLAGS` it has, from ``/proc/cpuinfo``'s text."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    name = fields.get("model name") or f"{fields.get('CPU implementer', '?')}/{fields.get('CPU part', '?')}"
+    return {"cpu": name, "cpu_flags": [flag for flag in WATCHED_CPU_FLAGS if flag in flags]}
+
+
+def log_cpu() -> None:
+    """Say which CPU this environment runs on: Lambda's hardware is mixed, and a restored snapshot may move."""
+    with contextlib.suppress(OSError):  # not Linux: nothing to say
+        logger.info("cpu", extra=cpu_features(Path("/proc/cpuinfo").read_text()))
+
 
 def prepare_function(step: Step) -> None:
-    """Called at a model function's module scope: build its dependencies (its model) now, or just before the
-    SnapStart snapshot."""
+    """Called at a model function's module scope: log the CPU, and build the function's dependencies (its model)
+    now, or just before the SnapStart snapshot."""
+    log_cpu()
     if not get_settings().preload_models:
         return
     try:
@@ -38,3 +74,4 @@ def refresh_after_restore() -> None:
     random.seed()
     np.random.seed()
     logger.info("restored from snapshot")
+    log_cpu()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -55,3 +56,30 @@ def test_nothing_loads_at_init_unless_asked(built: list[Step]) -> None:
     use_settings(Settings(preload_models=False))
     warmup.prepare_function(Step.DETECT)
     assert built == []
+
+
+X86_CPUINFO = """processor\t: 0
+model name\t: Intel(R) Xeon(R) Platinum 8488C
+flags\t\t: fpu sse2 avx avx2 avx512f avx512_vnni avx512_bf16 amx_tile amx_bf16
+"""
+GRAVITON2_CPUINFO = """processor\t: 0
+BogoMIPS\t: 243.75
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp
+CPU implementer\t: 0x41
+CPU part\t: 0xd0c
+"""
+
+
+def test_the_cpu_and_the_flags_that_pick_kernels_are_read_on_x86_and_arm() -> None:
+    assert warmup.cpu_features(X86_CPUINFO) == {
+        "cpu": "Intel(R) Xeon(R) Platinum 8488C",
+        "cpu_flags": ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"],
+    }
+    assert warmup.cpu_features(GRAVITON2_CPUINFO) == {"cpu": "0x41/0xd0c", "cpu_flags": ["asimddp"]}  # no bf16
+
+
+def test_every_model_function_logs_its_cpu_at_init(capsys: pytest.CaptureFixture[str]) -> None:
+    use_settings(Settings(preload_models=False))
+    warmup.prepare_function(Step.DETECT)
+    [record] = [json.loads(line) for line in capsys.readouterr().err.splitlines() if '"cpu"' in line]
+    assert record["message"] == "cpu" and record["cpu"] and isinstance(record["cpu_flags"], list)

@@ -79,7 +79,14 @@ def test_the_cpu_and_the_flags_that_pick_kernels_are_read_on_x86_and_arm() -> No
 
 
 def test_every_model_function_logs_its_cpu_at_init(capsys: pytest.CaptureFixture[str]) -> None:
+    from shared.observability import logger
+
     use_settings(Settings(preload_models=False))
-    warmup.prepare_function(Step.DETECT)
+    level = logger.log_level
+    logger.setLevel("INFO")  # as in Lambda (the CLI quiets it to warnings)
+    try:
+        warmup.prepare_function(Step.DETECT)
+    finally:
+        logger.setLevel(level)
     [record] = [json.loads(line) for line in capsys.readouterr().err.splitlines() if '"cpu"' in line]
     assert record["message"] == "cpu" and record["cpu"] and isinstance(record["cpu_flags"], list)

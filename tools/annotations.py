@@ -22,7 +22,9 @@ _ATTRIBUTE_ROWS: dict[Engine, tuple[str, str]] = {
 
 
 @dataclass(frozen=True)
-class Box:
+class LabelledBox:
+    """A detected box with its class and attribute values, flat, as the exports and the gallery show it."""
+
     label: str
     score: float
     x0: float
@@ -46,7 +48,7 @@ class AnnotatedImage:
     annotated_uri: str | None
     error: str | None
     processed_at: Any
-    boxes: list[Box] = field(default_factory=list)
+    boxes: list[LabelledBox] = field(default_factory=list)
 
     @property
     def labels(self) -> list[str]:
@@ -83,10 +85,10 @@ def read_annotated_images(query: Query, where: str | None = None, engine: Engine
     values: dict[tuple[str, str, int], dict[str, str]] = defaultdict(dict)
     for row in attributes:
         values[(row["image_id"], row["batch_id"], int(row["detection_index"]))][row["name"]] = row["value"]
-    per_image: dict[tuple[str, str], list[tuple[int, Box]]] = defaultdict(list)
+    per_image: dict[tuple[str, str], list[tuple[int, LabelledBox]]] = defaultdict(list)
     for row in boxes:
         key = (row["image_id"], row["batch_id"], int(row["detection_index"]))
-        box = Box(
+        box = LabelledBox(
             label=row["label"],
             score=float(row["score"]),
             **{corner: float(row[corner]) for corner in ("x0", "y0", "x1", "y1")},

@@ -15,6 +15,7 @@ from typing import Any
 
 from shared.contracts import BatchManifest, PromptMessage
 from shared.settings import Settings
+from tools.sam_template import load_template
 
 BUCKET = "bench-ingest-input"
 REGION = "us-east-1"
@@ -80,7 +81,7 @@ def run_ingest_bench(objects: int, out_dir: Path, progress: Callable[[str], None
         "planning": {"seconds": round(planned_s, 2), "requests": planned_requests, "peak_python_mb": round(peak_mb, 1)},
         "head_per_object": {"seconds": round(head_s, 2), "requests": head_requests},
         "moto_head_median_ms": head_latency,
-        "ingest_timeout_s": 60,
+        "ingest_timeout_s": load_template()["Resources"]["IngestFunction"]["Properties"]["Timeout"],
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "ingest.json").write_text(json.dumps(report, indent=2) + "\n")

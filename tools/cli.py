@@ -318,14 +318,14 @@ def _annotated_images(where: str | None, data_dir: Path, stack: str | None) -> l
     from tools.athena import run_athena_query
     from tools.query import run_local_query
 
-    def query(sql: str) -> Any:
-        if not stack:
-            return run_local_query(sql, data_dir)
-        outputs = _outputs(stack)
+    if stack:
+        outputs = _outputs(stack, "AthenaWorkGroupName", "GlueDatabaseName")
         athena = Settings(
             athena_workgroup=outputs["AthenaWorkGroupName"], athena_database=outputs["GlueDatabaseName"]
         ).athena
-        return run_athena_query(sql, athena)
+
+    def query(sql: str) -> Any:
+        return run_athena_query(sql, athena) if stack else run_local_query(sql, data_dir)
 
     try:
         return read_annotated_images(query, where, "athena" if stack else "duckdb")
@@ -333,12 +333,12 @@ def _annotated_images(where: str | None, data_dir: Path, stack: str | None) -> l
         raise _fail(str(error)) from None
 
 
-def _outputs(stack: str) -> dict[str, str]:
+def _outputs(stack: str, *required: str) -> dict[str, str]:
     from shared.errors import RequestRejected
     from tools.aws_stack import stack_outputs
 
     try:
-        return stack_outputs(stack)
+        return stack_outputs(stack, required)
     except RequestRejected as error:
         raise _fail(str(error)) from None
 
@@ -436,7 +436,7 @@ def _statuses(what: str | None, data_dir: Path, stack: str | None) -> list[Any]:
     if stack:
         import boto3
 
-        outputs = _outputs(stack)
+        outputs = _outputs(stack, "ResultsBucketName", "StateMachineArn")
         results_root = f"s3://{outputs['ResultsBucketName']}"
         executions = status.step_functions_executions(boto3.client("stepfunctions"), outputs["StateMachineArn"])
     else:

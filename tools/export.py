@@ -20,7 +20,7 @@ from PIL import Image
 from shared.errors import ImageRejected
 from shared.images import decode_image
 from shared.storage import StoreFor
-from tools.annotations import AnnotatedImage, Box
+from tools.annotations import AnnotatedImage, LabelledBox
 
 IMAGES_FOLDER = "images"
 EXIF_ORIENTATION = 0x0112
@@ -134,7 +134,7 @@ def _write_yolo(kept: list[tuple[AnnotatedImage, str]], out_dir: Path) -> None:
     (out_dir / "data.yaml").write_text("\n".join(data) + "\n")
 
 
-def _yolo_box(box: Box, width: int, height: int) -> str:
+def _yolo_box(box: LabelledBox, width: int, height: int) -> str:
     """Centre x, centre y, width, height, each a fraction of the image's side."""
     values = (
         (box.x0 + box.x1) / 2 / width,

@@ -44,7 +44,7 @@ def stack_model_uris(stack_name: str, cloudformation: Any = None) -> dict[str, s
     Raises:
         RequestRejected: the stack does not exist or has no model outputs.
     """
-    outputs = stack_outputs(stack_name, cloudformation)
+    outputs = stack_outputs(stack_name, cloudformation=cloudformation)
     uris = {name: outputs[name] for name in MODEL_OUTPUTS if name in outputs}
     if not uris:
         raise RequestRejected(f"stack {stack_name!r} has no model outputs ({', '.join(MODEL_OUTPUTS)})")

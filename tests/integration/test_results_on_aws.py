@@ -209,3 +209,12 @@ def test_the_gallery_of_a_stack_shows_its_pictures_by_presigned_urls(stack: Any,
 
     assert "https://annotate-results.s3.amazonaws.com/results/" in page and "Expires=" in page
     assert not (tmp_path / "pictures").exists()  # nothing copied: the page links the bucket, for a while
+
+
+def test_a_stack_of_another_template_is_named_as_such(stack: Any) -> None:
+    other = {"Resources": {"Bucket": {"Type": "AWS::S3::Bucket"}}}
+    boto3.client("cloudformation", region_name=REGION).create_stack(StackName="other", TemplateBody=json.dumps(other))
+
+    code, output = annotate("status", "--last", "--stack", "other")
+
+    assert code == 2 and "stack 'other' has no output ResultsBucketName, StateMachineArn" in output

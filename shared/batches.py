@@ -1,11 +1,14 @@
-"""From a prompt message to batch manifests: expand folders and prefixes, name images and batches by content."""
+"""From a prompt message to batches of image groups: expand folders and prefixes, name images and batches by content."""
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
-from shared.contracts import AnnotationRequest, BatchManifest, ImageRef, PromptMessage
+from shared.contracts import AnnotationRequest, BatchInput, ImageGroup, ImageRef, PromptMessage
+from shared.settings import IngestSettings
 from shared.storage import StoreFor, is_s3
 
 
@@ -41,15 +44,41 @@ def batch_id(request: AnnotationRequest, images: list[ImageRef]) -> str:
     return f"b-{digest.hexdigest()[:20]}"
 
 
+@dataclass(frozen=True)
+class PlannedBatch:
+    """An execution's input and the groups its Distributed Map reads from the groups manifest."""
+
+    input: BatchInput
+    groups: list[ImageGroup]
+
+    def groups_manifest(self) -> bytes:
+        return b"[" + b",".join(group.model_dump_json().encode() for group in self.groups) + b"]"
+
+
 def plan_batches(
-    message: PromptMessage, max_images_per_batch: int, results_uri: str, store_for: StoreFor
-) -> list[BatchManifest]:
-    """The manifests of the executions that annotate everything ``message`` names."""
+    message: PromptMessage, settings: IngestSettings, store_for: StoreFor, now: datetime | None = None
+) -> list[PlannedBatch]:
+    """The executions that annotate everything ``message`` names: one, unless it names more images than one
+    execution takes (``max_images_per_batch``), each in groups of ``images_per_group``."""
     request = message.request()
+    planned_at = now or datetime.now(UTC)
     refs = [image_ref(uri, fingerprint) for uri, fingerprint in expand_locations(message.images, store_for).items()]
-    size = max_images_per_batch
-    chunks = [refs[start : start + size] for start in range(0, len(refs), size)]
-    return [
-        BatchManifest(batch_id=batch_id(request, chunk), request=request, images=chunk, results_uri=results_uri)
-        for chunk in chunks
-    ]
+    batches = []
+    for start in range(0, len(refs), settings.max_images_per_batch):
+        chunk = refs[start : start + settings.max_images_per_batch]
+        size = settings.images_per_group
+        groups = [
+            ImageGroup(group_id=f"g-{index:06d}", images=chunk[offset : offset + size])
+            for index, offset in enumerate(range(0, len(chunk), size))
+        ]
+        batch = BatchInput(
+            batch_id=batch_id(request, chunk),
+            request=request,
+            results_uri=settings.results_root,
+            planned_at=planned_at,
+            images=len(chunk),
+            groups=len(groups),
+            group_concurrency=settings.group_concurrency,
+        )
+        batches.append(PlannedBatch(input=batch, groups=groups))
+    return batches

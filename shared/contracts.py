@@ -11,7 +11,7 @@ import json
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -104,6 +104,9 @@ class AnnotationRequest(Frozen):
         "text", description="json: the LLM is constrained to {'caption': str, 'tags': [str]}"
     )
     variants: VariantsRequest | None = Field(None, description="Generate variants of each image (on Fargate)")
+    job_id: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9._:/-]{1,128}$", description="The sender's name for this work; every row keeps it"
+    )
 
     @field_validator("prompt")
     @classmethod
@@ -185,13 +188,46 @@ class ImageRef(Frozen):
     source_uri: str
 
 
-class BatchManifest(Frozen):
-    """One workflow execution's input: the images of a batch and the request for all of them."""
+MAX_IMAGES_PER_GROUP = 50
+
+
+class ImageGroup(Frozen):
+    """A child workflow's share of a batch: images annotated together and written as one table file."""
+
+    group_id: str = Field(pattern=r"^g-\d{6}$")
+    images: list[ImageRef] = Field(min_length=1, max_length=MAX_IMAGES_PER_GROUP)
+
+
+class BatchInput(Frozen):
+    """One workflow execution's input. Its images are in the groups manifest (``groups_uri``), a JSON array of
+    :class:`ImageGroup` that the Distributed Map reads, so the input stays small however many images there are."""
 
     batch_id: str = Field(pattern=r"^b-[0-9a-f]{20}$", description="Hash of the inputs' content and request")
     request: AnnotationRequest
-    images: list[ImageRef] = Field(min_length=1)
-    results_uri: str = Field(description="Root under which results and tables are written")
+    results_uri: str = Field(description="Root under which manifests, results and tables are written")
+    planned_at: datetime = Field(description="When ingest planned the batch; its rows' partition day")
+    images: int = Field(ge=1, description="How many images the groups hold")
+    groups: int = Field(ge=1)
+    group_concurrency: int = Field(ge=1, le=10_000, description="Child workflows running at once (MaxConcurrencyPath)")
+
+    @property
+    def groups_uri(self) -> str:
+        return groups_manifest_uri(self.results_uri, self.batch_id)
+
+
+def groups_manifest_uri(results_uri: str, batch_id: str) -> str:
+    """Where a batch's groups manifest is; the ASL's ItemReader names the same key (a test keeps them equal)."""
+    return f"{results_uri.rstrip('/')}/manifests/{batch_id}.groups.json"
+
+
+class GroupTask(Frozen):
+    """A child workflow's input: its group and what the whole batch shares (the Distributed Map's ItemSelector)."""
+
+    batch_id: str
+    request: AnnotationRequest
+    results_uri: str
+    planned_at: datetime
+    group: ImageGroup
 
 
 class Box(Frozen):
@@ -275,6 +311,16 @@ class FailedStep(StrEnum):
     CAPTION = "caption"
     VARIANTS = "variants"
     WRITE_RESULT = "write_result"
+    GROUP = "group"  # the image's group never wrote its rows (its child workflow failed)
+
+
+class MadeBy(Frozen):
+    """Which model made a step's output, and the settings of that step that change it (rows keep both)."""
+
+    model: str = ""
+    settings: dict[str, str | int | float | bool | list[str] | dict[str, list[str]] | None] = Field(
+        default_factory=dict
+    )
 
 
 class DetectOutput(Frozen):
@@ -282,6 +328,7 @@ class DetectOutput(Frozen):
     height: int = Field(gt=0)
     detections: list[Detection]
     ms: float = Field(ge=0, description="Time this step took for the image, fetch and decode included")
+    made_by: MadeBy = Field(default_factory=MadeBy)
 
 
 class DescribeInput(Frozen):
@@ -299,6 +346,7 @@ class BoxClasses(Frozen):
 class ClassifyOutput(Frozen):
     classes: list[BoxClasses] = Field(description="One entry per detection, in order")
     ms: float = Field(ge=0, description="Time this step took for the image, fetch and decode included")
+    made_by: MadeBy = Field(default_factory=MadeBy)
 
 
 class BoxAttributes(Frozen):
@@ -309,6 +357,7 @@ class BoxAttributes(Frozen):
 class TagOutput(Frozen):
     tags: list[BoxAttributes] = Field(description="One entry per detection, in order")
     ms: float = Field(ge=0, description="Time this step took for the image, fetch and decode included")
+    made_by: MadeBy = Field(default_factory=MadeBy)
 
 
 class BranchFailure(Frozen):
@@ -394,6 +443,7 @@ class ImageResult(Frozen):
     image_id: str
     source_uri: str
     batch_id: str
+    job_id: str | None = None
     status: Status
     error: str | None = None
     failed_step: str | None = None
@@ -404,6 +454,9 @@ class ImageResult(Frozen):
     detect_ms: float | None = None
     classify_ms: float | None = None
     tag_ms: float | None = None
+    made_by: dict[str, MadeBy] = Field(
+        default_factory=dict, description="Per step (detect, classify, tag): its model and output-changing settings"
+    )
     caption: CaptionOutput | None = None
     variants: VariantsOutput | None = None
     annotated_uri: str | None = None
@@ -411,16 +464,43 @@ class ImageResult(Frozen):
     processed_at: datetime
 
 
-class WriteTableInput(Frozen):
+class WriteGroupTableInput(Frozen):
+    """WriteGroupTable's input: the group's outcomes, each image's full record being in its result document."""
+
     batch_id: str
+    group_id: str
     request: AnnotationRequest
     results_uri: str
+    planned_at: datetime
     outcomes: list[ImageOutcome]
 
 
-class BatchSummary(Frozen):
+class GroupSummary(Frozen):
+    """A child workflow's output, also kept as ``batches/<batch_id>/groups/<group_id>.json``."""
+
     batch_id: str
+    group_id: str
     succeeded: int
     failed: int
     images_table_uri: str
     detections_table_uri: str
+
+
+class SummarizeInput(BatchInput):
+    """The execution's state after the Distributed Map: its input, and the map's error when it failed."""
+
+    map_run: dict[str, Any] | None = Field(None, description="The Map's ResultWriter details")
+    error: StepFailure | None = None
+
+
+class BatchSummary(Frozen):
+    """The batch's last word, kept as ``batches/<batch_id>/summary.json`` and returned as the execution's output."""
+
+    batch_id: str
+    images: int
+    succeeded: int
+    failed: int
+    groups: int
+    unfinished_groups: list[str] = Field(description="Groups whose child workflow wrote no summary")
+    error: StepFailure | None = None
+    summary_uri: str

@@ -7,10 +7,11 @@ in force with :func:`use_dependencies` and run the same handlers and workflow.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from shared.contracts import MadeBy
 from shared.settings import ImageLimits, Settings, get_settings
 from shared.storage import StoreFor, store_for
 
@@ -30,7 +31,8 @@ class Step(StrEnum):
     TAG = "tag"
     CAPTION = "caption"
     WRITE_RESULT = "write_result"
-    WRITE_TABLE = "write_table"
+    WRITE_GROUP_TABLE = "write_group_table"
+    SUMMARIZE_BATCH = "summarize_batch"
     VARIANTS = "variants"
 
 
@@ -41,6 +43,7 @@ class Dependencies:
     store_for: StoreFor
     image_limits: ImageLimits
     crop_margin: float = 0.1
+    made_by: MadeBy = field(default_factory=MadeBy)
     detector: Detector | None = None
     classifier: Classifier | None = None
     tagger: Tagger | None = None
@@ -54,15 +57,32 @@ def build_dependencies(step: Step, settings: Settings) -> Dependencies:
     if step is Step.DETECT:
         from shared.detection import load_detector
 
-        return replace(common, detector=load_detector(settings.detection))
+        detection = settings.detection
+        made_by = MadeBy(
+            model=detection.detector_model,
+            settings=detection.model_dump(
+                include={"detection_short_side", "detector_bf16", "max_detections", "nms_iou"}
+            ),
+        )
+        return replace(common, detector=load_detector(detection), made_by=made_by)
     if step is Step.CLASSIFY:
         from shared.classification import load_classifier
 
-        return replace(common, classifier=load_classifier(settings.description))
+        description = settings.description
+        made_by = MadeBy(
+            model=description.classifier_model,
+            settings=description.model_dump(include={"class_filter", "describe_runtime", "crop_margin"}),
+        )
+        return replace(common, classifier=load_classifier(description), made_by=made_by)
     if step is Step.TAG:
         from shared.tagging import load_tagger
 
-        return replace(common, tagger=load_tagger(settings.description))
+        description = settings.description
+        tagger = load_tagger(description)
+        made_by = MadeBy(
+            model=tagger.name, settings=description.model_dump(include={"describe_runtime", "crop_margin"})
+        )
+        return replace(common, tagger=tagger, made_by=made_by)
     if step is Step.CAPTION:
         from shared.captioning import load_captioner
 

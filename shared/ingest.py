@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -19,7 +20,7 @@ from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEve
 from pydantic import ValidationError
 
 from shared.batches import plan_batches
-from shared.contracts import BatchManifest, PromptMessage
+from shared.contracts import AnnotationRequest, BatchInput, PromptMessage
 from shared.errors import RequestRejected, TransientError, validation_reason
 from shared.observability import MetricUnit, logger, metrics, tracer
 from shared.settings import IngestSettings
@@ -30,7 +31,7 @@ MAX_MESSAGE_BYTES = 256 * 1024  # SQS's own limit; a local file may not exceed i
 
 
 class WorkflowStarter(Protocol):
-    def start(self, manifest: BatchManifest, name: str) -> str:
+    def start(self, batch: BatchInput, name: str) -> str:
         """Start one execution; starting the same ``name`` again must not start a second one."""
         ...
 
@@ -106,7 +107,8 @@ def start_batches(
     store_for: StoreFor,
     allowed_buckets: Collection[str] | None = None,
 ) -> list[str]:
-    """Plan the message's batches, keep their manifests beside the results, and start one execution each.
+    """Plan the message's batches, write each one's input and groups manifest beside the results, and start one
+    execution each (one per message unless it names more than ``max_images_per_batch`` images).
 
     ``allowed_buckets`` is AWS mode: only ``s3://`` locations in those buckets are accepted (None: local mode).
     """
@@ -114,25 +116,77 @@ def start_batches(
         refuse_outside_buckets(message.images, allowed_buckets)
     if message.variants is not None and not settings.variants_enabled:
         raise RequestRejected("the message asks for variants, but this stack was deployed without them")
-    manifests = plan_batches(message, settings.max_images_per_batch, settings.results_root, store_for)
-    if not manifests:
+    batches = plan_batches(message, settings, store_for)
+    if not batches:
         raise RequestRejected("the message's locations hold no images: " + ", ".join(message.images[:5]))
     started = []
-    for index, manifest in enumerate(manifests):
-        uri = join_uri(settings.results_root, MANIFESTS_PREFIX, f"{manifest.batch_id}.json")
-        store_for(uri).write_bytes(uri, manifest.model_dump_json(indent=2).encode(), "application/json")
-        started.append(starter.start(manifest, execution_name(manifest.batch_id, f"{delivery}#{index}")))
+    for index, batch in enumerate(batches):
+        groups_uri = batch.input.groups_uri
+        store_for(groups_uri).write_bytes(groups_uri, batch.groups_manifest(), "application/json")
+        input_uri = batch_input_uri(settings.results_root, batch.input.batch_id)
+        store_for(input_uri).write_bytes(input_uri, batch.input.model_dump_json(indent=2).encode(), "application/json")
+        started.append(starter.start(batch.input, execution_name(batch.input.batch_id, f"{delivery}#{index}")))
     logger.info("batches started", extra={"delivery": delivery, "batches": len(started), "executions": started})
     metrics.add_metric(name="BatchesStarted", unit=MetricUnit.Count, value=len(started))
-    metrics.add_metric(name="ImagesStarted", unit=MetricUnit.Count, value=sum(len(m.images) for m in manifests))
+    metrics.add_metric(name="ImagesStarted", unit=MetricUnit.Count, value=sum(b.input.images for b in batches))
     return started
+
+
+def batch_input_uri(results_root: str, batch_id: str) -> str:
+    return join_uri(results_root, MANIFESTS_PREFIX, f"{batch_id}.json")
 
 
 @dataclass
 class _S3Group:
+    """The S3 events of one SQS batch, started as one execution."""
+
     record_ids: list[str] = field(default_factory=list)
-    uris: list[str] = field(default_factory=list)
-    identities: list[str] = field(default_factory=list)
+    events: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def uris(self) -> list[str]:
+        return [f"s3://{event['bucket']}/{event['key']}" for event in self.events]
+
+
+class S3EventClaims:
+    """Which S3 events this invocation is the first to start (Powertools Idempotency on a DynamoDB table).
+
+    An event is the object (bucket, key, ETag) under the request it is annotated with: delivered again, in this
+    SQS batch or another, it is claimed already and skipped, so the image gets one row. Claims are released when
+    the execution that was to annotate them could not be started, so a retry of the message can claim them again.
+    """
+
+    def __init__(self, settings: IngestSettings, request_digest: str, token: str) -> None:
+        from aws_lambda_powertools.utilities.idempotency import (
+            DynamoDBPersistenceLayer,
+            IdempotencyConfig,
+            idempotent_function,
+        )
+
+        self._persistence = DynamoDBPersistenceLayer(
+            table_name=settings.idempotency_table, boto3_client=_dynamodb_client()
+        )
+        self._request_digest = request_digest
+        config = IdempotencyConfig(
+            expires_after_seconds=settings.idempotency_expiry_s, raise_on_no_idempotency_key=True
+        )
+
+        @idempotent_function(data_keyword_argument="event", persistence_store=self._persistence, config=config)
+        def claim(event: dict[str, str]) -> dict[str, str]:
+            return {"token": token}
+
+        self._claim = claim
+        self._token = token
+
+    def _data(self, event: dict[str, str]) -> dict[str, str]:
+        return {"object": f"{event['bucket']}/{event['key']}", "etag": event["etag"], "request": self._request_digest}
+
+    def claim(self, event: dict[str, str]) -> bool:
+        """True when this invocation is the first to claim ``event``."""
+        return bool(self._claim(event=self._data(event))["token"] == self._token)
+
+    def release(self, event: dict[str, str], reason: Exception) -> None:
+        self._persistence.delete_record(self._data(event), reason)
 
 
 def ingest_sqs_batch(
@@ -141,10 +195,12 @@ def ingest_sqs_batch(
     starter: WorkflowStarter,
     store_for: StoreFor,
     allowed_buckets: Collection[str] | None = None,
+    invocation_id: str = "",
 ) -> dict[str, Any]:
     """Handle one SQS batch: each prompt message starts its own batches; the S3 events are grouped into one.
 
-    ``allowed_buckets``: AWS mode, see :func:`start_batches`.
+    ``allowed_buckets``: AWS mode, see :func:`start_batches`. ``invocation_id`` (Lambda's request id) tells this
+    invocation's claims on S3 events from earlier ones (see :class:`S3EventClaims`).
 
     Returns the partial batch response: the records that failed (a malformed message, a start that failed)
     come back to the queue, and after the queue's receive limit reach its dead-letter queue; the rest succeed.
@@ -163,21 +219,60 @@ def ingest_sqs_batch(
             raise
         detail = parsed.detail
         s3_group.record_ids.append(record.message_id)
-        s3_group.uris.append(f"s3://{detail.bucket.name}/{detail.object.key}")
-        s3_group.identities.append(f"{detail.bucket.name}/{detail.object.key}@{detail.object.sequencer}")
+        s3_group.events.append(
+            {
+                "bucket": detail.bucket.name,
+                "key": detail.object.key,
+                "etag": detail.object.etag or detail.object.sequencer or "",
+            }
+        )
 
     processor = BatchProcessor(event_type=EventType.SQS)
     with processor(records=event.get("Records", []), handler=handle):
         processor.process()
     response: dict[str, Any] = dict(processor.response())
-    if s3_group.uris:
-        message = PromptMessage(prompt=settings.ingest_prompt, images=s3_group.uris)
-        try:
-            start_batches(message, "|".join(sorted(s3_group.identities)), settings, starter, store_for, allowed_buckets)
-        except Exception:
-            logger.exception("starting the S3 batch failed", extra={"images": len(s3_group.uris)})
-            response["batchItemFailures"] += [{"itemIdentifier": record_id} for record_id in s3_group.record_ids]
+    if s3_group.events:
+        response["batchItemFailures"] += _start_s3_group(
+            s3_group, settings, starter, store_for, allowed_buckets, invocation_id or uuid.uuid4().hex
+        )
     return response
+
+
+def _start_s3_group(
+    group: _S3Group,
+    settings: IngestSettings,
+    starter: WorkflowStarter,
+    store_for: StoreFor,
+    allowed_buckets: Collection[str] | None,
+    invocation_id: str,
+) -> list[dict[str, str]]:
+    """Start the S3 events not started before as one batch; returns the records to retry."""
+    request = AnnotationRequest(prompt=settings.ingest_prompt)
+    claims = None
+    events, record_ids = group.events, group.record_ids
+    if settings.idempotency_table:
+        digest = hashlib.sha256(request.model_dump_json().encode()).hexdigest()
+        claims = S3EventClaims(settings, digest, invocation_id)
+        first = [claims.claim(event) for event in events]
+        duplicates = [event for event, claimed in zip(events, first, strict=True) if not claimed]
+        if duplicates:
+            logger.info("S3 events already started", extra={"events": duplicates[:20], "count": len(duplicates)})
+            metrics.add_metric(name="DuplicateEvents", unit=MetricUnit.Count, value=len(duplicates))
+        record_ids = [record for record, claimed in zip(record_ids, first, strict=True) if claimed]
+        events = [event for event, claimed in zip(events, first, strict=True) if claimed]
+    if not events:
+        return []
+    message = PromptMessage(prompt=settings.ingest_prompt, images=[f"s3://{e['bucket']}/{e['key']}" for e in events])
+    identities = "|".join(sorted(f"{e['bucket']}/{e['key']}@{e['etag']}" for e in events))
+    try:
+        start_batches(message, identities, settings, starter, store_for, allowed_buckets)
+    except Exception as error:
+        logger.exception("starting the S3 batch failed", extra={"images": len(events)})
+        if claims is not None:
+            for event in events:
+                claims.release(event, error)
+        return [{"itemIdentifier": record_id} for record_id in record_ids]
+    return []
 
 
 class StepFunctionsStarter:
@@ -187,23 +282,31 @@ class StepFunctionsStarter:
         self._sfn = client
         self._arn = state_machine_arn
 
-    def start(self, manifest: BatchManifest, name: str) -> str:
+    def start(self, batch: BatchInput, name: str) -> str:
         from botocore.exceptions import ClientError
 
         try:
             return str(
-                self._sfn.start_execution(stateMachineArn=self._arn, name=name, input=manifest.model_dump_json())[
+                self._sfn.start_execution(stateMachineArn=self._arn, name=name, input=batch.model_dump_json())[
                     "executionArn"
                 ]
             )
         except ClientError as error:
             code = error.response.get("Error", {}).get("Code", "")
             if code == "ExecutionAlreadyExists":
-                logger.info("execution already started", extra={"name": name})
+                logger.info("execution already started", extra={"execution_name": name})
                 return self._arn.replace(":stateMachine:", ":execution:") + f":{name}"
             if code in {"ThrottlingException", "ServiceUnavailable", "InternalFailure"}:
                 raise TransientError(f"StartExecution failed: {error}") from error
             raise
+
+
+@functools.cache
+def _dynamodb_client() -> Any:
+    """One client per process (the region is boto3's own resolution, the function's region in Lambda)."""
+    import boto3
+
+    return boto3.client("dynamodb")
 
 
 @functools.cache
@@ -217,3 +320,9 @@ def deployed_starter(state_machine_arn: str) -> StepFunctionsStarter:
     if not state_machine_arn:
         raise RequestRejected("ANNOTATE_STATE_MACHINE_ARN is not set")
     return StepFunctionsStarter(boto3.client("stepfunctions"), state_machine_arn)
+
+
+def refresh_clients() -> None:
+    """New AWS clients on next use (a test's or the rehearsal's fresh moto, or a new region)."""
+    _dynamodb_client.cache_clear()
+    deployed_starter.cache_clear()

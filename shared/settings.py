@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
+from shared.contracts import MAX_IMAGES_PER_GROUP
+
 
 class Profile(StrEnum):
     DEFAULT = "default"
@@ -121,6 +123,10 @@ class VariantsSettings(ModelFiles):
 class IngestSettings(_Section):
     ingest_prompt: str
     max_images_per_batch: int
+    images_per_group: int
+    group_concurrency: int
+    idempotency_table: str
+    idempotency_expiry_s: int
     input_buckets: list[str]
     variants_enabled: bool
     state_machine_arn: str
@@ -203,7 +209,24 @@ class Settings(BaseSettings):
         le=200_000_000,
         description="Largest accepted width x height, checked before decode",
     )
-    max_images_per_batch: int = Field(500, ge=1, le=5_000, description="Largest batch one execution runs")
+    max_images_per_batch: int = Field(
+        1_000_000, ge=1, le=10_000_000, description="Most images one execution annotates; more start more executions"
+    )
+    images_per_group: int = Field(
+        10, ge=1, le=MAX_IMAGES_PER_GROUP, description="Images per child workflow (and per table file)"
+    )
+    group_concurrency: int = Field(
+        40,
+        ge=1,
+        le=10_000,
+        description="Child workflows running at once per execution (the template's GroupConcurrency)",
+    )
+    idempotency_table: str = Field(
+        "", description="DynamoDB table that remembers S3 events already started (empty: no check, local mode)"
+    )
+    idempotency_expiry_s: int = Field(
+        345_600, ge=60, le=1_209_600, description="How long an S3 event is remembered (SQS's retention, 4 days)"
+    )
 
     ingest_prompt: str = Field(
         "dog. cat.", max_length=512, description="The prompt for images dropped into the input bucket"

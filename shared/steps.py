@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from PIL import Image
+from pydantic import TypeAdapter
 
 from shared.captioning import image_facts
 from shared.contracts import (
@@ -24,15 +25,19 @@ from shared.contracts import (
     Detection,
     DetectOutput,
     FailedStep,
+    GroupSummary,
+    ImageGroup,
     ImageOutcome,
     ImageResult,
     ImageState,
     ImageTask,
+    MadeBy,
     Status,
     StepFailure,
+    SummarizeInput,
     TagOutput,
     VariantsOutput,
-    WriteTableInput,
+    WriteGroupTableInput,
 )
 from shared.crops import crop_boxes
 from shared.dependencies import Dependencies
@@ -40,7 +45,7 @@ from shared.errors import ImageRejected
 from shared.images import load_image
 from shared.observability import MetricUnit, logger, metrics
 from shared.render import draw_detections
-from shared.storage import RESULTS_PREFIX, join_uri
+from shared.storage import BATCHES_PREFIX, RESULTS_PREFIX, join_uri
 from shared.variants import variant_uris
 
 T = TypeVar("T")
@@ -74,7 +79,9 @@ def detect(task: ImageTask, deps: Dependencies) -> DetectOutput:
         "detected",
         extra={"image_id": task.image.image_id, "boxes": len(detections), "width": image.width},
     )
-    return DetectOutput(width=image.width, height=image.height, detections=detections, ms=_elapsed_ms(started))
+    return DetectOutput(
+        width=image.width, height=image.height, detections=detections, ms=_elapsed_ms(started), made_by=deps.made_by
+    )
 
 
 def box_crops(task: DescribeInput, deps: Dependencies) -> list[Image.Image | str]:
@@ -110,6 +117,7 @@ def classify(task: DescribeInput, deps: Dependencies) -> ClassifyOutput:
     return ClassifyOutput(
         classes=[BoxClasses(skipped=r) if isinstance(r, str) else BoxClasses(top_k=r) for r in results],
         ms=_elapsed_ms(started),
+        made_by=deps.made_by,
     )
 
 
@@ -122,6 +130,7 @@ def tag(task: DescribeInput, deps: Dependencies) -> TagOutput:
     return TagOutput(
         tags=[BoxAttributes(skipped=r) if isinstance(r, str) else BoxAttributes(attributes=r) for r in results],
         ms=_elapsed_ms(started),
+        made_by=deps.made_by,
     )
 
 
@@ -206,6 +215,7 @@ def write_result(state: ImageState, deps: Dependencies) -> ImageOutcome:
         image_id=task.image.image_id,
         source_uri=task.image.source_uri,
         batch_id=task.batch_id,
+        job_id=task.request.job_id,
         status=Status.FAILED if failures else Status.SUCCEEDED,
         error="; ".join(f"{step}: {failure.reason}" for step, failure in failures.items()) or None,
         failed_step=",".join(failures) or None,
@@ -216,6 +226,7 @@ def write_result(state: ImageState, deps: Dependencies) -> ImageOutcome:
         detect_ms=state.detection.ms if state.detection else None,
         classify_ms=_branch_ms(state.description.classify) if state.description else None,
         tag_ms=_branch_ms(state.description.tag) if state.description else None,
+        made_by=_made_by(state),
         caption=state.caption,
         variants=variants,
         annotated_uri=annotated_uri,
@@ -225,6 +236,17 @@ def write_result(state: ImageState, deps: Dependencies) -> ImageOutcome:
     deps.store_for(json_uri).write_bytes(json_uri, result.model_dump_json(indent=2).encode(), "application/json")
     logger.info("result written", extra={"image_id": result.image_id, "status": result.status, "error": result.error})
     return ImageOutcome(image=task.image, status=result.status, error=result.error, result_uri=json_uri)
+
+
+def _made_by(state: ImageState) -> dict[str, MadeBy]:
+    outputs = {"detect": state.detection}
+    if state.description is not None:
+        outputs |= {"classify": state.description.classify, "tag": state.description.tag}
+    return {
+        step: output.made_by
+        for step, output in outputs.items()
+        if isinstance(output, DetectOutput | ClassifyOutput | TagOutput)
+    }
 
 
 def _branch_ms(output: ClassifyOutput | TagOutput | BranchFailure) -> float | None:
@@ -240,25 +262,95 @@ def _variants_document(state: ImageState, deps: Dependencies) -> tuple[VariantsO
         return None, StepFailure(Error="NoVariantsDocument", Cause=f"the Variants task wrote no {document_uri}")
 
 
-def write_table(state: WriteTableInput, deps: Dependencies) -> BatchSummary:
-    """Gather the batch's result documents into the ``images`` and ``detections`` tables."""
-    from shared.tables import write_batch_tables  # pyarrow: only WriteTable's package carries it
+def write_group_table(state: WriteGroupTableInput, deps: Dependencies) -> GroupSummary:
+    """Gather the group's result documents into its files of the ``images`` and ``detections`` tables, and keep
+    the group's summary where SummarizeBatch finds it."""
+    from shared.tables import write_table_files  # pyarrow: only WriteGroupTable's and SummarizeBatch's packages
 
     now = datetime.now(UTC)
     results = [_result_of(outcome, state, deps, now) for outcome in state.outcomes]
-    uris = write_batch_tables(results, state.results_uri, state.batch_id, now, deps.store_for)
+    uris = write_table_files(
+        results, state.results_uri, f"{state.batch_id}-{state.group_id}", state.planned_at, deps.store_for
+    )
     failed = sum(result.status is Status.FAILED for result in results)
-    logger.info("tables written", extra={"batch_id": state.batch_id, "images": len(results), "failed": failed})
-    return BatchSummary(
+    summary = GroupSummary(
         batch_id=state.batch_id,
+        group_id=state.group_id,
         succeeded=len(results) - failed,
         failed=failed,
         images_table_uri=uris["images"],
         detections_table_uri=uris["detections"],
     )
+    uri = group_summary_uri(state.results_uri, state.batch_id, state.group_id)
+    deps.store_for(uri).write_bytes(uri, summary.model_dump_json().encode(), "application/json")
+    logger.info(
+        "group tables written", extra=summary.model_dump(include={"batch_id", "group_id", "succeeded", "failed"})
+    )
+    return summary
 
 
-def _result_of(outcome: ImageOutcome, state: WriteTableInput, deps: Dependencies, now: datetime) -> ImageResult:
+def group_summary_uri(results_uri: str, batch_id: str, group_id: str) -> str:
+    return join_uri(results_uri, BATCHES_PREFIX, batch_id, "groups", f"{group_id}.json")
+
+
+def summarize_batch(state: SummarizeInput, deps: Dependencies) -> BatchSummary:
+    """The batch's summary from its groups' summaries; each image of a group that wrote none (its child workflow
+    failed or timed out) gets a failure row, so that every image of the batch ends as one row."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shared.tables import write_table_files
+
+    groups_uri = state.groups_uri
+    groups = TypeAdapter(list[ImageGroup]).validate_json(deps.store_for(groups_uri).read_bytes(groups_uri))
+    summaries_root = join_uri(state.results_uri, BATCHES_PREFIX, state.batch_id, "groups")
+    summary_uris = list(deps.store_for(summaries_root).list_uris(summaries_root))
+    with ThreadPoolExecutor(max_workers=16) as pool:  # one GET each: S3 answers them side by side
+        documents = pool.map(lambda uri: deps.store_for(uri).read_bytes(uri), summary_uris)
+        finished = {summary.group_id: summary for summary in map(GroupSummary.model_validate_json, documents)}
+    unfinished = [group for group in groups if group.group_id not in finished]
+    reason = state.error.reason if state.error else "its child workflow ended without writing the group's rows"
+    now = datetime.now(UTC)
+    rows = [
+        ImageResult(
+            image_id=image.image_id,
+            source_uri=image.source_uri,
+            batch_id=state.batch_id,
+            job_id=state.request.job_id,
+            status=Status.FAILED,
+            error=f"group {group.group_id} did not finish: {reason}",
+            failed_step=FailedStep.GROUP,
+            prompt=state.request.prompt,
+            processed_at=now,
+        )
+        for group in unfinished
+        for image in group.images
+    ]
+    stem = f"{state.batch_id}-unfinished"
+    if rows:
+        write_table_files(rows, state.results_uri, stem, state.planned_at, deps.store_for)
+        logger.warning("groups did not finish", extra={"batch_id": state.batch_id, "groups": len(unfinished)})
+    else:  # a rerun that finished every group: the earlier run's failure rows are no longer true
+        from shared.tables import table_file_uris
+
+        for uri in table_file_uris(state.results_uri, stem, state.planned_at).values():
+            deps.store_for(uri).delete(uri)
+    uri = join_uri(state.results_uri, BATCHES_PREFIX, state.batch_id, "summary.json")
+    summary = BatchSummary(
+        batch_id=state.batch_id,
+        images=state.images,
+        succeeded=sum(group.succeeded for group in finished.values()),
+        failed=sum(group.failed for group in finished.values()) + len(rows),
+        groups=state.groups,
+        unfinished_groups=[group.group_id for group in unfinished],
+        error=state.error,
+        summary_uri=uri,
+    )
+    deps.store_for(uri).write_bytes(uri, summary.model_dump_json(indent=2).encode(), "application/json")
+    logger.info("batch summarized", extra=summary.model_dump(exclude={"unfinished_groups", "error"}))
+    return summary
+
+
+def _result_of(outcome: ImageOutcome, state: WriteGroupTableInput, deps: Dependencies, now: datetime) -> ImageResult:
     """The image's result document; when there is none (writing it failed), a failure row from the outcome."""
     if outcome.result_uri:
         try:
@@ -270,6 +362,7 @@ def _result_of(outcome: ImageOutcome, state: WriteTableInput, deps: Dependencies
         image_id=outcome.image.image_id,
         source_uri=outcome.image.source_uri,
         batch_id=state.batch_id,
+        job_id=state.request.job_id,
         status=Status.FAILED,
         error=outcome.write_failure.reason if outcome.write_failure else "the result document was not written",
         failed_step=FailedStep.WRITE_RESULT,

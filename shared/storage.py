@@ -27,6 +27,7 @@ class ObjectStore(Protocol):
 StoreFor = Callable[[str], ObjectStore]
 
 RESULTS_PREFIX = "results"  # under the results root: per image result documents, pictures and variants
+BATCHES_PREFIX = "batches"  # under the results root: per batch, its groups' summaries and its own
 
 
 def is_s3(uri: str) -> bool:

@@ -1,11 +1,12 @@
 """The Parquet tables: ``images`` (one row per input image) and ``detections`` (one row per box).
 
-Both are partitioned by ``dt=YYYY-MM-DD`` (the processing day) and hold one file per batch, named by the
-batch id, so running a batch again replaces its rows instead of adding a second copy.
+Both are partitioned by ``dt=YYYY-MM-DD`` (the day ingest planned the batch) and hold one file per group of images,
+named by the batch and group, so running a batch again replaces its rows instead of adding a second copy.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 import pyarrow as pa
@@ -54,12 +55,16 @@ CAPTION_FIELDS = [
     for name, field in CaptionOutput.model_fields.items()
 ]
 
+# The steps whose model a row names, and its column: detector_model, classifier_model, tagger_model.
+MADE_BY_ROLES = {"detect": "detector", "classify": "classifier", "tag": "tagger"}
+
 # Which image a row is about: the first columns of both tables.
 IMAGE_KEY_FIELDS = [("image_id", pa.string()), ("source_uri", pa.string()), ("batch_id", pa.string())]
 
 IMAGES_SCHEMA = pa.schema(
     [
         *IMAGE_KEY_FIELDS,
+        ("job_id", pa.string()),
         ("status", pa.string()),
         ("error", pa.string()),
         ("failed_step", pa.string()),
@@ -71,6 +76,9 @@ IMAGES_SCHEMA = pa.schema(
         ("detect_ms", pa.float64()),
         ("classify_ms", pa.float64()),
         ("tag_ms", pa.float64()),
+        # Which models made the row, and their steps' settings that change output (JSON: {step: {setting: value}})
+        *((f"{role}_model", pa.string()) for role in MADE_BY_ROLES.values()),
+        ("output_settings", pa.string()),
         *CAPTION_FIELDS,
         ("variants_model", pa.string()),
         ("variant_uris", pa.list_(pa.string())),
@@ -131,10 +139,20 @@ def _variant_columns(result: ImageResult) -> dict[str, object]:
     }
 
 
+def _made_by_columns(result: ImageResult) -> dict[str, object]:
+    made_by = result.made_by
+    settings = {step: made.settings for step, made in made_by.items() if made.settings}
+    return {
+        **{f"{role}_model": made_by[step].model if step in made_by else None for step, role in MADE_BY_ROLES.items()},
+        "output_settings": json.dumps(settings, sort_keys=True) if settings else None,
+    }
+
+
 def images_table(results: list[ImageResult]) -> pa.Table:
     rows = [
         {
-            **result.model_dump(exclude={"detections", "caption", "variants"}),
+            **result.model_dump(exclude={"detections", "caption", "variants", "made_by"}),
+            **_made_by_columns(result),
             "detections": [_detection_row(d) for d in result.detections],
             **_caption_columns(result),
             **_variant_columns(result),
@@ -161,24 +179,25 @@ def detections_table(results: list[ImageResult]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=DETECTIONS_SCHEMA)
 
 
-def write_batch_tables(
-    results: list[ImageResult], results_root: str, batch_id: str, day: datetime, store_for: StoreFor
+def table_file_uris(results_root: str, file_stem: str, day: datetime) -> dict[str, str]:
+    """Where a group's (or a batch's unfinished groups') rows go in each table: one file per day and name."""
+    partition = f"{PARTITION_COLUMN}={day:%Y-%m-%d}"
+    return {name: join_uri(results_root, TABLES_PREFIX, name, partition, f"{file_stem}.parquet") for name in SCHEMAS}
+
+
+def write_table_files(
+    results: list[ImageResult], results_root: str, file_stem: str, day: datetime, store_for: StoreFor
 ) -> dict[str, str]:
-    """Write the batch's rows of both tables, replacing any earlier copy of the batch; returns their URIs."""
-    written = {}
+    """Write ``results``' rows of both tables under ``file_stem``, replacing an earlier copy; returns their URIs.
+
+    The day is the batch's planning day, so the same batch run again writes the same files.
+    """
+    uris = table_file_uris(results_root, file_stem, day)
     for name, table in (("images", images_table(results)), ("detections", detections_table(results))):
-        table_root = join_uri(results_root, TABLES_PREFIX, name)
-        store = store_for(table_root)
-        file_name = f"{batch_id}.parquet"
-        for uri in store.list_uris(table_root):
-            if uri.rsplit("/", 1)[-1] == file_name:
-                store.delete(uri)
-        uri = join_uri(table_root, f"{PARTITION_COLUMN}={day:%Y-%m-%d}", file_name)
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, compression="zstd")
-        store.write_bytes(uri, sink.getvalue().to_pybytes(), "application/vnd.apache.parquet")
-        written[name] = uri
-    return written
+        store_for(uris[name]).write_bytes(uris[name], sink.getvalue().to_pybytes(), "application/vnd.apache.parquet")
+    return uris
 
 
 def glue_type(arrow_type: pa.DataType) -> str:

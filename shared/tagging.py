@@ -20,6 +20,8 @@ PROMPT_TEMPLATE = "a photo of a {value} {label}"
 
 
 class Tagger(Protocol):
+    name: str
+
     def tag(
         self, crops: list[Image.Image], box_labels: list[str], vocabularies: dict[str, list[str]]
     ) -> list[list[AttributeScore]]: ...

@@ -77,7 +77,7 @@ def results_with_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     from shared.contracts import AttributeScore, Box, CaptionOutput, ClassScore, Detection, ImageResult, Status
     from shared.storage import store_for
-    from shared.tables import write_batch_tables
+    from shared.tables import write_table_files
 
     root = tmp_path_factory.mktemp("tables")
     now = datetime.now(UTC)
@@ -127,5 +127,5 @@ def results_with_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
             processed_at=now,
         ),
     ]
-    write_batch_tables(results, str(root), "b-" + "1" * 20, now, store_for)
+    write_table_files(results, str(root), "b-" + "1" * 20, now, store_for)
     return root

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from shared.errors import validation_reason
-from shared.settings import Profile, Settings, use_settings
+from shared.settings import IngestSettings, Profile, Settings, use_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 out = Console()
@@ -135,10 +135,10 @@ def _annotate(message: Any, delivery: str, settings: Settings) -> None:
 
         with local_workflow(on_invocation) as run_batch:
 
-            def run_counted(manifest: Any, name: str) -> ExecutionResult:
-                progress.update(task, total=(progress.tasks[0].total or 0) + len(manifest.images))
-                err.print(f"batch {manifest.batch_id}: execution {name}", highlight=False)
-                return run_batch(manifest, name)
+            def run_counted(batch: Any, name: str) -> ExecutionResult:
+                progress.update(task, total=(progress.tasks[0].total or 0) + batch.images)
+                err.print(f"batch {batch.batch_id}: execution {name}", highlight=False)
+                return run_batch(batch, name)
 
             starter = LocalStarter(run_counted, settings.data_dir, delivery)
             try:
@@ -146,14 +146,14 @@ def _annotate(message: Any, delivery: str, settings: Settings) -> None:
             except RequestRejected as error:
                 raise _fail(str(error)) from None
     succeeded = failed = 0
-    for manifest, result in starter.results:
+    for batch, result in starter.results:
         if result.summary is None:
-            err.print(f"[red]batch {manifest.batch_id} failed:[/red] {result.error}", highlight=False)
-            failed += len(manifest.images)
+            err.print(f"[red]batch {batch.batch_id} failed:[/red] {result.error}", highlight=False)
+            failed += batch.images
         else:
             succeeded += result.summary.succeeded
             failed += result.summary.failed
-    batch_ids = [manifest.batch_id for manifest, _ in starter.results]
+    batch_ids = [batch.batch_id for batch, _ in starter.results]
     if failed:
         _print_batch_rows(
             "failed images",
@@ -292,14 +292,16 @@ def cost(
         raise _fail(f"{bench_file} does not exist: run annotate bench first")
     try:
         prices = load_prices(prices_file)
-        rows = cost_table(json.loads(bench_file.read_text()), prices)
+        bench = json.loads(bench_file.read_text())
+        rows = cost_table(bench, prices)
+        report = markdown_table(rows, prices, bench)
     except (KeyError, TypeError, ValueError) as error:
         raise _fail(f"{bench_file} or the prices file is not what annotate bench writes: {error!r}") from None
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "cost.json").write_text(json.dumps(rows, indent=2) + "\n")
-    (out_dir / "cost.md").write_text(markdown_table(rows, prices))
+    (out_dir / "cost.md").write_text(report)
     write_chart(rows, out_dir / "cost.png")
-    out.print(markdown_table(rows, prices), highlight=False, soft_wrap=True)
+    out.print(report, highlight=False, soft_wrap=True)
     out.print(f"written to {out_dir}/cost.md, cost.json and cost.png")
 
 
@@ -444,7 +446,7 @@ def _statuses(what: str | None, data_dir: Path, stack: str | None) -> list[Any]:
     if what is not None and what.startswith("b-") and not Path(what).exists():
         batch_ids = [what]
     elif what is not None:
-        batch_ids = _planned_batches(Path(what), results_root, settings.max_images_per_batch)
+        batch_ids = _planned_batches(Path(what), settings.ingest.model_copy(update={"results_root": results_root}))
     elif stack:
         if not executions:
             raise RequestRejected(f"stack {stack!r} has run no execution yet")
@@ -462,7 +464,7 @@ def _statuses(what: str | None, data_dir: Path, stack: str | None) -> list[Any]:
     ]
 
 
-def _planned_batches(message_file: Path, results_root: str, max_images_per_batch: int) -> list[str]:
+def _planned_batches(message_file: Path, settings: IngestSettings) -> list[str]:
     """The batches the message plans, as ingest planned them: ids follow from the images' content and the request."""
     from shared.batches import plan_batches
     from shared.contracts import PromptMessage
@@ -473,7 +475,7 @@ def _planned_batches(message_file: Path, results_root: str, max_images_per_batch
     message = parse_body(message_file.read_text(encoding="utf-8", errors="replace"))
     if not isinstance(message, PromptMessage):
         raise RequestRejected(f"{message_file} is not a prompt message")
-    return [m.batch_id for m in plan_batches(message, max_images_per_batch, results_root, store_for)]
+    return [batch.input.batch_id for batch in plan_batches(message, settings, store_for)]
 
 
 models = typer.Typer(help="Model files for the deployed stack")

@@ -21,8 +21,10 @@ from tools.sam_template import load_template
 SECONDS_PER_MONTH = 30 * 24 * 3600
 HOURS_PER_MONTH = 30 * 24
 
-# Per image, on the usual path (boxes found, caption on, no variants): Detect, HasDetections, Describe,
-# Classify, Tag, CaptionWanted, Caption, VariantsWanted, WriteResult. A test keeps these names in the ASL.
+# Per image, on the usual path (boxes found, caption on, no variants), inside a group's Express child: Detect,
+# HasDetections, Describe, Classify, Tag, CaptionWanted, Caption, VariantsWanted, WriteResult. Express children are
+# billed by request and duration, not per transition: these count only for Standard children (a stack deployed with
+# variants). A test keeps these names in the ASL.
 STATES_PER_IMAGE = (
     "Detect",
     "HasDetections",
@@ -34,6 +36,10 @@ STATES_PER_IMAGE = (
     "VariantsWanted",
     "WriteResult",
 )
+# Per group: the child's own states (billed as transitions only in a Standard child).
+STATES_PER_GROUP = ("AnnotateImages", "WriteGroupTable")
+# Per batch, in the Standard parent: its states (each child it starts is a transition of the Map besides).
+STATES_PER_BATCH = ("AnnotateGroups", "SummarizeBatch", "BatchEnded", "BatchDone")
 # The functions every image passes through (logical ids in template.yaml) and the bench step whose seconds each bills.
 BILLED_FUNCTIONS = {
     "DetectFunction": "detect",
@@ -42,6 +48,7 @@ BILLED_FUNCTIONS = {
     "CaptionFunction": "caption",
     "WriteResultFunction": None,
 }
+EXPRESS_MEMORY_GB = 64 / 1024  # Express duration is billed in 64 MB steps; a group's state is far below
 
 
 def billed_functions(template: dict[str, Any]) -> dict[str, tuple[int, str | None]]:
@@ -57,11 +64,20 @@ def billed_functions(template: dict[str, Any]) -> dict[str, tuple[int, str | Non
     return billed
 
 
-FUNCTIONS = billed_functions(load_template())
+def images_per_group(template: dict[str, Any]) -> int:
+    """The template's default ImagesPerGroup: how many images one child workflow (one Express execution) takes."""
+    return int(template["Parameters"]["ImagesPerGroup"]["Default"])
+
+
+TEMPLATE = load_template()
+FUNCTIONS = billed_functions(TEMPLATE)
+IMAGES_PER_GROUP = images_per_group(TEMPLATE)
 WRITE_RESULT_SECONDS = 0.3  # drawing and writing one result; not benchmarked
-S3_GETS_PER_IMAGE, S3_PUTS_PER_IMAGE = 5, 2  # Detect, Classify, Tag, WriteResult x2 read; JSON and PNG written
+GROUP_TABLE_GB_SECONDS = 1.0 * 1.0  # WriteGroupTable per group: about a second at 1 GB; not benchmarked
+SUMMARY_GB_SECONDS = 1.0 * 2.0  # SummarizeBatch per batch: about a second at 2 GB; not benchmarked
+S3_GETS_PER_IMAGE, S3_PUTS_PER_IMAGE = 4, 2  # Detect, Classify, Tag, WriteResult read; JSON and PNG written
 SQS_REQUESTS_PER_IMAGE = 3  # send, receive, delete
-BATCH_SIZE = 100
+BATCH_SIZE = 100  # dropped images: the ingest queue's batch size, one execution per batch
 
 
 @dataclass(frozen=True)
@@ -101,27 +117,58 @@ def _snapstart_gb(bench: dict[str, Any]) -> float:
     return sum(memory / 1024 for memory, step in FUNCTIONS.values() if step)
 
 
-def lambda_month(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart: bool) -> float:
-    """Lambda + Step Functions + SQS + S3 for a month of ``scenario``."""
+def orchestration_per_image(bench: dict[str, Any], prices: dict[str, Any], express: bool = True) -> float:
+    """Step Functions per image: the Standard parent's transitions (its states per batch and a start per child),
+    and per group either an Express execution (a request and its duration: the group's images run side by side,
+    about one image's time) or, in a Standard child, every state's transition."""
+    sfn = prices["step_functions"]
+    transition = sfn["standard_per_1000_transitions"] / 1000
+    parent = (len(STATES_PER_BATCH) / BATCH_SIZE + 1 / IMAGES_PER_GROUP) * transition
+    if express:
+        seconds = bench["whole_image"]["pipeline_s"]
+        per_group = sfn["express_per_million_requests"] / 1e6 + seconds * EXPRESS_MEMORY_GB * sfn["express_gb_second"]
+        return parent + per_group / IMAGES_PER_GROUP
+    return parent + (len(STATES_PER_IMAGE) + len(STATES_PER_GROUP) / IMAGES_PER_GROUP) * transition
+
+
+def lambda_month_parts(
+    bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart: bool
+) -> dict[str, float]:
+    """Lambda, Step Functions (Express children), SQS and S3 for a month of ``scenario``, by part."""
     images = scenario.images_per_month
     lam = prices["lambda"]
-    compute = images * lambda_gb_seconds_per_image(bench) * lam["x86_gb_second"]
-    requests = images * (len(FUNCTIONS) + 2 / BATCH_SIZE) * lam["per_million_requests"] / 1e6
+    per_image_gb_s = lambda_gb_seconds_per_image(bench)
+    per_image_gb_s += GROUP_TABLE_GB_SECONDS / IMAGES_PER_GROUP + SUMMARY_GB_SECONDS / BATCH_SIZE
+    compute = images * per_image_gb_s * lam["x86_gb_second"]
+    invocations = len(FUNCTIONS) + 1 / IMAGES_PER_GROUP + 2 / BATCH_SIZE  # + WriteGroupTable, ingest, summary
+    requests = images * invocations * lam["per_million_requests"] / 1e6
     cold_starts = images * scenario.cold_start_fraction
     if snapstart:
         cold = cold_starts * _snapstart_gb(bench) * lam["snapstart_restore_per_gb"]
         cold += _snapstart_gb(bench) * SECONDS_PER_MONTH * lam["snapstart_cache_gb_second"]
     else:
         cold = cold_starts * _init_gb_seconds(bench) * lam["x86_gb_second"]
-    transitions = images * (len(STATES_PER_IMAGE) + 3 / BATCH_SIZE)
-    orchestration = transitions / 1000 * prices["step_functions"]["standard_per_1000_transitions"]
-    queues = images * SQS_REQUESTS_PER_IMAGE * prices["sqs"]["per_million_requests"] / 1e6
     storage = (
         images
         * (S3_GETS_PER_IMAGE * prices["s3"]["get_per_1000"] + S3_PUTS_PER_IMAGE * prices["s3"]["put_per_1000"])
         / 1000
     )
-    return compute + requests + cold + orchestration + queues + storage
+    return {
+        "compute": compute + requests + cold,
+        "orchestration": images * orchestration_per_image(bench, prices),
+        "queues_and_storage": images * SQS_REQUESTS_PER_IMAGE * prices["sqs"]["per_million_requests"] / 1e6 + storage,
+    }
+
+
+def lambda_month(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart: bool) -> float:
+    """Lambda + Step Functions + SQS + S3 for a month of ``scenario``."""
+    return sum(lambda_month_parts(bench, prices, scenario, snapstart).values())
+
+
+def orchestration_share(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario) -> float:
+    """Step Functions' share of the Lambda option's cost per image (without SnapStart)."""
+    parts = lambda_month_parts(bench, prices, scenario, snapstart=False)
+    return parts["orchestration"] / sum(parts.values())
 
 
 def fargate_month(
@@ -161,11 +208,24 @@ def cost_table(bench: dict[str, Any], prices: dict[str, Any]) -> list[dict[str, 
     return rows
 
 
-def markdown_table(rows: list[dict[str, Any]], prices: dict[str, Any]) -> str:
+def orchestration_line(bench: dict[str, Any], prices: dict[str, Any]) -> str:
+    steady = SCENARIOS[1]
+    express, standard = orchestration_per_image(bench, prices), orchestration_per_image(bench, prices, express=False)
+    return (
+        f"Orchestration (Step Functions: the Standard parent and an Express child per {IMAGES_PER_GROUP} images) "
+        f"costs ${express * 1000:.4f} per 1,000 images, {orchestration_share(bench, prices, steady):.1%} of the "
+        f"Lambda option at the steady load; a stack with variants runs Standard children: "
+        f"${standard * 1000:.4f} per 1,000 images."
+    )
+
+
+def markdown_table(rows: list[dict[str, Any]], prices: dict[str, Any], bench: dict[str, Any] | None = None) -> str:
     lines = ["| scenario | option | per month | per 1,000 images |", "|---|---|---:|---:|"]
     for row in rows:
         per_1000 = "" if row["per_1000_images_usd"] is None else f"${row['per_1000_images_usd']:.3f}"
         lines.append(f"| {row['scenario']} | {row['option']} | ${row['monthly_usd']:,.2f} | {per_1000} |")
+    if bench is not None:
+        lines.append("\n" + orchestration_line(bench, prices))
     lines.append(f"\nPrices: {prices['region']}, {prices['date']} ({prices['source']}).")
     return "\n".join(lines) + "\n"
 

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-from shared.contracts import BatchManifest, BatchSummary
+from shared.contracts import BatchInput, BatchSummary
+from shared.dependencies import Step, dependencies_of
 from shared.observability import logger, metrics
-from tools.workflow import FUNCTION_PLACEHOLDERS, substitute
+from tools.workflow import FUNCTION_PLACEHOLDERS, for_moto, substitute
 
 if TYPE_CHECKING:
     from moto.core.config import DefaultConfig
@@ -39,6 +40,9 @@ LOCAL_FARGATE = {
     "VariantsSubnetB": "subnet-local-b",
     "VariantsSecurityGroup": "sg-local",
 }
+# Locally, moto's S3 holds what the workflow itself reads and writes (the groups manifest its ItemReader reads, the
+# ResultWriter's manifest); everything else stays in the local results folder.
+LOCAL_BUCKET = "annotate-local-workflow"
 MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
 
 # (function name, payload, error or None), after each invocation: the CLI's progress display listens.
@@ -186,6 +190,37 @@ def services_in_process(invoke: Invoker, run_container: ContainerRunner) -> Iter
         yield
 
 
+def create_idempotency_table(name: str, region: str = REGION) -> None:
+    """Inside ``mock_aws``: the table Powertools Idempotency keeps ingest's claims in, as template.yaml makes it."""
+    import boto3
+
+    boto3.client("dynamodb", region_name=region).create_table(
+        TableName=name,
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+
+
+def local_definition() -> str:
+    """The definition as the local runner creates it: placeholders filled with local values (the children run as
+    Standard executions: see :func:`~tools.workflow.for_moto`)."""
+    return for_moto(
+        substitute(
+            {
+                placeholder: f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{FUNCTION_PREFIX}{name}"
+                for placeholder, name in FUNCTION_PLACEHOLDERS.items()
+            }
+            | LOCAL_FARGATE
+            | {
+                "ResultsBucket": LOCAL_BUCKET,
+                "GroupExecutionType": "STANDARD",
+                "VariantsResource": "arn:aws:states:::ecs:runTask.sync",
+            }
+        )
+    )
+
+
 def _run_variants_container(run_task_parameters: dict[str, Any], task_arn: str) -> None:
     """Locally the Variants container is this process, with the settings in force."""
     from shared.variants_task import run
@@ -202,13 +237,6 @@ def local_workflow(
     from moto import mock_aws
 
     dispatcher = HandlerDispatcher(listener)
-    definition = substitute(
-        {
-            placeholder: f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{FUNCTION_PREFIX}{name}"
-            for placeholder, name in FUNCTION_PLACEHOLDERS.items()
-        }
-        | LOCAL_FARGATE
-    )
     with (
         mock_aws(config=MOTO_CONFIG),
         services_in_process(lambda function, _, payload: dispatcher.invoke(function, payload), _run_variants_container),
@@ -216,17 +244,22 @@ def local_workflow(
         mock.patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"}),
     ):
         client = boto3.client("stepfunctions", region_name=REGION)
+        s3 = boto3.client("s3", region_name=REGION)
+        s3.create_bucket(Bucket=LOCAL_BUCKET)
         machine_arn = client.create_state_machine(
             name="annotate-local",
-            definition=definition,
+            definition=local_definition(),
             roleArn=f"arn:aws:iam::{ACCOUNT}:role/annotate-local",
         )["stateMachineArn"]
 
-        def run(manifest: BatchManifest, name: str | None = None) -> ExecutionResult:
+        def run(batch: BatchInput, name: str | None = None) -> ExecutionResult:
+            # The ItemReader reads S3: the groups manifest ingest wrote (in the store in force) goes to moto's S3
+            groups = dependencies_of(Step.SUMMARIZE_BATCH).store_for(batch.groups_uri).read_bytes(batch.groups_uri)
+            s3.put_object(Bucket=LOCAL_BUCKET, Key=f"manifests/{batch.batch_id}.groups.json", Body=groups)
             execution_arn = client.start_execution(
                 stateMachineArn=machine_arn,
-                name=name or f"{manifest.batch_id}-{uuid.uuid4().hex[:8]}",  # unnamed executions collide in moto
-                input=manifest.model_dump_json(),
+                name=name or f"{batch.batch_id}-{uuid.uuid4().hex[:8]}",  # unnamed executions collide in moto
+                input=batch.model_dump_json(),
             )["executionArn"]
             return _wait(client, execution_arn)
 
@@ -251,21 +284,21 @@ class LocalStarter:
         self._run = run
         self._data_dir = data_dir
         self._delivery = delivery
-        self.results: list[tuple[BatchManifest, ExecutionResult]] = []
+        self.results: list[tuple[BatchInput, ExecutionResult]] = []
 
-    def start(self, manifest: BatchManifest, name: str) -> str:
+    def start(self, batch: BatchInput, name: str) -> str:
         from tools.status import RunRecord, now, record_run
 
         record = RunRecord(
             execution_name=name,
-            batch_id=manifest.batch_id,
+            batch_id=batch.batch_id,
             delivery=self._delivery,
-            images=len(manifest.images),
+            images=batch.images,
             started_at=now(),
         )
         record_run(self._data_dir, record)
-        result = self._run(manifest, name)
+        result = self._run(batch, name)
         ended = {"status": result.status, "ended_at": now(), "error": result.error}
         record_run(self._data_dir, record.model_copy(update=ended))
-        self.results.append((manifest, result))
+        self.results.append((batch, result))
         return result.execution_arn

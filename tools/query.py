@@ -13,6 +13,13 @@ import pyarrow as pa
 
 from shared.tables import PARTITION_COLUMN, SCHEMAS, TABLES_PREFIX
 
+# One row per source image: its newest. The same SQL is the DuckDB view here and the Athena view in template.yaml
+# (a Glue view, tested to hold this text).
+IMAGES_LATEST_SQL = (
+    "SELECT i.* FROM images i JOIN (SELECT source_uri, max(processed_at) AS newest FROM images GROUP BY source_uri) n "
+    "ON i.source_uri = n.source_uri AND i.processed_at = n.newest"
+)
+
 
 class OutputFormat(StrEnum):
     TABLE = "table"
@@ -38,7 +45,38 @@ def connect_local(data_dir: Path) -> duckdb.DuckDBPyConnection:
             empty = schema.append(pa.field(PARTITION_COLUMN, pa.string())).empty_table()
             connection.register(f"{name}_empty", empty)
             connection.execute(f"CREATE VIEW {name} AS SELECT * FROM {name}_empty")
+    connection.execute(f"CREATE VIEW images_latest AS {IMAGES_LATEST_SQL}")
     return connection
+
+
+def presto_type(arrow_type: pa.DataType) -> str:
+    """The type Athena's view definitions (Presto/Trino) name for a Parquet column of ``arrow_type``."""
+    if pa.types.is_string(arrow_type):
+        return "varchar"
+    if pa.types.is_float64(arrow_type):
+        return "double"
+    if pa.types.is_int32(arrow_type):
+        return "integer"
+    if pa.types.is_int64(arrow_type):
+        return "bigint"
+    if pa.types.is_timestamp(arrow_type):
+        return "timestamp(3)"
+    if pa.types.is_list(arrow_type):
+        return f"array({presto_type(arrow_type.value_type)})"
+    if pa.types.is_struct(arrow_type):
+        return "row(" + ",".join(f"{field.name} {presto_type(field.type)}" for field in arrow_type) + ")"
+    raise TypeError(f"no Presto type for {arrow_type}")
+
+
+def images_latest_view(database: str) -> dict[str, object]:
+    """The view as Athena stores it in Glue (``/* Presto View: <this, base64> */``)."""
+    columns = [*SCHEMAS["images"], pa.field(PARTITION_COLUMN, pa.string())]
+    return {
+        "originalSql": IMAGES_LATEST_SQL,
+        "catalog": "awsdatacatalog",
+        "schema": database,
+        "columns": [{"name": field.name, "type": presto_type(field.type)} for field in columns],
+    }
 
 
 def run_local_query(sql: str, data_dir: Path) -> pa.Table:

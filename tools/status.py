@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from shared.contracts import BatchManifest, ImageResult, Status
+from shared.contracts import BatchInput, ImageResult, Status
 from shared.errors import ImageRejected, RequestRejected
-from shared.ingest import MANIFESTS_PREFIX
+from shared.ingest import batch_input_uri
 from shared.storage import RESULTS_PREFIX, StoreFor, join_uri
 
 RUNS_FOLDER = "runs"
@@ -86,11 +86,11 @@ def batch_status(
     Raises:
         RequestRejected: no batch of that id was ever planned under ``results_root``.
     """
-    manifest_uri = join_uri(results_root, MANIFESTS_PREFIX, f"{batch_id}.json")
+    input_uri = batch_input_uri(results_root, batch_id)
     try:
-        manifest = BatchManifest.model_validate_json(store_for(manifest_uri).read_bytes(manifest_uri))
+        batch = BatchInput.model_validate_json(store_for(input_uri).read_bytes(input_uri))
     except ImageRejected as error:
-        raise RequestRejected(f"no batch {batch_id} under {results_root} (no {manifest_uri})") from error
+        raise RequestRejected(f"no batch {batch_id} under {results_root} (no {input_uri})") from error
     folder = join_uri(results_root, RESULTS_PREFIX, batch_id) + "/"
     results = [_result(store_for, uri) for uri in store_for(folder).list_uris(folder) if _is_result_document(uri)]
     failures = [
@@ -103,7 +103,7 @@ def batch_status(
         batch_id=batch_id,
         execution=name,
         state=state,
-        images=len(manifest.images),
+        images=batch.images,
         done=len(results) - len(failures),
         failed=len(failures),
         failures=sorted(failures, key=lambda failure: failure.source_uri),

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 DEFINITION_PATH = Path(__file__).resolve().parent.parent / "state_machine" / "pipeline.asl.json"
 _PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
@@ -15,7 +18,8 @@ FUNCTION_PLACEHOLDERS = {
     "TagFunctionArn": "tag",
     "CaptionFunctionArn": "caption",
     "WriteResultFunctionArn": "write_result",
-    "WriteTableFunctionArn": "write_table",
+    "WriteGroupTableFunctionArn": "write_group_table",
+    "SummarizeBatchFunctionArn": "summarize_batch",
 }
 
 
@@ -27,6 +31,12 @@ FARGATE_PLACEHOLDERS = (
     "VariantsSubnetB",
     "VariantsSecurityGroup",
 )
+
+
+# The stack's own: the bucket the Distributed Map reads its groups from and writes its run's manifest to, whether the
+# children run as Express or (with variants, whose Fargate task needs .sync) Standard executions, and the Variants
+# task's integration (.sync only where it can run).
+STACK_PLACEHOLDERS = ("ResultsBucket", "GroupExecutionType", "VariantsResource")
 
 
 def placeholders(definition: str | None = None) -> set[str]:
@@ -41,3 +51,25 @@ def substitute(substitutions: dict[str, str], definition: str | None = None) -> 
     if missing:
         raise ValueError(f"no value for placeholders {sorted(missing)}")
     return _PLACEHOLDER.sub(lambda match: substitutions[match.group(1)], text)
+
+
+def for_moto(definition: str) -> str:
+    """``definition`` as moto's interpreter accepts it: its parser rejects Express children and an integer
+    ToleratedFailurePercentage, so children run as Standard executions and the percentage becomes a float (which
+    moto then ignores: a failed child does not fail the Map there). AWS gets the file as it is."""
+    document = json.loads(definition)
+    for _, state in all_states(document):
+        if "ToleratedFailurePercentage" in state:
+            state["ToleratedFailurePercentage"] = float(state["ToleratedFailurePercentage"])
+        processor = state.get("ItemProcessor", {}).get("ProcessorConfig", {})
+        if processor.get("ExecutionType") == "EXPRESS":
+            processor["ExecutionType"] = "STANDARD"
+    return json.dumps(document)
+
+
+def all_states(definition: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every state of ``definition`` with its name, those of Map processors and Parallel branches included."""
+    for name, state in definition.get("States", {}).items():
+        yield name, state
+        for nested in [state.get("ItemProcessor") or {}, *state.get("Branches", [])]:
+            yield from all_states(nested)

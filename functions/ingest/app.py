@@ -18,4 +18,11 @@ from shared.storage import store_for
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     settings = get_settings().ingest
     starter = deployed_starter(settings.state_machine_arn)
-    return ingest_sqs_batch(event, settings, starter, store_for, allowed_buckets=settings.input_buckets)
+    return ingest_sqs_batch(
+        event,
+        settings,
+        starter,
+        store_for,
+        allowed_buckets=settings.input_buckets,
+        invocation_id=context.aws_request_id,
+    )

@@ -125,9 +125,10 @@ def test_attribute_vocabularies_from_the_command_line_are_honoured(tmp_path: Pat
 
 
 def run_message(message: PromptMessage, settings: Settings, listener=None) -> list[dict]:
-    [manifest] = plan_batches(message, 500, settings.results_root, store_for)
+    [batch] = plan_batches(message, settings.ingest, store_for)
+    store_for(batch.input.groups_uri).write_bytes(batch.input.groups_uri, batch.groups_manifest())
     with local_workflow(listener) as run:
-        assert run(manifest).summary is not None
+        assert run(batch.input).summary is not None
     return rows("SELECT * FROM images", settings.data_dir)
 
 
@@ -145,7 +146,7 @@ def test_an_image_without_boxes_skips_classify_and_tag(settings_in: Settings) ->
     message = PromptMessage(prompt="cat.", images=[str(SAMPLES / "coffee.webp")], box_threshold=1.0)
     [row] = run_message(message, settings_in, lambda name, payload, error: invoked.append(name))
     assert row["status"] == "succeeded" and row["detections"] == []
-    assert invoked == ["detect", "caption", "write_result", "write_table"]
+    assert invoked == ["detect", "caption", "write_result", "write_group_table", "summarize_batch"]
     assert row["caption"]
 
 
@@ -165,9 +166,9 @@ def test_annotate_send_runs_a_prompt_message_through_the_ingest_code(tmp_path: P
 
     assert code == 0, output
     assert "3 succeeded, 0 failed" in output
-    [manifest] = (tmp_path / "data" / "manifests").iterdir()
-    assert f"batch {manifest.stem}: execution {manifest.stem}-" in output  # what to ask `annotate status` about
-    assert json.loads(manifest.read_text())["request"]["caption"] is False
+    [batch_input] = (tmp_path / "data" / "manifests").glob("b-*[0-9a-f].json")
+    assert f"batch {batch_input.stem}: execution {batch_input.stem}-" in output  # what to ask `annotate status` about
+    assert json.loads(batch_input.read_text())["request"]["caption"] is False
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from typing import Any
 
 from PIL import Image
 
-from shared.contracts import AttributeScore, CaptionOutput, ClassScore, Detection, ImageTask
+from shared.contracts import AttributeScore, CaptionOutput, ClassScore, Detection, ImageTask, MadeBy
 from shared.dependencies import Dependencies, Step
 from shared.errors import ImageRejected
 from shared.settings import ImageLimits
@@ -39,7 +39,7 @@ class InMemoryStore:
         return data
 
     def write_bytes(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> None:
-        if uri.endswith(self.failing_writes) and self.failing_writes:
+        if any(part in uri for part in self.failing_writes):
             raise OSError(f"no space left for {uri}")
         self.objects[uri] = data
 
@@ -94,6 +94,7 @@ class FakeTagger:
     """Each crop takes the first value of every vocabulary."""
 
     failure: Exception | None = None
+    name: str = "fake-tagger"
 
     def tag(
         self, crops: list[Image.Image], box_labels: list[str], vocabularies: dict[str, list[str]]
@@ -162,4 +163,5 @@ class FakeModels:
             tagger=self.tagger,
             captioner=self.captioner,
             generator=self.generator,
+            made_by=MadeBy(model=f"fake-{step}", settings={"step": str(step)}),
         )

@@ -4,6 +4,7 @@ steps' results and every failure path, in seconds."""
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Iterator
 
 import pyarrow.parquet as pq
@@ -14,6 +15,7 @@ from shared.batches import plan_batches
 from shared.contracts import Box, Detection, ImageResult, PromptMessage
 from shared.dependencies import use_dependencies
 from shared.errors import ModelUnavailable
+from shared.settings import Settings
 from tests.fakes import FakeDetector, FakeModels
 from tools.local_runner import ExecutionResult, local_workflow
 
@@ -43,12 +45,16 @@ def workflow() -> Iterator:
         yield run
 
 
-def run_batch(workflow, fakes: FakeModels, **request: object) -> tuple[ExecutionResult, dict[str, ImageResult]]:
+def run_batch(
+    workflow, fakes: FakeModels, images_per_group: int = 10, **request: object
+) -> tuple[ExecutionResult, dict[str, ImageResult]]:
     """GIVEN the images in the fake store, WHEN one batch runs, THEN its result documents by source URI."""
     message = PromptMessage.model_validate({"prompt": "dog. cat.", "images": ["s3://in/"], **request})
-    [manifest] = plan_batches(message, 500, RESULTS, fakes.store)
-    result = workflow(manifest)
-    folder = f"{RESULTS}/results/{manifest.batch_id}/"
+    settings = Settings(results_uri=RESULTS, images_per_group=images_per_group).ingest
+    [batch] = plan_batches(message, settings, lambda _: fakes.store)
+    fakes.store.objects[batch.input.groups_uri] = batch.groups_manifest()  # as ingest writes it
+    result = workflow(batch.input)
+    folder = f"{RESULTS}/results/{batch.input.batch_id}/"
     documents = [
         ImageResult.model_validate_json(data)
         for uri, data in fakes.store.objects.items()
@@ -58,14 +64,14 @@ def run_batch(workflow, fakes: FakeModels, **request: object) -> tuple[Execution
 
 
 def table_rows(fakes: FakeModels, name: str) -> list[dict]:
-    [uri] = [uri for uri in fakes.store.objects if f"/tables/{name}/" in uri]
-    return pq.read_table(io.BytesIO(fakes.store.objects[uri])).to_pylist()
+    uris = sorted(uri for uri in fakes.store.objects if f"/tables/{name}/" in uri)
+    return [row for uri in uris for row in pq.read_table(io.BytesIO(fakes.store.objects[uri])).to_pylist()]
 
 
 def test_the_steps_results_are_merged_into_one_row_per_image(workflow, fakes: FakeModels) -> None:
     fakes.store.objects["s3://in/b.png"] = jpeg(32, 32)
 
-    result, documents = run_batch(workflow, fakes)
+    result, documents = run_batch(workflow, fakes, job_id="survey-2026")
 
     assert result.summary is not None and (result.summary.succeeded, result.summary.failed) == (2, 0)
     document = documents["s3://in/a.jpg"]
@@ -81,6 +87,14 @@ def test_the_steps_results_are_merged_into_one_row_per_image(workflow, fakes: Fa
     images = table_rows(fakes, "images")
     row = next(row for row in images if row["image_id"] == document.image_id)
     assert (row["detect_ms"], row["caption_ms"]) == (document.detect_ms, document.caption.ms)
+    # The row names its job, the models that made it and the settings that change their output
+    assert row["job_id"] == "survey-2026"
+    assert (row["detector_model"], row["classifier_model"], row["tagger_model"]) == (
+        "fake-detect",
+        "fake-classify",
+        "fake-tag",
+    )
+    assert json.loads(row["output_settings"]) == {s: {"step": s} for s in ("classify", "detect", "tag")}
     assert sorted(row["source_uri"] for row in images) == ["s3://in/a.jpg", "s3://in/b.png"]
     assert len(table_rows(fakes, "detections")) == 4
     # Fetches: Detect, Classify, Tag and WriteResult read the image once each; the caption needs no pixels.
@@ -156,7 +170,7 @@ def test_an_image_without_boxes_skips_describe_and_still_gets_a_caption(workflow
 
 
 def test_a_failure_writing_the_result_still_ends_as_a_failure_row(workflow, fakes: FakeModels) -> None:
-    fakes.store.failing_writes = (".json",)
+    fakes.store.failing_writes = ("s3://results/results/",)
 
     result, _ = run_batch(workflow, fakes, caption=False)
 
@@ -190,11 +204,44 @@ def test_a_variants_failure_is_a_task_failure_and_the_rest_is_kept(workflow, fak
     assert document.detections and document.annotated_uri
 
 
-def test_a_failure_writing_the_tables_fails_the_execution_with_its_reason(workflow, fakes: FakeModels) -> None:
-    fakes.store.failing_writes = (".parquet",)
+def test_a_group_that_cannot_write_its_rows_ends_as_failure_rows_and_the_other_groups_are_kept(
+    workflow, fakes: FakeModels
+) -> None:
+    fakes.store.objects["s3://in/b.png"] = jpeg(32, 32)
+    fakes.store.failing_writes = ("-g-000000.parquet",)
 
-    result, documents = run_batch(workflow, fakes, caption=False)
+    result, documents = run_batch(workflow, fakes, images_per_group=1, caption=False)
+
+    assert result.summary is not None and result.summary.unfinished_groups == ["g-000000"]
+    assert (result.summary.succeeded, result.summary.failed, result.summary.groups) == (1, 1, 2)
+    rows = {row["source_uri"]: row for row in table_rows(fakes, "images")}
+    assert rows["s3://in/b.png"]["status"] == "succeeded"
+    assert (rows["s3://in/a.jpg"]["status"], rows["s3://in/a.jpg"]["failed_step"]) == ("failed", "group")
+    assert rows["s3://in/a.jpg"]["error"].startswith("group g-000000 did not finish")
+    assert documents["s3://in/a.jpg"].status == "succeeded"  # its result document stays, for a rerun of the batch
+
+
+def test_a_rerun_that_finishes_every_group_replaces_the_failure_rows(workflow, fakes: FakeModels) -> None:
+    fakes.store.objects["s3://in/b.png"] = jpeg(32, 32)
+    fakes.store.failing_writes = ("-g-000000.parquet",)
+    run_batch(workflow, fakes, images_per_group=1, caption=False)
+    fakes.store.failing_writes = ()
+
+    result, _ = run_batch(workflow, fakes, images_per_group=1, caption=False)
+
+    assert result.summary is not None and result.summary.unfinished_groups == []
+    rows = table_rows(fakes, "images")
+    assert sorted((row["source_uri"], row["status"]) for row in rows) == [
+        ("s3://in/a.jpg", "succeeded"),
+        ("s3://in/b.png", "succeeded"),
+    ]
+
+
+def test_a_failure_writing_the_summary_fails_the_execution_with_its_reason(workflow, fakes: FakeModels) -> None:
+    fakes.store.failing_writes = ("/summary.json",)
+
+    result, _ = run_batch(workflow, fakes, caption=False)
 
     assert result.status == "FAILED" and result.summary is None
     assert "no space left" in (result.error or "")
-    assert documents["s3://in/a.jpg"].status == "succeeded"  # the result documents stay, for a rerun of the batch
+    assert len(table_rows(fakes, "images")) == 1  # the group's rows were written before

@@ -11,14 +11,14 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
+from pydantic import TypeAdapter
 
 from functions.ingest.app import handler
-from shared import storage
-from shared.contracts import BatchManifest
-from shared.ingest import deployed_starter
+from shared import ingest, storage
+from shared.contracts import BatchInput, ImageGroup, ImageRef
 from shared.settings import Settings, use_settings
 from tests.conftest import SAMPLES
-from tools.local_runner import LocalContext
+from tools.local_runner import LocalContext, create_idempotency_table
 
 REGION = "us-east-1"
 S3_EVENT = json.loads((Path(__file__).parent.parent / "events" / "s3_object_created_eventbridge.json").read_text())
@@ -49,10 +49,11 @@ def sqs_event(*bodies: str, message_ids: list[str] | None = None) -> dict[str, A
 def aws(tiny_settings: Settings) -> Iterator[Any]:
     with mock_aws():
         storage.refresh_clients()
-        deployed_starter.cache_clear()
+        ingest.refresh_clients()
         s3 = boto3.client("s3", region_name=REGION)
         for bucket in ("annotate-input", "annotate-results"):
             s3.create_bucket(Bucket=bucket)
+        create_idempotency_table("annotate-idempotency", REGION)
         cat = (SAMPLES / "chelsea-the-cat.jpg").read_bytes()
         for key in ("incoming/cat.jpg", "incoming/pets/a.jpg", "incoming/pets/b.jpg", "other/c.jpg"):
             s3.put_object(Bucket="annotate-input", Key=key, Body=cat + key.encode())
@@ -66,39 +67,47 @@ def aws(tiny_settings: Settings) -> Iterator[Any]:
                     "state_machine_arn": arn,
                     "results_uri": "s3://annotate-results",
                     "input_buckets": ["annotate-input"],
+                    "idempotency_table": "annotate-idempotency",
                 }
             )
         )
         yield sfn, arn
     storage.refresh_clients()
-    deployed_starter.cache_clear()
+    ingest.refresh_clients()
 
 
 def invoke(event: dict[str, Any]) -> dict[str, Any]:
     return handler(event, LocalContext(function_name="ingest", aws_request_id=str(uuid.uuid4())))
 
 
-def executions(aws: Any) -> list[BatchManifest]:
+def executions(aws: Any) -> list[BatchInput]:
     sfn, arn = aws
     listed = sfn.list_executions(stateMachineArn=arn)["executions"]
     return [
-        BatchManifest.model_validate_json(sfn.describe_execution(executionArn=e["executionArn"])["input"])
-        for e in listed
+        BatchInput.model_validate_json(sfn.describe_execution(executionArn=e["executionArn"])["input"]) for e in listed
     ]
+
+
+def images_of(batch: BatchInput) -> list[ImageRef]:
+    """The images of the batch's groups manifest, as the Distributed Map reads them."""
+    body = boto3.client("s3", region_name=REGION).get_object(
+        Bucket="annotate-results", Key=f"manifests/{batch.batch_id}.groups.json"
+    )["Body"]
+    return [image for group in TypeAdapter(list[ImageGroup]).validate_json(body.read()) for image in group.images]
 
 
 def test_an_s3_object_created_event_starts_exactly_one_execution(aws: Any) -> None:
     response = invoke(sqs_event(json.dumps(S3_EVENT)))
 
     assert response == {"batchItemFailures": []}
-    [manifest] = executions(aws)
-    assert [image.source_uri for image in manifest.images] == ["s3://annotate-input/incoming/cat.jpg"]
-    assert manifest.request.prompt == "dog. cat."
-    assert manifest.results_uri == "s3://annotate-results"
+    [batch] = executions(aws)
+    assert [image.source_uri for image in images_of(batch)] == ["s3://annotate-input/incoming/cat.jpg"]
+    assert batch.request.prompt == "dog. cat."
+    assert batch.results_uri == "s3://annotate-results"
     stored = boto3.client("s3", region_name=REGION).get_object(
-        Bucket="annotate-results", Key=f"manifests/{manifest.batch_id}.json"
+        Bucket="annotate-results", Key=f"manifests/{batch.batch_id}.json"
     )
-    assert BatchManifest.model_validate_json(stored["Body"].read()) == manifest
+    assert BatchInput.model_validate_json(stored["Body"].read()) == batch
 
 
 def test_the_same_event_delivered_twice_starts_one_execution(aws: Any) -> None:
@@ -108,15 +117,51 @@ def test_the_same_event_delivered_twice_starts_one_execution(aws: Any) -> None:
     assert len(executions(aws)) == 1
 
 
+def s3_event(key: str) -> str:
+    event = json.loads(json.dumps(S3_EVENT))
+    event["detail"]["object"]["key"] = key
+    event["detail"]["object"]["etag"] = f"etag-of-{key}"
+    return json.dumps(event)
+
+
 def test_s3_events_of_one_sqs_batch_are_grouped_into_one_execution(aws: Any) -> None:
-    events = []
-    for key in ("incoming/pets/a.jpg", "incoming/pets/b.jpg"):
-        event = json.loads(json.dumps(S3_EVENT))
-        event["detail"]["object"]["key"] = key
-        events.append(json.dumps(event))
-    invoke(sqs_event(*events))
-    [manifest] = executions(aws)
-    assert len(manifest.images) == 2
+    invoke(sqs_event(s3_event("incoming/pets/a.jpg"), s3_event("incoming/pets/b.jpg")))
+    [batch] = executions(aws)
+    assert len(images_of(batch)) == 2
+
+
+def test_an_s3_event_delivered_again_in_another_sqs_batch_starts_nothing_new(aws: Any) -> None:
+    # GIVEN an event already started with another in one SQS batch
+    invoke(sqs_event(s3_event("incoming/pets/a.jpg"), s3_event("incoming/pets/b.jpg")))
+    # WHEN it comes again, in a batch with a new event
+    response = invoke(sqs_event(s3_event("incoming/pets/a.jpg"), s3_event("incoming/cat.jpg")))
+    # THEN only the new event is started
+    assert response == {"batchItemFailures": []}
+    started = sorted(image.source_uri for batch in executions(aws) for image in images_of(batch))
+    assert started == [
+        "s3://annotate-input/incoming/cat.jpg",
+        "s3://annotate-input/incoming/pets/a.jpg",
+        "s3://annotate-input/incoming/pets/b.jpg",
+    ]
+    # AND a batch of nothing but events started before starts nothing
+    assert invoke(sqs_event(s3_event("incoming/cat.jpg"))) == {"batchItemFailures": []}
+    assert len(executions(aws)) == 2
+
+
+def test_events_whose_execution_could_not_start_are_released_for_the_retry(aws: Any) -> None:
+    from shared.settings import get_settings
+
+    # GIVEN a workflow that cannot be started
+    working = get_settings()
+    use_settings(working.model_copy(update={"state_machine_arn": working.state_machine_arn + "-gone"}))
+    ingest.refresh_clients()
+    body = s3_event("incoming/pets/a.jpg")
+    # WHEN its event comes, THEN it is returned to the queue
+    assert invoke(sqs_event(body, message_ids=["m-1"])) == {"batchItemFailures": [{"itemIdentifier": "m-1"}]}
+    # AND WHEN the retry finds the workflow back, THEN it starts it: the failed attempt's claim was released
+    use_settings(working)
+    assert invoke(sqs_event(body, message_ids=["m-1"])) == {"batchItemFailures": []}
+    assert len(executions(aws)) == 1
 
 
 def test_a_prompt_message_with_a_prefix_expands_to_the_images_under_it(aws: Any) -> None:
@@ -125,13 +170,13 @@ def test_a_prompt_message_with_a_prefix_expands_to_the_images_under_it(aws: Any)
         "images": ["s3://annotate-input/incoming/pets/", "s3://annotate-input/other/c.jpg"],
     }
     assert invoke(sqs_event(json.dumps(message))) == {"batchItemFailures": []}
-    [manifest] = executions(aws)
-    assert sorted(image.source_uri for image in manifest.images) == [
+    [batch] = executions(aws)
+    assert sorted(image.source_uri for image in images_of(batch)) == [
         "s3://annotate-input/incoming/pets/a.jpg",
         "s3://annotate-input/incoming/pets/b.jpg",
         "s3://annotate-input/other/c.jpg",
     ]
-    assert manifest.request.phrases == ["hamster"]
+    assert batch.request.phrases == ["hamster"]
 
 
 def test_a_redelivered_prompt_message_starts_nothing_new(aws: Any) -> None:
@@ -208,10 +253,11 @@ def test_planning_an_s3_prefix_takes_the_etags_from_the_listing_not_a_head_per_o
         message = PromptMessage(prompt="dog.", images=["s3://annotate-input/big/", "s3://annotate-input/single.jpg"])
 
         # WHEN ingest plans the message
-        batches = plan_batches(message, 5_000, "s3://annotate-results", lambda uri: store)
+        settings = Settings(results_uri="s3://annotate-results").ingest
+        batches = plan_batches(message, settings, lambda uri: store)
 
     # THEN three listing pages and one HEAD (for the named object) were all it took
     assert requests == Counter({"ListObjectsV2": 3, "HeadObject": 1})
-    assert sum(len(batch.images) for batch in batches) == 2_501
+    assert sum(batch.input.images for batch in batches) == 2_501
     # AND an image's id is the one its HEAD's ETag gives
-    assert expected_id in [image for batch in batches for image in batch.images]
+    assert expected_id in [image for batch in batches for group in batch.groups for image in group.images]

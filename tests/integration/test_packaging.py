@@ -19,10 +19,10 @@ import pyarrow, pyarrow.parquet as pq
 assert pyarrow.__file__.startswith(sys.argv[1]), pyarrow.__file__
 from shared.contracts import ImageResult, Status
 from shared.storage import store_for
-from shared.tables import write_batch_tables
+from shared.tables import write_table_files
 result = ImageResult(image_id="a" * 16, source_uri="x.jpg", batch_id="b-" + "0" * 20, status=Status.SUCCEEDED,
                      prompt="dog.", processed_at=datetime.now(UTC))
-uris = write_batch_tables([result], sys.argv[2], result.batch_id, datetime.now(UTC), store_for)
+uris = write_table_files([result], sys.argv[2], result.batch_id, datetime.now(UTC), store_for)
 print(pq.read_table(uris["images"]).num_rows)
 """
 

@@ -52,7 +52,13 @@ def test_every_principal_acted_and_each_template_statement_a_call_used_is_needed
 ) -> None:
     for report in reports.values():
         acting = {call.request.principal for call in report.calls}
-        assert acting >= {"IngestFunction", "DetectFunction", "WriteResultFunction", "WriteTableFunction"}
+        assert acting >= {
+            "IngestFunction",
+            "DetectFunction",
+            "WriteResultFunction",
+            "WriteGroupTableFunction",
+            "SummarizeBatchFunction",
+        }
         for principal, statements in report.policies.items():
             requests = [call.request for call in report.calls if call.request.principal == principal]
             for statement in statements:
@@ -113,5 +119,5 @@ def test_a_missing_statement_and_a_client_for_another_region_each_fail_the_rehea
     assert {
         "IngestFunction: s3:GetObject",
         "DetectFunction: s3:ListBucket",
-        "WriteTableFunction: s3:PutObject",
+        "WriteGroupTableFunction: s3:PutObject",
     } <= wrong

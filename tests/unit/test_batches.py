@@ -2,9 +2,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import TypeAdapter
+
 from shared.batches import expand_locations, plan_batches
-from shared.contracts import PromptMessage
+from shared.contracts import ImageGroup, PromptMessage
+from shared.settings import IngestSettings, Settings
 from shared.storage import store_for
+
+
+def ingest_settings(max_images_per_batch: int = 500, images_per_group: int = 10) -> IngestSettings:
+    return Settings(
+        results_uri="/results", max_images_per_batch=max_images_per_batch, images_per_group=images_per_group
+    ).ingest
 
 
 def make_inputs(folder: Path) -> Path:
@@ -26,27 +35,42 @@ def test_folders_expand_to_their_files_and_missing_paths_are_kept(tmp_path: Path
 def test_the_same_inputs_and_options_name_the_same_batch(tmp_path: Path) -> None:
     folder = make_inputs(tmp_path / "in")
     message = PromptMessage(prompt="dog.", images=[str(folder)])
-    first = plan_batches(message, 500, "/results", store_for)
-    again = plan_batches(message, 500, "/results", store_for)
-    assert [b.batch_id for b in first] == [b.batch_id for b in again]
-    assert first[0].images == again[0].images
+    first = plan_batches(message, ingest_settings(), store_for)
+    again = plan_batches(message, ingest_settings(), store_for)
+    assert [b.input.batch_id for b in first] == [b.input.batch_id for b in again]
+    assert first[0].groups == again[0].groups
 
 
 def test_other_options_or_other_content_name_another_batch(tmp_path: Path) -> None:
     folder = make_inputs(tmp_path / "in")
     message = PromptMessage(prompt="dog.", images=[str(folder)])
-    [original] = plan_batches(message, 500, "/results", store_for)
-    [other_options] = plan_batches(message.model_copy(update={"box_threshold": 0.5}), 500, "/results", store_for)
+    [original] = plan_batches(message, ingest_settings(), store_for)
+    [other_options] = plan_batches(message.model_copy(update={"box_threshold": 0.5}), ingest_settings(), store_for)
+    [for_a_job] = plan_batches(message.model_copy(update={"job_id": "survey-2026"}), ingest_settings(), store_for)
     (folder / "a.jpg").write_bytes(b"changed")
-    [other_content] = plan_batches(message, 500, "/results", store_for)
-    assert len({original.batch_id, other_options.batch_id, other_content.batch_id}) == 3
-    assert original.images[1] == other_content.images[1]  # the unchanged image keeps its id
+    [other_content] = plan_batches(message, ingest_settings(), store_for)
+    ids = {batch.input.batch_id for batch in (original, other_options, for_a_job, other_content)}
+    assert len(ids) == 4
+    assert original.groups[0].images[1] == other_content.groups[0].images[1]  # the unchanged image keeps its id
 
 
-def test_large_messages_are_split_into_bounded_batches(tmp_path: Path) -> None:
+def test_large_messages_are_split_into_bounded_batches_of_bounded_groups(tmp_path: Path) -> None:
     folder = tmp_path / "many"
     folder.mkdir()
-    for index in range(5):
+    for index in range(7):
         (folder / f"{index}.jpg").write_bytes(bytes([index]))
-    batches = plan_batches(PromptMessage(prompt="dog.", images=[str(folder)]), 2, "/r", store_for)
-    assert [len(batch.images) for batch in batches] == [2, 2, 1]
+    message = PromptMessage(prompt="dog.", images=[str(folder)])
+    batches = plan_batches(message, ingest_settings(max_images_per_batch=5, images_per_group=2), store_for)
+    assert [batch.input.images for batch in batches] == [5, 2]
+    assert [[len(group.images) for group in batch.groups] for batch in batches] == [[2, 2, 1], [2]]
+    assert [batch.input.groups for batch in batches] == [3, 1]
+    assert [group.group_id for group in batches[0].groups] == ["g-000000", "g-000001", "g-000002"]
+
+
+def test_the_groups_manifest_is_the_json_array_the_distributed_map_reads(tmp_path: Path) -> None:
+    folder = make_inputs(tmp_path / "in")
+    [batch] = plan_batches(
+        PromptMessage(prompt="dog.", images=[str(folder)]), ingest_settings(images_per_group=1), store_for
+    )
+    assert TypeAdapter(list[ImageGroup]).validate_json(batch.groups_manifest()) == batch.groups
+    assert len(batch.groups) == 2

@@ -9,13 +9,18 @@ import pytest
 
 from tools.cost import (
     SCENARIOS,
+    STATES_PER_BATCH,
+    STATES_PER_GROUP,
     STATES_PER_IMAGE,
     cost_table,
     fargate_month,
     lambda_month,
     load_prices,
+    orchestration_per_image,
+    orchestration_share,
     rekognition_month,
 )
+from tests.conftest import REPO
 from tools.workflow import DEFINITION_PATH
 
 BENCH = {
@@ -32,16 +37,32 @@ IDLE, STEADY, BURSTS = SCENARIOS
 
 
 def test_a_steady_month_on_lambda_matches_the_hand_computation() -> None:
-    # 510,000 images; per image 6 GB x 2 s + 2.9375 GB x (0.5 + 0.5 + 1) s + 1 GB x 0.3 s = 18.175 GB-s
-    compute = 510_000 * 18.175 * 0.0000166667
-    requests = 510_000 * 5.02 * 0.20 / 1e6
+    # 510,000 images; per image 6 GB x 2 s + 2.9375 GB x (0.5 + 0.5 + 1) s + 1 GB x 0.3 s = 18.175 GB-s, and a
+    # tenth of WriteGroupTable's 1 GB-s (groups of 10) and a hundredth of SummarizeBatch's 2 GB-s (batches of 100)
+    compute = 510_000 * (18.175 + 0.1 + 0.02) * 0.0000166667
+    requests = 510_000 * 5.12 * 0.20 / 1e6
     cold = 51_000 * (6 * 4 + 2.9375 * (2 + 2 + 1)) * 0.0000166667  # 10% cold: import + load billed
-    transitions = 510_000 * 9.03 / 1000 * 0.025
+    # The parent: 4 states per batch of 100 and a child started per group of 10; a child: one Express request and
+    # one image's 4 s at 64 MB
+    parent = 510_000 * (4 / 100 + 1 / 10) * 0.025 / 1000
+    children = 51_000 * (1.00 / 1e6 + 4.0 * 0.0625 * 0.00001667)
     queues = 510_000 * 3 * 0.40 / 1e6
-    storage = 510_000 * (5 * 0.0004 + 2 * 0.005) / 1000
-    expected = compute + requests + cold + transitions + queues + storage
-    assert expected == pytest.approx(309.7488, abs=0.001)
+    storage = 510_000 * (4 * 0.0004 + 2 * 0.005) / 1000
+    expected = compute + requests + cold + parent + children + queues + storage
+    assert expected == pytest.approx(197.4910, abs=0.001)
     assert lambda_month(BENCH, PRICES, STEADY, snapstart=False) == pytest.approx(expected, rel=1e-9)
+    assert orchestration_share(BENCH, PRICES, STEADY) == pytest.approx((parent + children) / expected)
+
+
+def test_standard_children_pay_a_transition_per_state_and_express_ones_do_not() -> None:
+    standard = orchestration_per_image(BENCH, PRICES, express=False)
+    assert standard == pytest.approx((4 / 100 + 1 / 10 + 9 + 2 / 10) * 0.025 / 1000)
+    assert orchestration_per_image(BENCH, PRICES) < standard / 25
+
+
+def test_orchestration_is_at_most_a_tenth_of_the_cost_per_image_at_the_steady_load_as_benched() -> None:
+    bench = json.loads((REPO / "bench" / "bench.json").read_text())
+    assert orchestration_share(bench, PRICES, STEADY) <= 0.10
 
 
 def test_snapstart_trades_init_time_for_restores_and_a_cache_that_costs_when_idle() -> None:
@@ -70,13 +91,17 @@ def test_the_table_has_every_scenario_and_option_and_no_per_image_cost_when_idle
     assert all(row["per_1000_images_usd"] is None for row in rows if row["scenario"] == "idle")
 
 
-def test_the_transitions_counted_per_image_are_states_of_the_workflow() -> None:
+def test_the_states_counted_are_states_of_the_workflow_where_they_are_counted() -> None:
     definition = json.loads(DEFINITION_PATH.read_text())
-    names = set(definition["States"]["AnnotateImages"]["ItemProcessor"]["States"])
-    for state in definition["States"]["AnnotateImages"]["ItemProcessor"]["States"].values():
+    parent = definition["States"]
+    group = parent["AnnotateGroups"]["ItemProcessor"]["States"]
+    image = dict(group["AnnotateImages"]["ItemProcessor"]["States"])
+    for state in list(image.values()):
         for branch in state.get("Branches", []):
-            names |= set(branch["States"])
-    assert set(STATES_PER_IMAGE) <= names
+            image |= branch["States"]
+    assert set(STATES_PER_BATCH) <= set(parent)
+    assert set(STATES_PER_GROUP) <= set(group)
+    assert set(STATES_PER_IMAGE) <= set(image)
 
 
 def test_prices_carry_their_date_and_source() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -10,11 +11,11 @@ import pytest
 import sqlglot
 
 from shared.ingest import MANIFESTS_PREFIX
-from shared.storage import RESULTS_PREFIX
+from shared.storage import BATCHES_PREFIX, RESULTS_PREFIX
 from shared.tables import SCHEMAS, TABLES_PREFIX, glue_type
 from tests.conftest import REPO
 from tests.unit.test_workflow_definition import template
-from tools.query import run_local_query
+from tools.query import IMAGES_LATEST_SQL, images_latest_view, run_local_query
 
 TEMPLATE_TEXT = (REPO / "template.yaml").read_text()
 RESOURCES = template()["Resources"]
@@ -104,7 +105,7 @@ def test_glue_columns_equal_the_parquet_schema_the_code_writes(table: str) -> No
 
 
 def test_the_iam_prefixes_are_the_ones_the_code_writes_under() -> None:
-    for prefix in (RESULTS_PREFIX, TABLES_PREFIX, MANIFESTS_PREFIX):
+    for prefix in (RESULTS_PREFIX, TABLES_PREFIX, MANIFESTS_PREFIX, BATCHES_PREFIX):
         assert f"${{ResultsBucket.Arn}}/{prefix}/*" in TEMPLATE_TEXT
 
 
@@ -125,3 +126,18 @@ def test_every_named_query_runs_on_the_local_tables(results_with_rows: Path) -> 
         [duckdb_sql] = sqlglot.transpile(athena_sql, read="athena", write="duckdb")
         rows = run_local_query(duckdb_sql, results_with_rows).to_pylist()
         assert rows, f"{name} returned nothing over rows that hold answers"
+
+
+def test_the_images_latest_view_is_the_sql_and_the_columns_the_local_view_has() -> None:
+    [view] = [
+        r["Properties"]["TableInput"]
+        for r in RESOURCES.values()
+        if r["Type"] == "AWS::Glue::Table" and r["Properties"]["TableInput"]["Name"] == "images_latest"
+    ]
+    _, (prefix, encoded, suffix) = view["ViewOriginalText"]["Fn::Join"]
+    assert (prefix, suffix) == ("/* Presto View: ", " */")
+    definition = json.loads(encoded["Fn::Base64"]["Fn::Sub"].replace("${AnnotateDatabase}", "annotate_db"))
+    assert definition == images_latest_view("annotate_db")
+    assert definition["originalSql"] == IMAGES_LATEST_SQL
+    hive_columns = [(c["Name"], c["Type"]) for c in view["StorageDescriptor"]["Columns"]]
+    assert hive_columns == [(field.name, glue_type(field.type)) for field in SCHEMAS["images"]] + [("dt", "string")]

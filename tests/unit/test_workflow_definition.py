@@ -12,7 +12,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from shared.contracts import (
     AnnotationRequest,
-    BatchManifest,
+    BatchInput,
     BatchSummary,
     Box,
     BoxAttributes,
@@ -24,16 +24,28 @@ from shared.contracts import (
     Detection,
     DetectOutput,
     FailedStep,
+    GroupSummary,
+    GroupTask,
+    ImageGroup,
     ImageOutcome,
     ImageRef,
     ImageState,
     ImageTask,
     StepFailure,
+    SummarizeInput,
     TagOutput,
-    WriteTableInput,
+    WriteGroupTableInput,
+    groups_manifest_uri,
 )
 from tools.sam_template import load_template
-from tools.workflow import DEFINITION_PATH, FARGATE_PLACEHOLDERS, FUNCTION_PLACEHOLDERS, placeholders, substitute
+from tools.workflow import (
+    DEFINITION_PATH,
+    FARGATE_PLACEHOLDERS,
+    FUNCTION_PLACEHOLDERS,
+    STACK_PLACEHOLDERS,
+    placeholders,
+    substitute,
+)
 
 
 def template() -> dict[str, Any]:
@@ -62,7 +74,7 @@ def test_every_placeholder_is_substituted_by_the_template() -> None:
 
 
 def test_every_function_placeholder_has_a_handler_folder() -> None:
-    assert placeholders() == set(FUNCTION_PLACEHOLDERS) | set(FARGATE_PLACEHOLDERS)
+    assert placeholders() == set(FUNCTION_PLACEHOLDERS) | set(FARGATE_PLACEHOLDERS) | set(STACK_PLACEHOLDERS)
     for name in FUNCTION_PLACEHOLDERS.values():
         assert (DEFINITION_PATH.parent.parent / "functions" / name / "app.py").is_file()
 
@@ -139,14 +151,26 @@ def dumped(model: BaseModel) -> Any:
 
 REQUEST = AnnotationRequest(prompt="dog. cat.", variants={"prompt": "a watercolor"})
 IMAGE = ImageRef(image_id="0123456789abcdef", source_uri="s3://in/dog.jpg")
-MANIFEST = BatchManifest(batch_id="b-" + "1" * 20, request=REQUEST, images=[IMAGE], results_uri="s3://out")
-TASK = ImageTask(batch_id=MANIFEST.batch_id, request=REQUEST, image=IMAGE, results_uri="s3://out")
+BATCH = BatchInput(
+    batch_id="b-" + "1" * 20,
+    request=REQUEST,
+    results_uri="s3://out",
+    planned_at="2026-11-30T12:00:00Z",
+    images=1,
+    groups=1,
+    group_concurrency=4,
+)
+GROUP = ImageGroup(group_id="g-000000", images=[IMAGE])
+TASK = ImageTask(batch_id=BATCH.batch_id, request=REQUEST, image=IMAGE, results_uri="s3://out")
 DETECTION = DetectOutput(
     width=64, height=48, detections=[Detection(label="dog", score=0.9, box=Box(x0=1, y0=2, x1=30, y1=40))], ms=9.5
 )
 FAILURE = StepFailure(Error="ImageRejected", Cause="file is empty")
 CAPTION = CaptionOutput(
     caption="A dog.", model="m", ttft_ms=1, tokens_per_s=1, prompt_tokens=1, completion_tokens=1, peak_rss_mb=1
+)
+SUMMARY = BatchSummary(
+    batch_id=BATCH.batch_id, images=1, succeeded=1, failed=0, groups=1, unfinished_groups=[], summary_uri="s3://out/s"
 )
 OUTCOME = ImageOutcome(image=IMAGE, status="succeeded", result_uri="s3://out/results/x.json")
 
@@ -163,17 +187,31 @@ CONTRACTS: dict[str, tuple[type[BaseModel] | None, BaseModel | dict[str, Any]]] 
     "Variants": (None, {"TaskArn": "arn:aws:ecs:us-east-1:1:task/c/2", "Containers": [{"ExitCode": 0}]}),
     "WriteResult": (ImageState, OUTCOME),
     "RecordWriteFailure": (ImageOutcome, ImageOutcome(image=IMAGE, status="failed", write_failure=FAILURE)),
-    "WriteTable": (
-        WriteTableInput,
-        BatchSummary(batch_id="b", succeeded=1, failed=0, images_table_uri="x", detections_table_uri="y"),
+    "WriteGroupTable": (
+        WriteGroupTableInput,
+        GroupSummary(
+            batch_id="b", group_id="g-000000", succeeded=1, failed=0, images_table_uri="x", detections_table_uri="y"
+        ),
     ),
+    "SummarizeBatch": (SummarizeInput, SUMMARY),
+    "BatchDone": (None, {}),
 }
+BATCH_STATES = {"WriteGroupTable", "SummarizeBatch", "BatchDone"}
+
+
+def group_task() -> dict[str, Any]:
+    """A child workflow's input, as the Distributed Map's ItemSelector makes it from the batch and a group."""
+    made = evaluate(
+        STATES["AnnotateGroups"]["ItemSelector"], dumped(BATCH), {"Map": {"Item": {"Value": dumped(GROUP)}}}
+    )
+    assert GroupTask.model_validate(made).group == GROUP
+    return made
 
 
 def full_state() -> dict[str, Any]:
     """An image state as WriteResult sees it after every step ran."""
     items = evaluate(
-        STATES["AnnotateImages"]["ItemSelector"], dumped(MANIFEST), {"Map": {"Item": {"Value": dumped(IMAGE)}}}
+        STATES["AnnotateImages"]["ItemSelector"], group_task(), {"Map": {"Item": {"Value": dumped(IMAGE)}}}
     )
     assert ImageState.model_validate(items) == ImageState(task=TASK)
     return dumped(
@@ -195,7 +233,7 @@ def test_every_task_and_pass_state_has_a_contract() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", [name for name in CONTRACTS if name not in {"WriteTable", "ClassifyFailed", "TagFailed"}]
+    "name", [name for name in CONTRACTS if name not in BATCH_STATES | {"ClassifyFailed", "TagFailed"}]
 )
 def test_each_image_state_takes_its_model_and_leaves_a_valid_image_state(name: str) -> None:
     state, (input_model, output) = STATES[name], CONTRACTS[name]
@@ -237,23 +275,45 @@ def test_every_catch_of_an_image_step_records_its_failure_under_a_failed_step() 
         for catch in state.get("Catch", [])
         if catch["ResultPath"].startswith("$.failures.")
     }
-    assert keys == set(FailedStep) - {FailedStep.CLASSIFY, FailedStep.TAG, FailedStep.WRITE_RESULT}
+    # Classify and Tag fail as branches, WriteResult into write_failure, a group in SummarizeBatch's rows
+    assert keys == set(FailedStep) - {FailedStep.CLASSIFY, FailedStep.TAG, FailedStep.WRITE_RESULT, FailedStep.GROUP}
     for key in keys:
         ImageState.model_validate(write_path(full_state(), f"$.failures.{key}", dumped(FAILURE)))
 
 
-def test_the_batch_states_take_the_manifest_and_the_outcomes() -> None:
-    annotate = STATES["AnnotateImages"]
-    assert annotate["ItemsPath"].removeprefix("$.") in BatchManifest.model_fields
-    document = write_path(dumped(MANIFEST), annotate["ResultPath"], [dumped(OUTCOME)])
-    WriteTableInput.model_validate(state_input(STATES["WriteTable"], document))
+def test_the_distributed_map_reads_the_groups_manifest_that_ingest_writes() -> None:
+    reader = STATES["AnnotateGroups"]["ItemReader"]["Parameters"]
+    key_format, path = re.fullmatch(r"States\.Format\('(.+)', (\$\.\w+)\)", reader["Key.$"]).groups()
+    key = key_format.replace("{}", read_path(dumped(BATCH), path, {}))
+    assert f"s3://{reader['Bucket']}/{key}" == groups_manifest_uri("s3://${ResultsBucket}", BATCH.batch_id)
+    assert STATES["AnnotateGroups"]["MaxConcurrencyPath"].removeprefix("$.") in BatchInput.model_fields
+
+
+def test_a_group_is_annotated_image_by_image_and_written_as_one_table_file() -> None:
+    images = STATES["AnnotateImages"]
+    assert TypeAdapter(list[ImageRef]).validate_python(read_path(group_task(), images["ItemsPath"], {})) == [IMAGE]
+    document = write_path(group_task(), images["ResultPath"], [dumped(OUTCOME)])
+    WriteGroupTableInput.model_validate(state_input(STATES["WriteGroupTable"], document))
+
+
+@pytest.mark.parametrize("failed", [False, True])
+def test_the_batch_is_summarized_whether_or_not_the_map_failed(failed: bool) -> None:
+    groups = STATES["AnnotateGroups"]
+    path, result = (groups["Catch"][0]["ResultPath"], dumped(FAILURE)) if failed else (groups["ResultPath"], {})
+    document = write_path(dumped(BATCH), path, result)
+    assert (SummarizeInput.model_validate(state_input(STATES["SummarizeBatch"], document)).error is not None) is failed
+    ended = write_path(document, STATES["SummarizeBatch"]["ResultPath"], dumped(SUMMARY))
+    [choice] = STATES["BatchEnded"]["Choices"]
+    assert choice["Variable"] == groups["Catch"][0]["ResultPath"] and choice["Next"] == "BatchFailed"
+    if not failed:
+        assert BatchSummary.model_validate(read_path(ended, STATES["BatchDone"]["OutputPath"], {})) == SUMMARY
 
 
 def test_no_state_spells_out_the_image_task_field_by_field() -> None:
     task_fields = set(ImageTask.model_fields)
     made = {key.removesuffix(".$") for key in STATES["AnnotateImages"]["ItemSelector"]["task"]}
-    assert made == task_fields  # where the task is made from the manifest, once
+    assert made == task_fields  # where the task is made from the group, once
     for name, state in STATES.items():
         named = {key.removesuffix(".$") for key in state.get("Parameters", {})} & task_fields
-        if name != "WriteTable":  # the batch's own fields, not an image's
+        if name != "WriteGroupTable":  # the batch's own fields, not an image's
             assert len(named) <= 1, f"{name} lists {sorted(named)} one by one: pass $.task instead"

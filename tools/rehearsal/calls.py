@@ -47,6 +47,10 @@ def _queue(params: Mapping[str, Any], region: str, account: str) -> str:
     return f"arn:aws:sqs:{region}:{owner}:{name}"
 
 
+def _table(params: Mapping[str, Any], region: str, account: str) -> str:
+    return f"arn:aws:dynamodb:{region}:{account}:table/{params['TableName']}"
+
+
 def _prefix(params: Mapping[str, Any]) -> dict[str, str]:
     return {"s3:prefix": params.get("Prefix", "")}
 
@@ -68,6 +72,10 @@ OPERATIONS: dict[tuple[str, str], Mapper] = {
     ("s3", "ListObjectsV2"): ("s3:ListBucket", _bucket, _prefix),
     ("s3", "ListObjects"): ("s3:ListBucket", _bucket, _prefix),
     ("states", "StartExecution"): ("states:StartExecution", lambda p, r, a: p["stateMachineArn"], _no_keys),
+    ("dynamodb", "GetItem"): ("dynamodb:GetItem", _table, _no_keys),
+    ("dynamodb", "PutItem"): ("dynamodb:PutItem", _table, _no_keys),
+    ("dynamodb", "UpdateItem"): ("dynamodb:UpdateItem", _table, _no_keys),
+    ("dynamodb", "DeleteItem"): ("dynamodb:DeleteItem", _table, _no_keys),
     ("sqs", "ReceiveMessage"): ("sqs:ReceiveMessage", _queue, _no_keys),
     ("sqs", "DeleteMessage"): ("sqs:DeleteMessage", _queue, _no_keys),
     ("sqs", "DeleteMessageBatch"): ("sqs:DeleteMessage", _queue, _no_keys),

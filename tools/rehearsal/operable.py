@@ -8,6 +8,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from tools.rehearsal.stack import DeployedStack
+from tools.workflow import all_states
 
 if TYPE_CHECKING:
     from tools.rehearsal.story import Report
@@ -73,7 +74,7 @@ def _check_bounds(stack: DeployedStack, report: Report) -> None:
     sfn = boto3.client("stepfunctions", region_name=region)
     definition = json.loads(sfn.describe_state_machine(stateMachineArn=stack.state_machine_arn)["definition"])
     report.check("TimeoutSeconds" in definition, "the workflow has no TimeoutSeconds")
-    variants = definition["States"]["AnnotateImages"]["ItemProcessor"]["States"]["Variants"]
+    [variants] = [state for name, state in all_states(definition) if name == "Variants"]
     report.check("TimeoutSeconds" in variants, "the Variants task has no TimeoutSeconds")
     lambda_client = boto3.client("lambda", region_name=region)
     for function in stack.functions.values():

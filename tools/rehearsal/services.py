@@ -150,11 +150,49 @@ class InProcessServices:
         try:
             for queue in mappings:
                 queue.lambda_event_source_mappings = {}
-            with services_in_process(self._invoked_by_state_machine, self._run_task):
+            with services_in_process(self._invoked_by_state_machine, self._run_task), self._distributed_map_calls():
                 yield
         finally:
             for queue, mapping in mappings.items():
                 queue.lambda_event_source_mappings = mapping
+
+    @contextmanager
+    def _distributed_map_calls(self) -> Iterator[None]:
+        """The Distributed Map's own requests, made as the state machine's role: reading the groups manifest
+        (ItemReader) and writing the map run's results (ResultWriter) are moto's real S3 calls, recorded as any
+        other; starting and following each child execution happen inside moto and are logged here as Step
+        Functions makes them."""
+        from unittest import mock
+
+        from moto.stepfunctions.parser.asl.component.state.exec.state_map.item_reader.item_reader_decl import (
+            ItemReader,
+        )
+        from moto.stepfunctions.parser.asl.component.state.exec.state_map.result_writer.result_writer_decl import (
+            ResultWriter,
+        )
+
+        machine_arn, region = self.stack.state_machine_arn, self.stack.region
+        read_items, write_results = ItemReader._eval_body, ResultWriter._eval_body
+
+        def read_as_the_state_machine(reader: Any, env: Any) -> None:
+            with acting_as(self._state_machine):
+                read_items(reader, env)
+            children = env.stack[-1] if env.stack and isinstance(env.stack[-1], list) else []
+            execution = machine_arn.replace(":stateMachine:", ":execution:")
+            for _ in children:
+                child = f"{execution}/{uuid.uuid4()}"
+                for action, resource in (("states:StartExecution", machine_arn), ("states:DescribeExecution", child)):
+                    self.log.add(Request(self._state_machine, action, resource), region)
+
+        def write_as_the_state_machine(writer: Any, env: Any) -> None:
+            with acting_as(self._state_machine):
+                write_results(writer, env)
+
+        with (
+            mock.patch.object(ItemReader, "_eval_body", read_as_the_state_machine),
+            mock.patch.object(ResultWriter, "_eval_body", write_as_the_state_machine),
+        ):
+            yield
 
     def poll(self, queue_arn: str, function: DeployedFunction) -> Poll | None:
         """One poll of an SQS event source, as Lambda makes it with the function's role: receive up to the

@@ -25,7 +25,7 @@ from unittest import mock
 from tools.local_runner import MOTO_CONFIG as LOCAL_MOTO_CONFIG
 from tools.rehearsal.iam import Statement, statements
 from tools.sam_template import TEMPLATE_PATH
-from tools.workflow import substitute
+from tools.workflow import for_moto, substitute
 
 if TYPE_CHECKING:
     from moto.core.config import DefaultConfig
@@ -555,7 +555,7 @@ def _create_state_machine(
     name = created[logical_id].rsplit(":", 1)[-1]
     arn = clients("stepfunctions").create_state_machine(
         name=name,
-        definition=substituted,
+        definition=for_moto(substituted),
         roleArn=properties["RoleArn"],
         type=properties.get("StateMachineType", "STANDARD"),
     )["stateMachineArn"]

@@ -99,8 +99,7 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
     """Deploy and play the story on a fresh moto; the report says what happened and what failed."""
     from moto import mock_aws
 
-    from shared import storage
-    from shared.ingest import deployed_starter
+    from shared import ingest, storage
 
     # The user's shell is set for the stack's region (README: export AWS_REGION), as `sam deploy` was, and so
     # are Lambda's and ECS's environments. EMF metrics would go to stdout here, not to CloudWatch. moto decodes
@@ -118,7 +117,7 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
         record_calls(deployment.region, ACCOUNT) as log,
     ):
         storage.refresh_clients()  # clients made before the call log would go unrecorded
-        deployed_starter.cache_clear()
+        ingest.refresh_clients()
         if with_variants:
             deployment = replace(deployment, parameters=deployment.parameters | _network(deployment.region))
         report = Report(deployment)
@@ -132,7 +131,7 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
         report.failures += log.problems
         _check_iam(stack, report)
     storage.refresh_clients()
-    deployed_starter.cache_clear()
+    ingest.refresh_clients()
     return report
 
 
@@ -321,6 +320,7 @@ def _results_where_athena_reads_them(stack: DeployedStack, report: Report, image
         _download_todays_tables(stack, report, Path(folder))
         _check_rows(report, Path(folder), images, with_variants)
         _run_named_queries(stack, report, Path(folder))
+        _query_the_views(stack, report, Path(folder), images)
 
 
 def _download_todays_tables(stack: DeployedStack, report: Report, local: Path) -> None:
@@ -330,6 +330,8 @@ def _download_todays_tables(stack: DeployedStack, report: Report, local: Path) -
     s3 = boto3.client("s3", region_name=stack.region)
     today = datetime.now(UTC).strftime("%Y-%m-%d")
     for table in glue.get_tables(DatabaseName=stack.outputs["GlueDatabaseName"])["TableList"]:
+        if table.get("TableType") == "VIRTUAL_VIEW":
+            continue
         location = table["Parameters"]["storage.location.template"].replace("${dt}", today)
         bucket, prefix = location.removeprefix("s3://").split("/", 1)
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])]
@@ -355,6 +357,30 @@ def _check_rows(report: Report, local: Path, images: int, with_variants: bool) -
     if with_variants:
         report.check(any(r["variants_model"] for r in rows), f"no row carries variants: {rows}")
     report.steps.append(f"{len(rows)} image rows ({len(failed)} failed) where the Glue tables' projection reads them")
+
+
+def _query_the_views(stack: DeployedStack, report: Report, local: Path, images: int) -> None:
+    """Each Glue view, decoded as Athena decodes it, runs on the deployed results; images_latest gives one row per
+    source image."""
+    import base64
+
+    import boto3
+    import sqlglot
+
+    from tools.query import run_local_query
+
+    glue = boto3.client("glue", region_name=stack.region)
+    tables = glue.get_tables(DatabaseName=stack.outputs["GlueDatabaseName"])["TableList"]
+    views = {t["Name"]: t for t in tables if t.get("TableType") == "VIRTUAL_VIEW"}
+    report.check("images_latest" in views, f"no images_latest view in the Glue database: {sorted(views)}")
+    for name, view in views.items():
+        encoded = view["ViewOriginalText"].removeprefix("/* Presto View: ").removesuffix(" */")
+        original_sql = json.loads(base64.b64decode(encoded))["originalSql"]
+        [duckdb_sql] = sqlglot.transpile(original_sql, read="athena", write="duckdb")
+        rows = run_local_query(f"SELECT source_uri FROM ({duckdb_sql})", local).column("source_uri").to_pylist()
+        if name == "images_latest":
+            report.check(len(rows) == len(set(rows)), f"images_latest repeats a source image: {rows}")
+    report.steps.append(f"views ran on the deployed results: {', '.join(sorted(views))}")
 
 
 def _run_named_queries(stack: DeployedStack, report: Report, local: Path) -> None:

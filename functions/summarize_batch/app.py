@@ -1,4 +1,4 @@
-"""WriteTable: gather a batch's results into the Parquet tables `images` and `detections`."""
+"""SummarizeBatch: failure rows for the groups that did not finish, and the batch's summary."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from shared import steps
-from shared.contracts import WriteTableInput
+from shared.contracts import SummarizeInput
 from shared.dependencies import Step, dependencies_of
 from shared.observability import logger
 
 
 @logger.inject_lambda_context(clear_state=True)
-@event_parser(model=WriteTableInput)
-def handler(event: WriteTableInput, context: LambdaContext) -> dict[str, Any]:
-    return steps.write_table(event, dependencies_of(Step.WRITE_TABLE)).model_dump(mode="json")
+@event_parser(model=SummarizeInput)
+def handler(event: SummarizeInput, context: LambdaContext) -> dict[str, Any]:
+    return steps.summarize_batch(event, dependencies_of(Step.SUMMARIZE_BATCH)).model_dump(mode="json")

@@ -189,6 +189,7 @@ class ImageRef(Frozen):
 
 
 MAX_IMAGES_PER_GROUP = 50
+MAX_LISTED_GROUPS = 100
 
 
 class ImageGroup(Frozen):
@@ -501,6 +502,9 @@ class BatchSummary(Frozen):
     succeeded: int
     failed: int
     groups: int
-    unfinished_groups: list[str] = Field(description="Groups whose child workflow wrote no summary")
+    unfinished: int = Field(description="Groups whose child workflow wrote no summary (their images failed)")
+    unfinished_groups: list[str] = Field(
+        max_length=MAX_LISTED_GROUPS, description="The first of them (the execution's output stays small)"
+    )
     error: StepFailure | None = None
     summary_uri: str

@@ -14,6 +14,7 @@ from pydantic import TypeAdapter
 
 from shared.captioning import image_facts
 from shared.contracts import (
+    MAX_LISTED_GROUPS,
     BatchSummary,
     BoxAttributes,
     BoxClasses,
@@ -341,7 +342,8 @@ def summarize_batch(state: SummarizeInput, deps: Dependencies) -> BatchSummary:
         succeeded=sum(group.succeeded for group in finished.values()),
         failed=sum(group.failed for group in finished.values()) + len(rows),
         groups=state.groups,
-        unfinished_groups=[group.group_id for group in unfinished],
+        unfinished=len(unfinished),
+        unfinished_groups=[group.group_id for group in unfinished[:MAX_LISTED_GROUPS]],
         error=state.error,
         summary_uri=uri,
     )

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from shared.contracts import BatchManifest, PromptMessage
+from shared.contracts import BatchInput, PromptMessage
 from shared.settings import Settings
 from tools.sam_template import load_template
 
@@ -25,10 +25,10 @@ class _NoWorkflow:
     """Starts nothing: the bench measures planning and writing the manifests, not the executions."""
 
     def __init__(self) -> None:
-        self.started: list[str] = []
+        self.started: list[BatchInput] = []
 
-    def start(self, manifest: BatchManifest, name: str) -> str:
-        self.started.append(name)
+    def start(self, batch: BatchInput, name: str) -> str:
+        self.started.append(batch)
         return name
 
 
@@ -78,6 +78,8 @@ def run_ingest_bench(objects: int, out_dir: Path, progress: Callable[[str], None
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "objects": objects,
         "executions_started": len(starter.started),
+        "groups": sum(batch.groups for batch in starter.started),
+        "execution_input_bytes": max(len(batch.model_dump_json()) for batch in starter.started),
         "planning": {"seconds": round(planned_s, 2), "requests": planned_requests, "peak_python_mb": round(peak_mb, 1)},
         "head_per_object": {"seconds": round(head_s, 2), "requests": head_requests},
         "moto_head_median_ms": head_latency,
@@ -103,7 +105,8 @@ def markdown_report(report: dict[str, Any]) -> str:
     planning, heads = report["planning"], report["head_per_object"]
     return (
         f"Measured {report['measured_at']} on moto's S3: ingest planning a prefix of {report['objects']:,} objects "
-        f"into {report['executions_started']} executions (their manifests written, nothing started).\n\n"
+        f"into {report['executions_started']} execution of {report['groups']:,} groups (its input, "
+        f"{report['execution_input_bytes']:,} bytes, and its groups manifest written; nothing started).\n\n"
         "| way | seconds | requests | peak Python MB |\n|---|---:|---|---:|\n"
         f"| listing's ETags (now) | {planning['seconds']} | {planning['requests']} | {planning['peak_python_mb']} |\n"
         f"| a HEAD per object (before) | {heads['seconds']} | {heads['requests']} | |\n\n"

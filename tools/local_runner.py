@@ -154,6 +154,7 @@ def _task_failed(service: Any, env: Any, cause: str) -> Exception:
 def services_in_process(invoke: Invoker, run_container: ContainerRunner) -> Iterator[None]:
     """Inside an active ``mock_aws``: the interpreter's Lambda invocations and ECS tasks (.sync) run here."""
     from moto.awslambda_simple.models import LambdaSimpleBackend
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
     from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_ecs import (
         StateTaskServiceEcs,
     )
@@ -163,6 +164,18 @@ def services_in_process(invoke: Invoker, run_container: ContainerRunner) -> Iter
         if failed:
             response_headers["x-amz-function-error"] = "Unhandled"
         return json.dumps(response).encode()
+
+    # The interpreter's Lambda tasks, straight to ``invoke``: through a botocore client and moto's HTTP routing
+    # each invocation cost tens of milliseconds of the GIL, which a thousand-image run spends ten times over.
+    def interpreter_invoke(parameters: dict[str, Any], region: str, state_credentials: Any) -> dict[str, Any]:
+        function, qualifier = str(parameters["FunctionName"]), parameters.get("Qualifier")
+        if function.startswith("arn:") and function.count(":") == 7:  # an alias or version ARN
+            function, qualifier = function.rsplit(":", 1)
+        payload = parameters.get("Payload") or b"{}"
+        response, failed = invoke(
+            function, qualifier, json.loads(payload) if isinstance(payload, str | bytes) else payload
+        )
+        return {"StatusCode": 200, "Payload": response} | ({"FunctionError": "Unhandled"} if failed else {})
 
     # moto calls this with keywords: the parameter names are its own.
     def run_task(
@@ -184,6 +197,7 @@ def services_in_process(invoke: Invoker, run_container: ContainerRunner) -> Iter
 
     with (
         mock.patch.object(LambdaSimpleBackend, "invoke", lambda_invoke),
+        mock.patch.object(lambda_eval_utils, "_invoke_lambda_function", interpreter_invoke),
         mock.patch.object(StateTaskServiceEcs, "_eval_service_task", run_task),
         mock.patch.object(StateTaskServiceEcs, "_build_sync_resolver", stopped_task),
     ):
@@ -267,8 +281,10 @@ def local_workflow(
 
 
 def _wait(client: Any, execution_arn: str) -> ExecutionResult:
+    pause = 0.02
     while (execution := client.describe_execution(executionArn=execution_arn))["status"] == "RUNNING":
-        time.sleep(0.05)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.5)  # each poll is a request through moto, which competes for the GIL
     status = execution["status"]
     summary = BatchSummary.model_validate_json(execution["output"]) if status == "SUCCEEDED" else None
     error = None if summary else f"{execution.get('error', status)}: {execution.get('cause', '')}"

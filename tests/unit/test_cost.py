@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tests.conftest import REPO
 from tools.cost import (
     SCENARIOS,
     STATES_PER_BATCH,
@@ -20,7 +21,6 @@ from tools.cost import (
     orchestration_share,
     rekognition_month,
 )
-from tests.conftest import REPO
 from tools.workflow import DEFINITION_PATH
 
 BENCH = {

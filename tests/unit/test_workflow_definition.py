@@ -170,7 +170,14 @@ CAPTION = CaptionOutput(
     caption="A dog.", model="m", ttft_ms=1, tokens_per_s=1, prompt_tokens=1, completion_tokens=1, peak_rss_mb=1
 )
 SUMMARY = BatchSummary(
-    batch_id=BATCH.batch_id, images=1, succeeded=1, failed=0, groups=1, unfinished_groups=[], summary_uri="s3://out/s"
+    batch_id=BATCH.batch_id,
+    images=1,
+    succeeded=1,
+    failed=0,
+    groups=1,
+    unfinished=0,
+    unfinished_groups=[],
+    summary_uri="s3://out/s",
 )
 OUTCOME = ImageOutcome(image=IMAGE, status="succeeded", result_uri="s3://out/results/x.json")
 

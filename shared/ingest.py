@@ -9,9 +9,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import uuid
-from collections.abc import Collection
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol
 
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType
@@ -136,56 +136,62 @@ def batch_input_uri(results_root: str, batch_id: str) -> str:
     return join_uri(results_root, MANIFESTS_PREFIX, f"{batch_id}.json")
 
 
-@dataclass
-class _S3Group:
-    """The S3 events of one SQS batch, started as one execution."""
+@dataclass(frozen=True)
+class S3Object:
+    """A dropped image as its event names it: its identity is bucket, key and ETag."""
 
-    record_ids: list[str] = field(default_factory=list)
-    events: list[dict[str, str]] = field(default_factory=list)
+    bucket: str
+    key: str
+    etag: str
 
     @property
-    def uris(self) -> list[str]:
-        return [f"s3://{event['bucket']}/{event['key']}" for event in self.events]
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+class Claim(StrEnum):
+    NEW = "new"  # this invocation starts it
+    STARTED = "started"  # an earlier delivery started it: skip
+    IN_FLIGHT = "in flight"  # another invocation is starting it: retry the record later
 
 
 class S3EventClaims:
-    """Which S3 events this invocation is the first to start (Powertools Idempotency on a DynamoDB table).
+    """Which S3 events this invocation is the first to start (Powertools Idempotency's DynamoDB persistence).
 
-    An event is the object (bucket, key, ETag) under the request it is annotated with: delivered again, in this
-    SQS batch or another, it is claimed already and skipped, so the image gets one row. Claims are released when
-    the execution that was to annotate them could not be started, so a retry of the message can claim them again.
+    An event is the object (bucket, key, ETag) under the request it is annotated with. It is claimed in progress
+    until its execution has started, then marked started: delivered again, in this SQS batch or another, it is
+    skipped, so the image gets one row. A claim whose execution could not start is released; one left in progress
+    by an invocation that died expires when that invocation's time is up, so a retry of the message claims it again.
     """
 
-    def __init__(self, settings: IngestSettings, request_digest: str, token: str) -> None:
-        from aws_lambda_powertools.utilities.idempotency import (
-            DynamoDBPersistenceLayer,
-            IdempotencyConfig,
-            idempotent_function,
-        )
+    def __init__(self, settings: IngestSettings, request: AnnotationRequest, remaining_ms: int | None) -> None:
+        from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer, IdempotencyConfig
 
         self._persistence = DynamoDBPersistenceLayer(
             table_name=settings.idempotency_table, boto3_client=_dynamodb_client()
         )
-        self._request_digest = request_digest
-        config = IdempotencyConfig(
-            expires_after_seconds=settings.idempotency_expiry_s, raise_on_no_idempotency_key=True
-        )
+        config = IdempotencyConfig(expires_after_seconds=settings.idempotency_expiry_s)
+        self._persistence.configure(config, function_name="s3-events")
+        self._request = hashlib.sha256(request.model_dump_json().encode()).hexdigest()
+        self._remaining_ms = remaining_ms
 
-        @idempotent_function(data_keyword_argument="event", persistence_store=self._persistence, config=config)
-        def claim(event: dict[str, str]) -> dict[str, str]:
-            return {"token": token}
+    def _data(self, event: S3Object) -> dict[str, str]:
+        return {"object": f"{event.bucket}/{event.key}", "etag": event.etag, "request": self._request}
 
-        self._claim = claim
-        self._token = token
+    def claim(self, event: S3Object) -> Claim:
+        from aws_lambda_powertools.utilities.idempotency.exceptions import IdempotencyItemAlreadyExistsError
 
-    def _data(self, event: dict[str, str]) -> dict[str, str]:
-        return {"object": f"{event['bucket']}/{event['key']}", "etag": event["etag"], "request": self._request_digest}
+        try:
+            self._persistence.save_inprogress(self._data(event), self._remaining_ms)
+        except IdempotencyItemAlreadyExistsError as error:
+            earlier = error.old_data_record
+            return Claim.STARTED if earlier is not None and earlier.status == "COMPLETED" else Claim.IN_FLIGHT
+        return Claim.NEW
 
-    def claim(self, event: dict[str, str]) -> bool:
-        """True when this invocation is the first to claim ``event``."""
-        return bool(self._claim(event=self._data(event))["token"] == self._token)
+    def started(self, event: S3Object, executions: list[str]) -> None:
+        self._persistence.save_success(self._data(event), {"executions": executions})
 
-    def release(self, event: dict[str, str], reason: Exception) -> None:
+    def release(self, event: S3Object, reason: Exception) -> None:
         self._persistence.delete_record(self._data(event), reason)
 
 
@@ -195,17 +201,18 @@ def ingest_sqs_batch(
     starter: WorkflowStarter,
     store_for: StoreFor,
     allowed_buckets: Collection[str] | None = None,
-    invocation_id: str = "",
+    remaining_ms: Callable[[], int] | None = None,
 ) -> dict[str, Any]:
     """Handle one SQS batch: each prompt message starts its own batches; the S3 events are grouped into one.
 
-    ``allowed_buckets``: AWS mode, see :func:`start_batches`. ``invocation_id`` (Lambda's request id) tells this
-    invocation's claims on S3 events from earlier ones (see :class:`S3EventClaims`).
+    ``allowed_buckets``: AWS mode, see :func:`start_batches`. ``remaining_ms`` (Lambda's remaining time) bounds how
+    long this invocation's claims on S3 events stay in progress (see :class:`S3EventClaims`).
 
-    Returns the partial batch response: the records that failed (a malformed message, a start that failed)
-    come back to the queue, and after the queue's receive limit reach its dead-letter queue; the rest succeed.
+    Returns the partial batch response: the records that failed (a malformed message, a start that failed, an S3
+    event another invocation is starting) come back to the queue, and after the queue's receive limit reach its
+    dead-letter queue; the rest succeed.
     """
-    s3_group = _S3Group()
+    dropped: dict[str, S3Object] = {}  # SQS message id -> the object its event names
 
     def handle(record: SQSRecord) -> None:
         try:
@@ -218,61 +225,57 @@ def ingest_sqs_batch(
             metrics.add_metric(name="MessagesRejected", unit=MetricUnit.Count, value=1)
             raise
         detail = parsed.detail
-        s3_group.record_ids.append(record.message_id)
-        s3_group.events.append(
-            {
-                "bucket": detail.bucket.name,
-                "key": detail.object.key,
-                "etag": detail.object.etag or detail.object.sequencer or "",
-            }
-        )
+        etag = detail.object.etag or detail.object.sequencer or ""
+        dropped[record.message_id] = S3Object(bucket=detail.bucket.name, key=detail.object.key, etag=etag)
 
     processor = BatchProcessor(event_type=EventType.SQS)
     with processor(records=event.get("Records", []), handler=handle):
         processor.process()
     response: dict[str, Any] = dict(processor.response())
-    if s3_group.events:
-        response["batchItemFailures"] += _start_s3_group(
-            s3_group, settings, starter, store_for, allowed_buckets, invocation_id or uuid.uuid4().hex
-        )
+    if dropped:
+        retry = _start_dropped(dropped, settings, starter, store_for, allowed_buckets, remaining_ms)
+        response["batchItemFailures"] += [{"itemIdentifier": message_id} for message_id in retry]
     return response
 
 
-def _start_s3_group(
-    group: _S3Group,
+def _start_dropped(
+    dropped: dict[str, S3Object],
     settings: IngestSettings,
     starter: WorkflowStarter,
     store_for: StoreFor,
     allowed_buckets: Collection[str] | None,
-    invocation_id: str,
-) -> list[dict[str, str]]:
-    """Start the S3 events not started before as one batch; returns the records to retry."""
+    remaining_ms: Callable[[], int] | None,
+) -> list[str]:
+    """Start the dropped images not started before as one batch; returns the SQS message ids to retry."""
     request = AnnotationRequest(prompt=settings.ingest_prompt)
     claims = None
-    events, record_ids = group.events, group.record_ids
+    retry: list[str] = []
     if settings.idempotency_table:
-        digest = hashlib.sha256(request.model_dump_json().encode()).hexdigest()
-        claims = S3EventClaims(settings, digest, invocation_id)
-        first = [claims.claim(event) for event in events]
-        duplicates = [event for event, claimed in zip(events, first, strict=True) if not claimed]
-        if duplicates:
-            logger.info("S3 events already started", extra={"events": duplicates[:20], "count": len(duplicates)})
-            metrics.add_metric(name="DuplicateEvents", unit=MetricUnit.Count, value=len(duplicates))
-        record_ids = [record for record, claimed in zip(record_ids, first, strict=True) if claimed]
-        events = [event for event, claimed in zip(events, first, strict=True) if claimed]
-    if not events:
-        return []
-    message = PromptMessage(prompt=settings.ingest_prompt, images=[f"s3://{e['bucket']}/{e['key']}" for e in events])
-    identities = "|".join(sorted(f"{e['bucket']}/{e['key']}@{e['etag']}" for e in events))
+        claims = S3EventClaims(settings, request, remaining_ms() if remaining_ms else None)
+        claimed = {message_id: claims.claim(event) for message_id, event in dropped.items()}
+        skipped = [dropped[m].uri for m, claim in claimed.items() if claim is Claim.STARTED]
+        retry = [message_id for message_id, claim in claimed.items() if claim is Claim.IN_FLIGHT]
+        if skipped or retry:
+            logger.info("S3 events started before or in flight", extra={"started": skipped[:20], "in_flight": retry})
+            metrics.add_metric(name="DuplicateEvents", unit=MetricUnit.Count, value=len(skipped))
+        dropped = {message_id: dropped[message_id] for message_id, claim in claimed.items() if claim is Claim.NEW}
+    if not dropped:
+        return retry
+    events = list(dropped.values())
+    message = PromptMessage(prompt=settings.ingest_prompt, images=[event.uri for event in events])
+    identities = "|".join(sorted(f"{event.uri}@{event.etag}" for event in events))
     try:
-        start_batches(message, identities, settings, starter, store_for, allowed_buckets)
+        executions = start_batches(message, identities, settings, starter, store_for, allowed_buckets)
     except Exception as error:
         logger.exception("starting the S3 batch failed", extra={"images": len(events)})
         if claims is not None:
             for event in events:
                 claims.release(event, error)
-        return [{"itemIdentifier": record_id} for record_id in record_ids]
-    return []
+        return retry + list(dropped)
+    if claims is not None:
+        for event in events:
+            claims.started(event, executions)
+    return retry
 
 
 class StepFunctionsStarter:

@@ -240,7 +240,7 @@ def write_result(state: ImageState, deps: Dependencies) -> ImageOutcome:
 
 
 def _made_by(state: ImageState) -> dict[str, MadeBy]:
-    outputs = {"detect": state.detection}
+    outputs: dict[str, DetectOutput | ClassifyOutput | TagOutput | BranchFailure | None] = {"detect": state.detection}
     if state.description is not None:
         outputs |= {"classify": state.description.classify, "tag": state.description.tag}
     return {

@@ -24,5 +24,5 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         starter,
         store_for,
         allowed_buckets=settings.input_buckets,
-        invocation_id=context.aws_request_id,
+        remaining_ms=context.get_remaining_time_in_millis,
     )

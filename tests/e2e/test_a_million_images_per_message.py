@@ -145,8 +145,8 @@ def test_an_s3_event_delivered_again_in_another_sqs_batch_is_annotated_once(
         starter = LocalStarter(run, settings.data_dir, "s3-events")
 
         # WHEN both events come in one SQS batch, and the first again in another
-        first = ingest_sqs_batch(sqs_event(*events.values()), settings.ingest, starter, store_for, None, "one")
-        again = ingest_sqs_batch(sqs_event(events["incoming/a.jpg"]), settings.ingest, starter, store_for, None, "two")
+        first = ingest_sqs_batch(sqs_event(*events.values()), settings.ingest, starter, store_for)
+        again = ingest_sqs_batch(sqs_event(events["incoming/a.jpg"]), settings.ingest, starter, store_for)
     storage.refresh_clients()
     ingest.refresh_clients()
 

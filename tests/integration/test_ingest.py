@@ -148,6 +148,26 @@ def test_an_s3_event_delivered_again_in_another_sqs_batch_starts_nothing_new(aws
     assert len(executions(aws)) == 2
 
 
+@pytest.mark.parametrize(("remaining_ms", "retried"), [(60_000, True), (0, False)])
+def test_an_event_another_invocation_is_starting_is_retried_unless_that_invocation_ran_out_of_time(
+    aws: Any, remaining_ms: int, retried: bool
+) -> None:
+    from shared.contracts import AnnotationRequest
+    from shared.ingest import S3EventClaims, S3Object
+    from shared.settings import get_settings
+
+    # GIVEN an invocation that claimed the event and has (or had, when 0) that much time left to start it
+    settings = get_settings().ingest
+    request = AnnotationRequest(prompt=settings.ingest_prompt)
+    event = S3Object(bucket="annotate-input", key="incoming/pets/a.jpg", etag="etag-of-incoming/pets/a.jpg")
+    assert S3EventClaims(settings, request, remaining_ms).claim(event) == "new"
+    # WHEN the event is delivered again to another invocation
+    response = invoke(sqs_event(s3_event("incoming/pets/a.jpg"), message_ids=["again"]))
+    # THEN it comes back to the queue while the first may still start it, and is started once the first is dead
+    assert response == ({"batchItemFailures": [{"itemIdentifier": "again"}]} if retried else {"batchItemFailures": []})
+    assert len(executions(aws)) == (0 if retried else 1)
+
+
 def test_events_whose_execution_could_not_start_are_released_for_the_retry(aws: Any) -> None:
     from shared.settings import get_settings
 

@@ -141,3 +141,31 @@ def test_the_images_latest_view_is_the_sql_and_the_columns_the_local_view_has() 
     assert definition["originalSql"] == IMAGES_LATEST_SQL
     hive_columns = [(c["Name"], c["Type"]) for c in view["StorageDescriptor"]["Columns"]]
     assert hive_columns == [(field.name, glue_type(field.type)) for field in SCHEMAS["images"]] + [("dt", "string")]
+
+
+def test_images_latest_gives_each_source_image_its_newest_row(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from shared.contracts import ImageResult, Status
+    from shared.storage import store_for
+    from shared.tables import write_table_files
+
+    # GIVEN a source image annotated twice (a failure, then a success a day later) and another once
+    first = datetime(2026, 11, 29, tzinfo=UTC)
+
+    def result(source: str, status: Status, at: datetime) -> ImageResult:
+        return ImageResult(
+            image_id=source[-1] * 16, source_uri=source, batch_id="b-1", status=status, prompt="dog.", processed_at=at
+        )
+
+    write_table_files([result("s3://in/a", Status.FAILED, first)], str(tmp_path), "b-1-g-000000", first, store_for)
+    later = first + timedelta(days=1)
+    rows = [result("s3://in/a", Status.SUCCEEDED, later), result("s3://in/b", Status.FAILED, later)]
+    write_table_files(rows, str(tmp_path), "b-2-g-000000", later, store_for)
+    # WHEN the view is read, THEN it has one row per source image, the newest
+    latest = run_local_query("SELECT source_uri, status FROM images_latest ORDER BY source_uri", tmp_path)
+    assert latest.to_pylist() == [
+        {"source_uri": "s3://in/a", "status": "succeeded"},
+        {"source_uri": "s3://in/b", "status": "failed"},
+    ]
+    assert run_local_query("SELECT count(*) AS n FROM images", tmp_path).to_pylist() == [{"n": 3}]

@@ -244,7 +244,19 @@ def _dropped_images_are_annotated(services: Any, stack: DeployedStack, report: R
         return 0
     [execution] = _wait_for_executions(stack, 1)
     report.check(execution["status"] == "SUCCEEDED", f"execution {execution['name']}: {execution['status']}")
-    report.step(f"{len(dropped)} images dropped under incoming/: {len(events)} events queued, 1 execution", started)
+    # EventBridge delivers at least once: the same event again, in a later SQS batch, starts nothing
+    sqs.send_message(QueueUrl=stack.outputs["IngestQueueUrl"], MessageBody=json.dumps(events[0]))
+    again = [poll.response for poll in _drain(services, stack, "IngestQueueUrl", "IngestFunction")]
+    executions = _wait_for_executions(stack, 1)
+    report.check(
+        len(executions) == 1 and again == [{"batchItemFailures": []}],
+        f"an event delivered again started another execution or failed: {again}, {len(executions)} executions",
+    )
+    report.step(
+        f"{len(dropped)} images dropped under incoming/: {len(events)} events queued, 1 execution; "
+        "one event delivered again started nothing",
+        started,
+    )
     return len(dropped)
 
 

@@ -45,8 +45,9 @@ def test_the_ingest_bench_plans_a_prefix_from_its_listing_and_writes_its_report(
 
     report = run_ingest_bench(1_200, tmp_path)
 
-    assert report["planning"]["requests"] == {"ListObjectsV2": 2, "PutObject": 3}  # 3 manifests of <= 500 images
+    # one execution: its input and its groups manifest
+    assert report["planning"]["requests"] == {"ListObjectsV2": 2, "PutObject": 2}
     assert report["head_per_object"]["requests"] == {"ListObjectsV2": 2, "HeadObject": 1_200}
-    assert report["executions_started"] == 3 and report["planning"]["peak_python_mb"] > 0
+    assert (report["executions_started"], report["groups"]) == (1, 120) and report["planning"]["peak_python_mb"] > 0
     assert json.loads((tmp_path / "ingest.json").read_text()) == report
     assert "| listing's ETags (now) |" in (tmp_path / "ingest.md").read_text()

@@ -18,7 +18,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from shared import storage
-from shared.contracts import AnnotationRequest, BatchManifest, ImageRef, ImageResult, Status
+from shared.contracts import AnnotationRequest, BatchInput, ImageRef, ImageResult, Status
 from tools.cli import app
 
 REGION = "us-east-1"
@@ -76,10 +76,16 @@ def stack() -> Iterator[Any]:
         cloudformation = boto3.client("cloudformation", region_name=REGION)
         cloudformation.create_stack(StackName=STACK, TemplateBody=json.dumps(TEMPLATE))
         s3 = boto3.client("s3", region_name=REGION)
-        manifest = BatchManifest(
-            batch_id=BATCH, request=AnnotationRequest(prompt="dog."), images=IMAGES, results_uri="s3://annotate-results"
+        batch = BatchInput(
+            batch_id=BATCH,
+            request=AnnotationRequest(prompt="dog."),
+            results_uri="s3://annotate-results",
+            planned_at=datetime.now(UTC),
+            images=len(IMAGES),
+            groups=1,
+            group_concurrency=40,
         )
-        s3.put_object(Bucket="annotate-results", Key=f"manifests/{BATCH}.json", Body=manifest.model_dump_json())
+        s3.put_object(Bucket="annotate-results", Key=f"manifests/{BATCH}.json", Body=batch.model_dump_json())
         for image, failed in ((IMAGES[0], False), (IMAGES[1], True)):
             key = f"results/{BATCH}/{image.image_id}"
             s3.put_object(Bucket="annotate-results", Key=f"{key}.json", Body=result(image, failed).model_dump_json())

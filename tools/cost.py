@@ -51,16 +51,40 @@ BILLED_FUNCTIONS = {
 EXPRESS_MEMORY_GB = 64 / 1024  # Express duration is billed in 64 MB steps; a group's state is far below
 
 
-def billed_functions(template: dict[str, Any]) -> dict[str, tuple[int, str | None]]:
-    """Each billed function's memory in MB as the template deploys it by default (its MemorySize, or the default
-    of the parameter it names), with its bench step."""
+@dataclass(frozen=True)
+class BilledFunction:
+    """A function as ``template.yaml`` deploys it by default, and the bench step whose seconds it bills."""
+
+    memory_mb: int
+    step: str | None  # None: WriteResult, billed at a fixed estimate
+    arm64: bool
+    snapstart: bool
+
+    @property
+    def gb(self) -> float:
+        return self.memory_mb / 1024
+
+    def gb_second_price(self, prices: dict[str, Any]) -> float:
+        return float(prices["lambda"]["arm64_gb_second" if self.arm64 else "x86_gb_second"])
+
+
+def billed_functions(template: dict[str, Any]) -> dict[str, BilledFunction]:
+    """Each billed function's memory (its MemorySize, or the default of the parameter it names), architecture and
+    SnapStart, from the function or the template's Globals, as ``template.yaml`` deploys them by default."""
     parameters = template.get("Parameters", {})
+    defaults = template.get("Globals", {}).get("Function", {})
     billed = {}
     for logical_id, step in BILLED_FUNCTIONS.items():
-        memory = template["Resources"][logical_id]["Properties"]["MemorySize"]
+        properties = defaults | template["Resources"][logical_id]["Properties"]
+        memory = properties["MemorySize"]
         if isinstance(memory, dict):
             memory = parameters[memory["Ref"]]["Default"]
-        billed[logical_id] = (int(memory), step)
+        billed[logical_id] = BilledFunction(
+            memory_mb=int(memory),
+            step=step,
+            arm64=properties.get("Architectures", ["x86_64"]) == ["arm64"],
+            snapstart=properties.get("SnapStart", {}).get("ApplyOn") == "PublishedVersions",
+        )
     return billed
 
 
@@ -100,21 +124,36 @@ def load_prices(path: Path | None = None) -> dict[str, Any]:
     return json.loads(text)
 
 
-def lambda_gb_seconds_per_image(bench: dict[str, Any]) -> float:
+def _seconds(function: BilledFunction, bench: dict[str, Any]) -> float:
+    return bench["steps"][function.step]["pipeline_median_s"] if function.step else WRITE_RESULT_SECONDS
+
+
+def lambda_compute_per_image(bench: dict[str, Any], prices: dict[str, Any]) -> float:
+    """Each function's GB-seconds for one image at its architecture's price, and a share of the per-group and
+    per-batch functions' (billed at x86's)."""
+    per_image = sum(f.gb * _seconds(f, bench) * f.gb_second_price(prices) for f in FUNCTIONS.values())
+    shared_gb_s = GROUP_TABLE_GB_SECONDS / IMAGES_PER_GROUP + SUMMARY_GB_SECONDS / BATCH_SIZE
+    return per_image + shared_gb_s * prices["lambda"]["x86_gb_second"]
+
+
+def _cold_starts(
+    bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart_everywhere: bool
+) -> float:
+    """A month's cold starts of the model functions: a restore for those with SnapStart (and their snapshot's cache,
+    which is billed idle or not), the import and model load for the others."""
+    lam = prices["lambda"]
+    cold_starts = scenario.images_per_month * scenario.cold_start_fraction
     total = 0.0
-    for memory_mb, step in FUNCTIONS.values():
-        seconds = bench["steps"][step]["pipeline_median_s"] if step else WRITE_RESULT_SECONDS
-        total += memory_mb / 1024 * seconds
+    for function in FUNCTIONS.values():
+        if function.step is None:
+            continue
+        if function.snapstart or snapstart_everywhere:
+            total += cold_starts * function.gb * lam["snapstart_restore_per_gb"]
+            total += function.gb * SECONDS_PER_MONTH * lam["snapstart_cache_gb_second"]
+        else:
+            init_s = bench["steps"][function.step]["cold_start_s"]
+            total += cold_starts * function.gb * init_s * function.gb_second_price(prices)
     return total
-
-
-def _init_gb_seconds(bench: dict[str, Any]) -> float:
-    """A cold start of every model function: its import and model load, billed at its memory."""
-    return sum(memory / 1024 * bench["steps"][step]["cold_start_s"] for memory, step in FUNCTIONS.values() if step)
-
-
-def _snapstart_gb(bench: dict[str, Any]) -> float:
-    return sum(memory / 1024 for memory, step in FUNCTIONS.values() if step)
 
 
 def orchestration_per_image(bench: dict[str, Any], prices: dict[str, Any], express: bool = True) -> float:
@@ -132,42 +171,36 @@ def orchestration_per_image(bench: dict[str, Any], prices: dict[str, Any], expre
 
 
 def lambda_month_parts(
-    bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart: bool
+    bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart_everywhere: bool = False
 ) -> dict[str, float]:
-    """Lambda, Step Functions (Express children), SQS and S3 for a month of ``scenario``, by part."""
+    """Lambda, Step Functions (Express children), SQS and S3 for a month of ``scenario``, by part: as the template
+    deploys the functions, or with SnapStart on every model function."""
     images = scenario.images_per_month
-    lam = prices["lambda"]
-    per_image_gb_s = lambda_gb_seconds_per_image(bench)
-    per_image_gb_s += GROUP_TABLE_GB_SECONDS / IMAGES_PER_GROUP + SUMMARY_GB_SECONDS / BATCH_SIZE
-    compute = images * per_image_gb_s * lam["x86_gb_second"]
     invocations = len(FUNCTIONS) + 1 / IMAGES_PER_GROUP + 2 / BATCH_SIZE  # + WriteGroupTable, ingest, summary
-    requests = images * invocations * lam["per_million_requests"] / 1e6
-    cold_starts = images * scenario.cold_start_fraction
-    if snapstart:
-        cold = cold_starts * _snapstart_gb(bench) * lam["snapstart_restore_per_gb"]
-        cold += _snapstart_gb(bench) * SECONDS_PER_MONTH * lam["snapstart_cache_gb_second"]
-    else:
-        cold = cold_starts * _init_gb_seconds(bench) * lam["x86_gb_second"]
+    requests = images * invocations * prices["lambda"]["per_million_requests"] / 1e6
+    compute = images * lambda_compute_per_image(bench, prices)
     storage = (
         images
         * (S3_GETS_PER_IMAGE * prices["s3"]["get_per_1000"] + S3_PUTS_PER_IMAGE * prices["s3"]["put_per_1000"])
         / 1000
     )
     return {
-        "compute": compute + requests + cold,
+        "compute": compute + requests + _cold_starts(bench, prices, scenario, snapstart_everywhere),
         "orchestration": images * orchestration_per_image(bench, prices),
         "queues_and_storage": images * SQS_REQUESTS_PER_IMAGE * prices["sqs"]["per_million_requests"] / 1e6 + storage,
     }
 
 
-def lambda_month(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart: bool) -> float:
+def lambda_month(
+    bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart_everywhere: bool = False
+) -> float:
     """Lambda + Step Functions + SQS + S3 for a month of ``scenario``."""
-    return sum(lambda_month_parts(bench, prices, scenario, snapstart).values())
+    return sum(lambda_month_parts(bench, prices, scenario, snapstart_everywhere).values())
 
 
 def orchestration_share(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario) -> float:
     """Step Functions' share of the Lambda option's cost per image (without SnapStart)."""
-    parts = lambda_month_parts(bench, prices, scenario, snapstart=False)
+    parts = lambda_month_parts(bench, prices, scenario)
     return parts["orchestration"] / sum(parts.values())
 
 
@@ -190,8 +223,10 @@ def cost_table(bench: dict[str, Any], prices: dict[str, Any]) -> list[dict[str, 
     rows = []
     for scenario in SCENARIOS:
         options = {
-            "Lambda": lambda_month(bench, prices, scenario, snapstart=False),
-            "Lambda + SnapStart": lambda_month(bench, prices, scenario, snapstart=True),
+            "Lambda (as deployed)": lambda_month(bench, prices, scenario),
+            "Lambda, SnapStart on every model function": lambda_month(
+                bench, prices, scenario, snapstart_everywhere=True
+            ),
             "Fargate always-on": fargate_month(bench, prices, scenario),
             "Rekognition (labels + properties)": rekognition_month(prices, scenario),
         }

@@ -41,16 +41,19 @@ def test_a_steady_month_on_lambda_matches_the_hand_computation() -> None:
     # tenth of WriteGroupTable's 1 GB-s (groups of 10) and a hundredth of SummarizeBatch's 2 GB-s (batches of 100)
     compute = 510_000 * (18.175 + 0.1 + 0.02) * 0.0000166667
     requests = 510_000 * 5.12 * 0.20 / 1e6
-    cold = 51_000 * (6 * 4 + 2.9375 * (2 + 2 + 1)) * 0.0000166667  # 10% cold: import + load billed
+    # 10% cold: import + load billed for Detect, Classify and Tag; Caption has SnapStart in the template, so its
+    # cold starts are restores, and its snapshot's cache is billed all month
+    cold = 51_000 * (6 * 4 + 2.9375 * (2 + 2)) * 0.0000166667
+    caption_snapstart = 51_000 * 2.9375 * 0.0001397998 + 2.9375 * 30 * 24 * 3600 * 0.0000015046
     # The parent: 4 states per batch of 100 and a child started per group of 10; a child: one Express request and
     # one image's 4 s at 64 MB
     parent = 510_000 * (4 / 100 + 1 / 10) * 0.025 / 1000
     children = 51_000 * (1.00 / 1e6 + 4.0 * 0.0625 * 0.00001667)
     queues = 510_000 * 3 * 0.40 / 1e6
     storage = 510_000 * (4 * 0.0004 + 2 * 0.005) / 1000
-    expected = compute + requests + cold + parent + children + queues + storage
-    assert expected == pytest.approx(197.4910, abs=0.001)
-    assert lambda_month(BENCH, PRICES, STEADY, snapstart=False) == pytest.approx(expected, rel=1e-9)
+    expected = compute + requests + cold + caption_snapstart + parent + children + queues + storage
+    assert expected == pytest.approx(227.3939, abs=0.001)
+    assert lambda_month(BENCH, PRICES, STEADY) == pytest.approx(expected, rel=1e-9)
     assert orchestration_share(BENCH, PRICES, STEADY) == pytest.approx((parent + children) / expected)
 
 
@@ -66,13 +69,16 @@ def test_orchestration_is_at_most_a_tenth_of_the_cost_per_image_at_the_steady_lo
 
 
 def test_snapstart_trades_init_time_for_restores_and_a_cache_that_costs_when_idle() -> None:
+    # As deployed, only Caption has SnapStart: its cache is the idle month's cost
+    caption_cache = 2.9375 * 30 * 24 * 3600 * 0.0000015046
+    assert lambda_month(BENCH, PRICES, IDLE) == pytest.approx(caption_cache)
     cache = (6 + 2.9375 * 3) * 30 * 24 * 3600 * 0.0000015046
-    assert lambda_month(BENCH, PRICES, IDLE, snapstart=True) == pytest.approx(cache)
-    assert lambda_month(BENCH, PRICES, IDLE, snapstart=False) == 0
-    without = lambda_month(BENCH, PRICES, STEADY, snapstart=False)
-    restores = 51_000 * (6 + 2.9375 * 3) * 0.0001397998
-    init = 51_000 * (6 * 4 + 2.9375 * 5) * 0.0000166667
-    assert lambda_month(BENCH, PRICES, STEADY, snapstart=True) == pytest.approx(without - init + restores + cache)
+    assert lambda_month(BENCH, PRICES, IDLE, snapstart_everywhere=True) == pytest.approx(cache)
+    deployed = lambda_month(BENCH, PRICES, STEADY)
+    restores = 51_000 * (6 + 2.9375 * 2) * 0.0001397998
+    init = 51_000 * (6 * 4 + 2.9375 * 4) * 0.0000166667
+    everywhere = deployed - init + restores + cache - caption_cache
+    assert lambda_month(BENCH, PRICES, STEADY, snapstart_everywhere=True) == pytest.approx(everywhere)
 
 
 def test_fargate_runs_enough_always_on_tasks_for_the_peak_day() -> None:
@@ -125,18 +131,21 @@ def test_annotate_cost_writes_the_table_and_the_chart(tmp_path) -> None:
     assert result.exit_code == 2 and "not what annotate bench writes" in result.output
 
 
-def test_the_functions_memory_is_what_the_template_deploys() -> None:
+def test_the_functions_memory_architecture_and_snapstart_are_what_the_template_deploys() -> None:
     from tools.cost import FUNCTIONS, billed_functions
     from tools.sam_template import load_template
 
-    # GIVEN the template, and a copy whose Detect memory parameter defaults to twice as much
+    # GIVEN the template, and a copy whose Detect memory parameter defaults to twice as much, on arm64
     template = load_template()
-    doubled = copy.deepcopy(template)
-    parameter = template["Resources"]["DetectFunction"]["Properties"]["MemorySize"]["Ref"]
-    doubled["Parameters"][parameter]["Default"] = 2 * int(template["Parameters"][parameter]["Default"])
+    changed = copy.deepcopy(template)
+    detect = changed["Resources"]["DetectFunction"]["Properties"]
+    changed["Parameters"][detect["MemorySize"]["Ref"]]["Default"] *= 2
+    detect["Architectures"] = ["arm64"]
 
-    # THEN the cost model bills each function at the template's memory: Detect's from its parameter
+    # THEN the cost model bills each function as the template deploys it: Detect's memory from its parameter,
+    # the architecture from Globals unless the function names its own, SnapStart where the function has it
     assert billed_functions(template) == FUNCTIONS
-    assert billed_functions(doubled)["DetectFunction"][0] == 2 * FUNCTIONS["DetectFunction"][0]
-    write_result = template["Resources"]["WriteResultFunction"]["Properties"]
-    assert FUNCTIONS["WriteResultFunction"][0] == write_result["MemorySize"]  # a literal size
+    assert billed_functions(changed)["DetectFunction"].memory_mb == 2 * FUNCTIONS["DetectFunction"].memory_mb
+    assert billed_functions(changed)["DetectFunction"].arm64 and not FUNCTIONS["DetectFunction"].arm64
+    assert billed_functions(changed)["DetectFunction"].gb_second_price(PRICES) == 0.0000133334
+    assert {name for name, function in FUNCTIONS.items() if function.snapstart} == {"CaptionFunction"}

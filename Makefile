@@ -16,7 +16,7 @@ install: $(INSTALLED)
 demo: install
 	$(BIN)/annotate run samples/ --prompt "$(PROMPT)" --profile tiny --data-dir $(DATA_DIR)
 	$(BIN)/annotate query --data-dir $(DATA_DIR) \
-	  "SELECT source_uri, status, len(detections) AS boxes, caption FROM images ORDER BY source_uri"
+	  "SELECT source_uri, status, len(detections) AS boxes, caption FROM images_latest ORDER BY source_uri"
 
 lint: install
 	$(BIN)/ruff check .

@@ -189,6 +189,7 @@ class ImageRef(Frozen):
 
 
 MAX_IMAGES_PER_GROUP = 50
+MANIFESTS_PREFIX = "manifests"  # under the results root: each batch's input and groups manifest
 MAX_LISTED_GROUPS = 100
 
 
@@ -216,9 +217,14 @@ class BatchInput(Frozen):
         return groups_manifest_uri(self.results_uri, self.batch_id)
 
 
+def batch_input_uri(results_uri: str, batch_id: str) -> str:
+    """Where ingest keeps a batch's input (what ``annotate status`` reads)."""
+    return f"{results_uri.rstrip('/')}/{MANIFESTS_PREFIX}/{batch_id}.json"
+
+
 def groups_manifest_uri(results_uri: str, batch_id: str) -> str:
     """Where a batch's groups manifest is; the ASL's ItemReader names the same key (a test keeps them equal)."""
-    return f"{results_uri.rstrip('/')}/manifests/{batch_id}.groups.json"
+    return f"{results_uri.rstrip('/')}/{MANIFESTS_PREFIX}/{batch_id}.groups.json"
 
 
 class GroupTask(Frozen):

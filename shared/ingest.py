@@ -20,13 +20,12 @@ from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEve
 from pydantic import ValidationError
 
 from shared.batches import plan_batches
-from shared.contracts import AnnotationRequest, BatchInput, PromptMessage
+from shared.contracts import AnnotationRequest, BatchInput, PromptMessage, batch_input_uri
 from shared.errors import RequestRejected, TransientError, validation_reason
 from shared.observability import MetricUnit, logger, metrics, tracer
 from shared.settings import IngestSettings
 from shared.storage import StoreFor, is_s3, join_uri, split_s3
 
-MANIFESTS_PREFIX = "manifests"
 MAX_MESSAGE_BYTES = 256 * 1024  # SQS's own limit; a local file may not exceed it either
 
 
@@ -130,10 +129,6 @@ def start_batches(
     metrics.add_metric(name="BatchesStarted", unit=MetricUnit.Count, value=len(started))
     metrics.add_metric(name="ImagesStarted", unit=MetricUnit.Count, value=sum(b.input.images for b in batches))
     return started
-
-
-def batch_input_uri(results_root: str, batch_id: str) -> str:
-    return join_uri(results_root, MANIFESTS_PREFIX, f"{batch_id}.json")
 
 
 @dataclass(frozen=True)

@@ -299,7 +299,7 @@ def summarize_batch(state: SummarizeInput, deps: Dependencies) -> BatchSummary:
     failed or timed out) gets a failure row, so that every image of the batch ends as one row."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from shared.tables import write_table_files
+    from shared.tables import table_file_uris, write_table_files
 
     groups_uri = state.groups_uri
     groups = TypeAdapter(list[ImageGroup]).validate_json(deps.store_for(groups_uri).read_bytes(groups_uri))
@@ -331,8 +331,6 @@ def summarize_batch(state: SummarizeInput, deps: Dependencies) -> BatchSummary:
         write_table_files(rows, state.results_uri, stem, state.planned_at, deps.store_for)
         logger.warning("groups did not finish", extra={"batch_id": state.batch_id, "groups": len(unfinished)})
     else:  # a rerun that finished every group: the earlier run's failure rows are no longer true
-        from shared.tables import table_file_uris
-
         for uri in table_file_uris(state.results_uri, stem, state.planned_at).values():
             deps.store_for(uri).delete(uri)
     uri = join_uri(state.results_uri, BATCHES_PREFIX, state.batch_id, "summary.json")

@@ -198,22 +198,3 @@ def write_table_files(
         pq.write_table(table, sink, compression="zstd")
         store_for(uris[name]).write_bytes(uris[name], sink.getvalue().to_pybytes(), "application/vnd.apache.parquet")
     return uris
-
-
-def glue_type(arrow_type: pa.DataType) -> str:
-    """The Glue/Athena (Hive DDL) type that reads a Parquet column of ``arrow_type``."""
-    if pa.types.is_string(arrow_type):
-        return "string"
-    if pa.types.is_float64(arrow_type):
-        return "double"
-    if pa.types.is_int32(arrow_type):
-        return "int"
-    if pa.types.is_int64(arrow_type):
-        return "bigint"
-    if pa.types.is_timestamp(arrow_type):
-        return "timestamp"
-    if pa.types.is_list(arrow_type):
-        return f"array<{glue_type(arrow_type.value_type)}>"
-    if pa.types.is_struct(arrow_type):
-        return "struct<" + ",".join(f"{field.name}:{glue_type(field.type)}" for field in arrow_type) + ">"
-    raise TypeError(f"no Glue type for {arrow_type}")

@@ -101,7 +101,10 @@ GROUP_TABLE_GB_SECONDS = 1.0 * 1.0  # WriteGroupTable per group: about a second 
 SUMMARY_GB_SECONDS = 1.0 * 2.0  # SummarizeBatch per batch: about a second at 2 GB; not benchmarked
 S3_GETS_PER_IMAGE, S3_PUTS_PER_IMAGE = 4, 2  # Detect, Classify, Tag, WriteResult read; JSON and PNG written
 SQS_REQUESTS_PER_IMAGE = 3  # send, receive, delete
-BATCH_SIZE = 100  # dropped images: the ingest queue's batch size, one execution per batch
+# Dropped images: one execution per batch of the ingest queue's event source
+BATCH_SIZE = int(
+    TEMPLATE["Resources"]["IngestFunction"]["Properties"]["Events"]["DroppedImages"]["Properties"]["BatchSize"]
+)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-from shared.contracts import BatchInput, BatchSummary
+from shared.contracts import BatchInput, BatchSummary, groups_manifest_uri
 from shared.dependencies import Step, dependencies_of
 from shared.observability import logger, metrics
+from shared.storage import split_s3
 from tools.workflow import FUNCTION_PLACEHOLDERS, for_moto, substitute
 
 if TYPE_CHECKING:
@@ -269,7 +270,8 @@ def local_workflow(
         def run(batch: BatchInput, name: str | None = None) -> ExecutionResult:
             # The ItemReader reads S3: the groups manifest ingest wrote (in the store in force) goes to moto's S3
             groups = dependencies_of(Step.SUMMARIZE_BATCH).store_for(batch.groups_uri).read_bytes(batch.groups_uri)
-            s3.put_object(Bucket=LOCAL_BUCKET, Key=f"manifests/{batch.batch_id}.groups.json", Body=groups)
+            _, key = split_s3(groups_manifest_uri(f"s3://{LOCAL_BUCKET}", batch.batch_id))
+            s3.put_object(Bucket=LOCAL_BUCKET, Key=key, Body=groups)
             execution_arn = client.start_execution(
                 stateMachineArn=machine_arn,
                 name=name or f"{batch.batch_id}-{uuid.uuid4().hex[:8]}",  # unnamed executions collide in moto

@@ -49,23 +49,39 @@ def connect_local(data_dir: Path) -> duckdb.DuckDBPyConnection:
     return connection
 
 
+# Each Parquet scalar type's name in Glue's Hive DDL and in Athena's view definitions (Presto/Trino).
+_SCALAR_TYPES = (
+    (pa.types.is_string, "string", "varchar"),
+    (pa.types.is_float64, "double", "double"),
+    (pa.types.is_int32, "int", "integer"),
+    (pa.types.is_int64, "bigint", "bigint"),
+    (pa.types.is_timestamp, "timestamp", "timestamp(3)"),
+)
+
+
+def _column_type(arrow_type: pa.DataType, presto: bool) -> str:
+    for is_type, hive, presto_name in _SCALAR_TYPES:
+        if is_type(arrow_type):
+            return presto_name if presto else hive
+    if pa.types.is_list(arrow_type):
+        inner = _column_type(arrow_type.value_type, presto)
+        return f"array({inner})" if presto else f"array<{inner}>"
+    if pa.types.is_struct(arrow_type):
+        fields = [(field.name, _column_type(field.type, presto)) for field in arrow_type]
+        if presto:
+            return "row(" + ",".join(f"{name} {type_}" for name, type_ in fields) + ")"
+        return "struct<" + ",".join(f"{name}:{type_}" for name, type_ in fields) + ">"
+    raise TypeError(f"no column type for {arrow_type}")
+
+
+def glue_type(arrow_type: pa.DataType) -> str:
+    """The Glue/Athena (Hive DDL) type that reads a Parquet column of ``arrow_type``."""
+    return _column_type(arrow_type, presto=False)
+
+
 def presto_type(arrow_type: pa.DataType) -> str:
     """The type Athena's view definitions (Presto/Trino) name for a Parquet column of ``arrow_type``."""
-    if pa.types.is_string(arrow_type):
-        return "varchar"
-    if pa.types.is_float64(arrow_type):
-        return "double"
-    if pa.types.is_int32(arrow_type):
-        return "integer"
-    if pa.types.is_int64(arrow_type):
-        return "bigint"
-    if pa.types.is_timestamp(arrow_type):
-        return "timestamp(3)"
-    if pa.types.is_list(arrow_type):
-        return f"array({presto_type(arrow_type.value_type)})"
-    if pa.types.is_struct(arrow_type):
-        return "row(" + ",".join(f"{field.name} {presto_type(field.type)}" for field in arrow_type) + ")"
-    raise TypeError(f"no Presto type for {arrow_type}")
+    return _column_type(arrow_type, presto=True)
 
 
 def images_latest_view(database: str) -> dict[str, object]:

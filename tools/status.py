@@ -11,9 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from shared.contracts import BatchInput, ImageResult, Status
+from shared.contracts import BatchInput, ImageResult, Status, batch_input_uri
 from shared.errors import ImageRejected, RequestRejected
-from shared.ingest import batch_input_uri
 from shared.storage import RESULTS_PREFIX, StoreFor, join_uri
 
 RUNS_FOLDER = "runs"

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import sqlglot
 
-from shared.ingest import MANIFESTS_PREFIX
+from shared.contracts import MANIFESTS_PREFIX
 from shared.storage import BATCHES_PREFIX, RESULTS_PREFIX
-from shared.tables import SCHEMAS, TABLES_PREFIX, glue_type
+from shared.tables import SCHEMAS, TABLES_PREFIX
 from tests.conftest import REPO
 from tests.unit.test_workflow_definition import template
-from tools.query import IMAGES_LATEST_SQL, images_latest_view, run_local_query
+from tools.query import IMAGES_LATEST_SQL, glue_type, images_latest_view, run_local_query
 
 TEMPLATE_TEXT = (REPO / "template.yaml").read_text()
 RESOURCES = template()["Resources"]

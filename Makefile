@@ -57,6 +57,9 @@ build-ArrowLayer:
 	$(LAYER_PIP) --target "$(ARTIFACTS_DIR)/python" -r layers/arrow/requirements.txt
 	layers/arrow/prune.sh "$(ARTIFACTS_DIR)/python"
 
+build-OnnxLayer:
+	$(LAYER_PIP) --no-deps --target "$(ARTIFACTS_DIR)/python" -r layers/onnx/requirements.txt
+
 build-LlamaCppLayer:
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" python3.12 -m pip install --quiet --no-deps --target "$(ARTIFACTS_DIR)/python" \
 	  -r layers/llama-cpp/requirements.txt

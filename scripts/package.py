@@ -1,9 +1,8 @@
 """Build each function's package as Lambda receives it and report its unzipped size against the limit.
 
-Zip functions: the function folder plus its layers, with Lambda's Python 3.12 manylinux wheels, against the
-250 MB unzipped limit (code and layers together). Image functions: the site-packages the Dockerfile installs
-(torch measured from the CPU wheel on this machine, as PyTorch's CPU index is out of reach here), against the
-10 GB image limit; the base image (public.ecr.aws/lambda/python:3.12) comes on top.
+Every function is a zip package: the function folder plus its layers, with Lambda's Python 3.12 manylinux
+wheels, against the 250 MB unzipped limit (code and layers together). No torch: Detect, Classify and Tag run
+ONNX exports on ONNX Runtime.
 
     .venv/bin/python scripts/package.py [--out build/package]
 """
@@ -11,9 +10,7 @@ Zip functions: the function folder plus its layers, with Lambda's Python 3.12 ma
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +23,7 @@ sys.path.insert(0, str(REPO))
 from tools.sam_template import functions, load_template  # noqa: E402
 
 MB = 1_000_000
-ZIP_LIMIT_MB, IMAGE_LIMIT_MB = 250, 10_240
+ZIP_LIMIT_MB = 250
 # Lambda's python3.12 runtime is Amazon Linux 2023 (glibc 2.34): manylinux_2_28 wheels and older run on it.
 LAMBDA_WHEELS = [
     "--platform",
@@ -39,7 +36,6 @@ LAMBDA_WHEELS = [
     "cp",
     "--only-binary=:all:",
 ]
-TORCH_CPU_WHEEL = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
 
 
 def pip_install(target: Path, *arguments: str) -> None:
@@ -80,6 +76,8 @@ def build_layer(name: str, out: Path) -> Path:
     elif name == "ArrowLayer":
         pip_install(python, *LAMBDA_WHEELS, "-r", "layers/arrow/requirements.txt")
         subprocess.run(["layers/arrow/prune.sh", str(python)], check=True, cwd=REPO)
+    elif name == "OnnxLayer":
+        pip_install(python, *LAMBDA_WHEELS, "--no-deps", "-r", "layers/onnx/requirements.txt")
     elif name == "LlamaCppLayer":
         wheels = subprocess.run(
             ["scripts/native_wheels.sh", sys.executable, "llama-cpp-python==0.3.36"],
@@ -110,36 +108,6 @@ def zip_function(name: str, resource: dict, out: Path) -> tuple[int, int]:
     return unzipped, zipped
 
 
-def image_site_packages(out: Path) -> int:
-    folder = out / "image" / "site-packages"
-    if not folder.exists():
-        # Everything the requirements pull in, except PyPI's CUDA torch stack: the image takes torch from
-        # PyTorch's CPU index instead, measured here from the CPU wheel on this machine.
-        report = out / "image" / "resolution.json"
-        report.parent.mkdir(parents=True, exist_ok=True)
-        pip_install(
-            folder,
-            *LAMBDA_WHEELS,
-            "--dry-run",
-            "--ignore-installed",
-            "--report",
-            str(report),
-            "-r",
-            "layers/torch-image/requirements.txt",
-        )
-        pinned = [
-            f"{item['metadata']['name']}=={item['metadata']['version']}"
-            for item in json.loads(report.read_text())["install"]
-            if not re.match(r"^(torch|torchvision|triton|nvidia-.*|cuda-.*)$", item["metadata"]["name"].lower())
-        ]
-        pip_install(folder, *LAMBDA_WHEELS, "--no-deps", "torchvision==0.29.1", *pinned)
-        with zipfile.ZipFile(TORCH_CPU_WHEEL) as wheel:
-            wheel.extractall(folder)
-        for pruned in ("torch/include", "torch/share"):  # as the Dockerfile prunes them
-            shutil.rmtree(folder / pruned, ignore_errors=True)
-    return tree_size(folder) + tree_size(REPO / "shared")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO / "build" / "package")
@@ -148,24 +116,20 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, resource in sorted(functions(load_template()).items()):
-        if resource["Properties"].get("PackageType") == "Image":
-            size, limit, zipped = image_site_packages(out), IMAGE_LIMIT_MB, None
-        else:
-            (size, zipped), limit = zip_function(name, resource, out), ZIP_LIMIT_MB
-        rows.append((name, "image" if zipped is None else "zip", size / MB, zipped, limit))
+        size, zipped = zip_function(name, resource, out)
+        rows.append((name, size / MB, zipped, ZIP_LIMIT_MB))
     lines = [
-        "| function | package | unzipped MB | zipped MB | limit MB | fits |",
-        "|---|---|---:|---:|---:|---|",
+        "| function | unzipped MB | zipped MB | limit MB | fits |",
+        "|---|---:|---:|---:|---|",
         *(
-            f"| {name} | {kind} | {size:.1f} | {'' if zipped is None else f'{zipped / MB:.1f}'} | {limit:,} | "
-            f"{'yes' if size < limit else 'NO'} |"
-            for name, kind, size, zipped, limit in rows
+            f"| {name} | {size:.1f} | {zipped / MB:.1f} | {limit:,} | {'yes' if size < limit else 'NO'} |"
+            for name, size, zipped, limit in rows
         ),
     ]
     report = "\n".join(lines)
     (out / "report.md").write_text(report + "\n")
     print(report)
-    if any(size >= limit for _, _, size, _, limit in rows):
+    if any(size >= limit for _, size, _, limit in rows):
         raise SystemExit("a package is over its limit")
 
 

@@ -1,21 +1,22 @@
-"""Per-box image classification: a ConvNeXt through transformers, or a traced TorchScript model with labels."""
+"""Per-box image classification on ONNX Runtime: an exported ConvNeXt (transformers), or an exported traced
+TorchScript model with its labels (tools/describe_export.py makes both)."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
+import numpy as np
 from PIL import Image
+from pydantic import BaseModel, ConfigDict
 
 from shared.contracts import ClassScore
 from shared.errors import ModelUnavailable
 from shared.model_cache import cached_per_settings
-from shared.model_sources import prepare_torch, resolve_model_dir
 from shared.observability import logger
+from shared.onnx_runtime import center_crop, find_export, normalized, ort_session, resize_short_side, softmax
 from shared.settings import DescriptionSettings
 
 _ID_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -47,38 +48,58 @@ def allowed_class_ids(entries: list[str], labels: list[str]) -> list[int]:
     return sorted(ids)
 
 
+CLASSIFIER_MANIFEST = "classifier-export.json"
+CLASSIFIER_GRAPH = "classifier.onnx"
+
+
+class ClassifierExport(BaseModel):
+    """An exported image classifier: its class names and the preprocessing its processor does."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str
+    labels: list[str]
+    resize_short_side: int  # then a center crop of crop_size, or, when equal to it, a plain resize to a square
+    crop_size: int
+    bicubic: bool
+    image_mean: list[float]
+    image_std: list[float]
+
+    def preprocess(self, crops: list[Image.Image]) -> np.ndarray:
+        resample = Image.Resampling.BICUBIC if self.bicubic else Image.Resampling.BILINEAR
+        if self.resize_short_side == self.crop_size:
+            sized = [crop.convert("RGB").resize((self.crop_size, self.crop_size), resample) for crop in crops]
+        else:
+            sized = [
+                center_crop(resize_short_side(crop.convert("RGB"), self.resize_short_side, resample), self.crop_size)
+                for crop in crops
+            ]
+        return normalized(sized, self.image_mean, self.image_std)
+
+
 @dataclass
 class ImageClassifier:
     """Scores a batch of crops in one forward; a box whose label has a filter is scored on those classes only."""
 
-    forward: Callable[[Any], Any]  # pixel batch -> logits
-    preprocess: Callable[[list[Image.Image]], Any]
+    forward: Callable[[list[Image.Image]], np.ndarray]  # crops -> logits
     labels: list[str]
     class_filter: dict[str, list[str]] = field(default_factory=dict)
     _allowed: dict[str, list[int]] = field(default_factory=dict)
 
     def classify(self, crops: list[Image.Image], box_labels: list[str], top_k: int) -> list[list[ClassScore]]:
-        import torch
-
         if not crops:
             return []
-        with torch.inference_mode():
-            logits = self.forward(self.preprocess(crops)).float()
+        logits = self.forward(crops).astype(np.float64)
         results = []
         for row, box_label in zip(logits, box_labels, strict=True):
             allowed = self._allowed_for(box_label)
             if allowed is not None:
-                masked = torch.full_like(row, float("-inf"))
+                masked = np.full_like(row, -np.inf)
                 masked[allowed] = row[allowed]
                 row = masked
-            probabilities = row.softmax(dim=-1)
-            best = probabilities.topk(min(top_k, len(allowed) if allowed is not None else len(self.labels)))
-            results.append(
-                [
-                    ClassScore(label=self.labels[int(i)], score=round(float(p), 4))
-                    for p, i in zip(best.values, best.indices, strict=True)
-                ]
-            )
+            probabilities = softmax(row)
+            best = np.argsort(-probabilities, kind="stable")[: min(top_k, len(allowed or self.labels))]
+            results.append([ClassScore(label=self.labels[i], score=round(float(probabilities[i]), 4)) for i in best])
         return results
 
     def _allowed_for(self, box_label: str) -> list[int] | None:
@@ -91,70 +112,13 @@ class ImageClassifier:
 
 @cached_per_settings
 def load_classifier(settings: DescriptionSettings) -> ImageClassifier:
-    """The classifier the settings name, loaded once per process."""
-    prepare_torch(settings.torch_threads)
-    folder = resolve_model_dir(settings.classifier_model, settings)
-    if (folder / TORCHSCRIPT_FILE).is_file():
-        classifier = _load_torchscript(folder)
-    else:
-        classifier = _load_transformers(folder, settings)
-    classifier.class_filter = dict(settings.class_filter or {})
-    logger.info("classifier loaded", extra={"model": settings.classifier_model, "classes": len(classifier.labels)})
-    return classifier
-
-
-def _load_transformers(folder: Path, settings: DescriptionSettings) -> ImageClassifier:
-    import torch
-    from transformers import AutoImageProcessor, AutoModelForImageClassification
-
-    model = AutoModelForImageClassification.from_pretrained(folder).eval()
-    processor = AutoImageProcessor.from_pretrained(folder)
-    labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
-
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-            return self.model(pixel_values=pixel_values).logits
-
-    forward: Callable[[Any], Any] = Logits()
-    if settings.describe_runtime == "onnx":
-        from shared.onnx_runtime import export_once, onnx_file, session_forward
-
-        path = onnx_file(settings, settings.classifier_model, "classifier")
-        export_once(Logits(), torch.rand(1, 3, 224, 224), path, "pixel_values", "logits", dynamic_size=True)
-        forward = session_forward(path, settings.torch_threads)
+    """The classifier the settings name, on ONNX Runtime from its export, loaded once per process."""
+    folder = find_export(settings.classifier_model, settings, CLASSIFIER_MANIFEST)
+    export = ClassifierExport.model_validate_json((folder / CLASSIFIER_MANIFEST).read_text())
+    session = ort_session(folder / CLASSIFIER_GRAPH, settings.torch_threads)
+    logger.info("classifier loaded", extra={"model": settings.classifier_model, "classes": len(export.labels)})
     return ImageClassifier(
-        forward=forward,
-        preprocess=lambda crops: processor(images=crops, return_tensors="pt")["pixel_values"],
-        labels=labels,
-    )
-
-
-def _load_torchscript(folder: Path) -> ImageClassifier:
-    """A traced model (``torchscript.pt``), its class names (``labels.txt``, one a line) and, optionally,
-    ``preprocess.json`` ({"size": 224, "mean": [...], "std": [...]}; ImageNet's by default)."""
-    import torch
-    from torchvision.transforms import v2
-
-    labels_path = folder / LABELS_FILE
-    if not labels_path.is_file():
-        raise ModelUnavailable(f"{folder / TORCHSCRIPT_FILE} needs its class names in {labels_path}")
-    labels = [line.strip() for line in labels_path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    options = {"size": 224, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
-    if (folder / "preprocess.json").is_file():
-        options |= json.loads((folder / "preprocess.json").read_text())
-    transform = v2.Compose(
-        [
-            v2.PILToTensor(),
-            v2.Resize((options["size"], options["size"]), antialias=True),
-            v2.ToDtype(torch.float32, scale=True),
-            v2.Normalize(options["mean"], options["std"]),
-        ]
-    )
-    module = torch.jit.load(str(folder / TORCHSCRIPT_FILE), map_location="cpu").eval()
-    return ImageClassifier(
-        forward=module, preprocess=lambda crops: torch.stack([transform(crop) for crop in crops]), labels=labels
+        forward=lambda crops: session.run(None, {"pixel_values": export.preprocess(crops)})[0],
+        labels=export.labels,
+        class_filter=dict(settings.class_filter or {}),
     )

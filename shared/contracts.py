@@ -325,7 +325,7 @@ class MadeBy(Frozen):
     """Which model made a step's output, and the settings of that step that change it (rows keep both)."""
 
     model: str = ""
-    settings: dict[str, str | int | float | bool | list[str] | dict[str, list[str]] | None] = Field(
+    settings: dict[str, str | int | float | bool | list[str] | list[float] | dict[str, list[str]] | None] = Field(
         default_factory=dict
     )
 

@@ -61,7 +61,13 @@ def build_dependencies(step: Step, settings: Settings) -> Dependencies:
         made_by = MadeBy(
             model=detection.detector_model,
             settings=detection.model_dump(
-                include={"detection_short_side", "detector_bf16", "max_detections", "nms_iou"}
+                include={
+                    "detection_short_side",
+                    "detector_aspect_ratios",  # which size an image is padded to
+                    "detector_int8",
+                    "max_detections",
+                    "nms_iou",
+                }
             ),
         )
         return replace(common, detector=load_detector(detection), made_by=made_by)
@@ -71,7 +77,7 @@ def build_dependencies(step: Step, settings: Settings) -> Dependencies:
         description = settings.description
         made_by = MadeBy(
             model=description.classifier_model,
-            settings=description.model_dump(include={"class_filter", "describe_runtime", "crop_margin"}),
+            settings=description.model_dump(include={"class_filter", "crop_margin"}),
         )
         return replace(common, classifier=load_classifier(description), made_by=made_by)
     if step is Step.TAG:
@@ -79,9 +85,7 @@ def build_dependencies(step: Step, settings: Settings) -> Dependencies:
 
         description = settings.description
         tagger = load_tagger(description)
-        made_by = MadeBy(
-            model=tagger.name, settings=description.model_dump(include={"describe_runtime", "crop_margin"})
-        )
+        made_by = MadeBy(model=tagger.name, settings=description.model_dump(include={"crop_margin"}))
         return replace(common, tagger=tagger, made_by=made_by)
     if step is Step.CAPTION:
         from shared.captioning import load_captioner

@@ -1,15 +1,16 @@
-"""Zero-shot object detection with Grounding DINO (transformers), returning typed pixel boxes."""
+"""Zero-shot object detection with Grounding DINO: the detector (shared/grounding_onnx.py runs it) and the
+post-processing that turns its outputs into typed pixel boxes, each labelled with one prompt phrase."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
+import numpy as np
 from PIL import Image
 
 from shared.contracts import Box, Detection
 from shared.model_cache import cached_per_settings
-from shared.model_sources import prepare_torch, resolve_model_dir
 from shared.observability import logger
 from shared.settings import DetectionSettings
 
@@ -20,87 +21,83 @@ class Detector(Protocol):
     ) -> list[Detection]: ...
 
 
-@dataclass
-class GroundingDinoDetector:
-    """Grounding DINO with phrase-level labels: each box takes the prompt phrase whose tokens score highest."""
+def phrase_spans(phrases: list[str], token_count: Callable[[str], int]) -> list[tuple[int, int]]:
+    """Each phrase's token positions in the prompt "a. b. c." (after [CLS], before the phrase's period)."""
+    spans, position = [], 1
+    for phrase in phrases:
+        length = max(1, token_count(phrase))
+        spans.append((position, position + length))
+        position += length + 1  # the phrase, then its "."
+    return spans
 
-    model: Any
-    processor: Any
-    short_side: int
-    max_detections: int
-    nms_iou: float
-    bf16: bool = False
 
-    def detect(
-        self, image: Image.Image, phrases: list[str], box_threshold: float, text_threshold: float
-    ) -> list[Detection]:
-        """Boxes for ``phrases`` in ``image``, in pixels of ``image``, best first."""
-        import torch
-        from torchvision.ops import batched_nms
-
-        text, spans = self._text_and_spans(phrases)
-        inputs = self.processor(
-            images=image,
-            text=text,
-            return_tensors="pt",
-            size={"shortest_edge": self.short_side, "longest_edge": self.short_side * 1333 // 800},
+def phrase_detections(
+    logits: np.ndarray,
+    normalized_cxcywh: np.ndarray,
+    spans: list[tuple[int, int]],
+    phrases: list[str],
+    image_size: tuple[int, int],
+    min_score: float,
+    nms_iou: float,
+    max_detections: int,
+) -> list[Detection]:
+    """Detections from one image's outputs (queries x text positions, queries x 4): each query takes the phrase
+    whose tokens score highest (its best token), boxes below ``min_score`` or under a pixel wide are dropped,
+    overlapping boxes of one phrase are merged, the best ``max_detections`` are kept."""
+    labels, scores = best_phrases(logits, spans)
+    boxes = pixel_boxes(normalized_cxcywh.astype(np.float64), *image_size)
+    keep = (scores >= min_score) & (boxes[:, 2] - boxes[:, 0] >= 1) & (boxes[:, 3] - boxes[:, 1] >= 1)
+    boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+    kept = non_max_suppression(boxes, scores, labels, nms_iou)[:max_detections]
+    return [
+        Detection(
+            label=phrases[int(labels[i])],
+            score=round(float(scores[i]), 4),
+            box=Box(**{name: round(float(v), 2) for name, v in zip(("x0", "y0", "x1", "y1"), boxes[i], strict=True)}),
         )
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-            outputs = self.model(**inputs)
-        token_scores = outputs.logits[0].float().sigmoid()  # (queries, text positions)
-        phrase_scores = torch.stack([token_scores[:, start:end].max(dim=1).values for start, end in spans], dim=1)
-        scores, labels = phrase_scores.max(dim=1)
-        boxes = _pixel_boxes(outputs.pred_boxes[0].float(), image.width, image.height)
-        keep = (scores >= max(box_threshold, text_threshold)) & (boxes[:, 2] - boxes[:, 0] >= 1)
-        keep &= boxes[:, 3] - boxes[:, 1] >= 1
-        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
-        kept = batched_nms(boxes, scores, labels, self.nms_iou)[: self.max_detections]
-        return [
-            Detection(
-                label=phrases[int(labels[i])],
-                score=round(float(scores[i]), 4),
-                box=Box(
-                    **{name: round(float(v), 2) for name, v in zip(("x0", "y0", "x1", "y1"), boxes[i], strict=True)}
-                ),
-            )
-            for i in kept
-        ]
-
-    def _text_and_spans(self, phrases: list[str]) -> tuple[str, list[tuple[int, int]]]:
-        """The prompt text, and each phrase's token positions in it (after [CLS], before its period)."""
-        tokenizer = self.processor.tokenizer
-        spans, position = [], 1
-        for phrase in phrases:
-            length = max(1, len(tokenizer.tokenize(phrase)))
-            spans.append((position, position + length))
-            position += length + 1  # the phrase, then its "."
-        return ". ".join(phrases) + ".", spans
+        for i in kept
+    ]
 
 
-def _pixel_boxes(normalized_cxcywh: Any, width: int, height: int) -> Any:
-    import torch
+def best_phrases(logits: np.ndarray, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per query, the phrase whose best token scores highest, and that score (a probability)."""
+    token_scores = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    phrase_scores = np.stack([token_scores[:, start:end].max(axis=1) for start, end in spans], axis=1)
+    return phrase_scores.argmax(axis=1), phrase_scores.max(axis=1)
 
-    cx, cy, w, h = normalized_cxcywh.unbind(-1)
-    corners = torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1)
-    scale = torch.tensor([width, height, width, height], dtype=corners.dtype)
-    return (corners * scale).clamp(min=0).minimum(scale)
+
+def pixel_boxes(normalized_cxcywh: np.ndarray, width: int, height: int) -> np.ndarray:
+    """Corner boxes in pixels, clamped to the image."""
+    cx, cy, w, h = np.moveaxis(normalized_cxcywh, -1, 0)
+    corners = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=-1)
+    scale = np.asarray([width, height, width, height], dtype=corners.dtype)
+    return np.minimum((corners * scale).clip(min=0), scale)
+
+
+def non_max_suppression(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, iou: float) -> list[int]:
+    """Indices kept, best first: a box overlapping a better box of the same label by more than ``iou`` goes."""
+    order = np.argsort(-scores, kind="stable")
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    kept: list[int] = []
+    suppressed = np.zeros(len(boxes), dtype=bool)
+    for index in order:
+        if suppressed[index]:
+            continue
+        kept.append(int(index))
+        top_left = np.maximum(boxes[index, :2], boxes[:, :2])
+        bottom_right = np.minimum(boxes[index, 2:], boxes[:, 2:])
+        overlap = np.prod((bottom_right - top_left).clip(min=0), axis=1)
+        union = areas[index] + areas - overlap
+        suppressed |= (labels == labels[index]) & (overlap > iou * union)
+    return kept
 
 
 @cached_per_settings
-def load_detector(settings: DetectionSettings) -> GroundingDinoDetector:
-    """The Grounding DINO detector the settings name, loaded once per process."""
-    from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
+def load_detector(settings: DetectionSettings) -> Detector:
+    """Grounding DINO on ONNX Runtime, from the export of the model the settings name (made by ``annotate models
+    export``, uploaded by ``annotate models push``), loaded once per process."""
+    from shared.grounding_onnx import export_dir, load_onnx_detector
 
-    prepare_torch(settings.torch_threads)
-    folder = resolve_model_dir(settings.detector_model, settings)
-    model = AutoModelForZeroShotObjectDetection.from_pretrained(folder).eval()
-    processor = AutoProcessor.from_pretrained(folder)
-    logger.info("detector loaded", extra={"model": settings.detector_model, "folder": str(folder)})
-    return GroundingDinoDetector(
-        model,
-        processor,
-        settings.detection_short_side,
-        settings.max_detections,
-        settings.nms_iou,
-        bf16=settings.detector_bf16,
-    )
+    detector = load_onnx_detector(export_dir(settings), settings)
+    logger.info("detector loaded", extra={"model": settings.detector_model, "sizes": detector.manifest.sizes})
+    return detector

@@ -10,6 +10,7 @@ import hashlib
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 from shared.errors import ImageRejected, ModelUnavailable
 from shared.observability import logger
@@ -26,17 +27,6 @@ _lock = threading.Lock()
 BUILT_PREFIXES = ("tiny:", "random:")
 BUILT_MODELS_VERSION = "v2"
 BUILT_MARKER = ".complete"
-
-
-def prepare_torch(threads: int) -> None:
-    """Process-wide torch and transformers set-up that every model loader needs: threads, quiet loading."""
-    import torch
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()
-    transformers_logging.set_verbosity_error()
-    if threads and torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
 
 
 def built_model_dir(source: str, files: ModelFiles) -> Path:
@@ -106,8 +96,25 @@ def _packaged_model(package: str, files: ModelFiles) -> Path:
     return target
 
 
+def _hub_client() -> Any:
+    """huggingface_hub, which the tools install has: a deployed function reads its models from S3, and its
+    layers leave the hub client out.
+
+    Raises:
+        ModelUnavailable: it is not installed here.
+    """
+    try:
+        import huggingface_hub
+    except ImportError as error:
+        raise ModelUnavailable(
+            "Hugging Face hub ids need the tools install (pip install -e '.[tools]'); a deployed function reads "
+            "its models from s3:// (annotate models push)"
+        ) from error
+    return huggingface_hub
+
+
 def _hub_file(repo_id: str, filename: str, files: ModelFiles) -> Path:
-    from huggingface_hub import hf_hub_download
+    hf_hub_download = _hub_client().hf_hub_download
 
     if not filename:
         raise ModelUnavailable(f"hf:{repo_id} names no file; write hf:OWNER/REPO/FILE.gguf")
@@ -138,7 +145,7 @@ def _s3_object_in_memory(uri: str) -> Path:
 
 
 def _hub_snapshot(repo_id: str, files: ModelFiles) -> Path:
-    from huggingface_hub import snapshot_download
+    snapshot_download = _hub_client().snapshot_download
 
     try:
         return Path(snapshot_download(repo_id, local_files_only=files.hf_offline))

@@ -1,71 +1,89 @@
-"""ONNX Runtime for the image towers of Classify (ConvNeXt) and Tag (CLIP): exported once, then served by ORT.
+"""The models of Detect, Classify and Tag on ONNX Runtime, without torch: where their exports are found, the
+sessions, and the image preprocessing the exports expect (Pillow and numpy).
 
-The export is cached beside the other built models, keyed by the model source, and loads in onnxruntime
-(78 MB) without torch (750 MB): the form a zip-packaged function can carry. ``tests`` check that its outputs
-match torch's on the same weights.
+Exports are made by ``annotate models export`` (tools/, with torch) and pushed to the stack by ``annotate models
+push``; a function only ever loads one. Each export is a folder with a manifest: a model source that is such a
+folder is used as it is, any other (a hub id, a local checkpoint, a ``tiny:`` model) by its export in this
+machine's model cache.
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections.abc import Callable
+import json
 from pathlib import Path
 from typing import Any
 
-from shared.observability import logger
+import numpy as np
+from PIL import Image
+
+from shared.errors import ModelUnavailable
+from shared.model_sources import resolve_model_dir
 from shared.settings import ModelFiles
 
-_lock = threading.Lock()
+
+def find_export(source: str, files: ModelFiles, manifest: str, extra: object = None) -> Path:
+    """The export folder of the model ``source`` names (``extra``: what else the export depends on).
+
+    Raises:
+        ModelUnavailable: there is none; the message says how to make one.
+    """
+    folder = resolve_model_dir(source, files)
+    if (folder / manifest).is_file():
+        return folder
+    cached = cached_export_dir(source, folder, files, manifest, extra)
+    if not (cached / manifest).is_file():
+        raise ModelUnavailable(
+            f"{source} is a checkpoint with no ONNX export on this machine: `annotate models export` makes it "
+            "(`annotate models push` exports and uploads it; `annotate run` exports what it runs)"
+        )
+    return cached
 
 
-def onnx_file(files: ModelFiles, source: str, kind: str) -> Path:
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    return files.model_cache_dir / "onnx" / f"{kind}-{digest}.onnx"
+def cached_export_dir(source: str, folder: Path, files: ModelFiles, manifest: str, extra: object = None) -> Path:
+    """Where this machine keeps the export of the checkpoint in ``folder``: keyed by the source, its weights'
+    sizes and times (a rebuilt model gets a new export) and ``extra``."""
+    weights = sorted(
+        (path.name, path.stat().st_size, path.stat().st_mtime_ns)
+        for path in folder.iterdir()
+        if path.suffix in (".safetensors", ".bin", ".pt")
+    )
+    key = json.dumps([source, str(folder), weights, extra])
+    kind = manifest.removesuffix(".json")
+    return files.model_cache_dir / "onnx" / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def export_once(
-    module: Any, example: Any, path: Path, input_name: str, output_name: str, dynamic_size: bool = False
-) -> Path:
-    """Export ``module`` to ``path`` unless it is there already; the batch axis (and, with ``dynamic_size``,
-    height and width) stay dynamic."""
-    import torch
-
-    with _lock:
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(".partial")
-            # Not under no_grad: there, CLIP's attention takes a fused kernel that has no ONNX form.
-            with torch.enable_grad():
-                torch.onnx.export(
-                    module.eval(),
-                    (example,),
-                    str(partial),
-                    input_names=[input_name],
-                    output_names=[output_name],
-                    dynamic_axes={
-                        input_name: {0: "batch", 2: "height", 3: "width"} if dynamic_size else {0: "batch"},
-                        output_name: {0: "batch"},
-                    },
-                    dynamo=False,  # the TorchScript exporter handles both towers; the dynamo one needs onnxscript
-                    opset_version=17,
-                )
-            partial.replace(path)
-            logger.info("exported to ONNX", extra={"path": str(path)})
-    return path
-
-
-def session_forward(path: Path, threads: int) -> Callable[[Any], Any]:
-    """A torch-in, torch-out forward served by an ONNX Runtime session."""
+def ort_session(path: Path, threads: int) -> Any:
     import onnxruntime as ort
-    import torch
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    input_name = session.get_inputs()[0].name
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
-    def forward(pixels: Any) -> Any:
-        return torch.from_numpy(session.run(None, {input_name: pixels.numpy()})[0])
 
-    return forward
+def resize_short_side(image: Image.Image, short_side: int, resample: Image.Resampling) -> Image.Image:
+    """``image`` with its short side ``short_side`` and its aspect kept (the long side rounded down)."""
+    width, height = image.size
+    if width <= height:
+        size = (short_side, int(short_side * height / width))
+    else:
+        size = (int(short_side * width / height), short_side)
+    return image.resize(size, resample)
+
+
+def center_crop(image: Image.Image, size: int) -> Image.Image:
+    left = round((image.width - size) / 2.0)
+    top = round((image.height - size) / 2.0)
+    return image.crop((left, top, left + size, top + size))
+
+
+def normalized(images: list[Image.Image], mean: list[float], std: list[float]) -> np.ndarray:
+    """A (N, 3, H, W) float32 batch of same-sized RGB images, scaled to [0, 1] and normalized."""
+    pixels = np.stack([np.asarray(image.convert("RGB"), np.float32) for image in images]) / 255.0
+    return ((pixels - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)).transpose(0, 3, 1, 2)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)

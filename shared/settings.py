@@ -6,12 +6,13 @@ command line through :func:`use_settings`. No other module reads ``os.environ``.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
@@ -87,20 +88,32 @@ class ImageLimits(_Section):
 
 class DetectionSettings(ModelFiles):
     detector_model: str
+    detector_int8: bool
+    detector_aspect_ratios: list[float]
     detection_short_side: int
-    detector_bf16: bool
     max_detections: int
     nms_iou: float
     torch_threads: int
 
+    def export_sizes(self) -> list[tuple[int, int]]:
+        """The (height, width) of each ONNX export. Two always: the short side by the long side's cap (1333 at
+        800, as the model card's processor caps it), landscape and portrait, which hold every resized image, so
+        that no image is shrunk. Then one per extra aspect ratio (width over height), its long side rounded up
+        to a multiple of 32 (Swin's stride), which saves padding for images of that shape."""
+        short, cap = self.detection_short_side, self.detection_short_side * 1333 // 800
+        sizes = {(short, cap), (cap, short)}
+        for ratio in self.detector_aspect_ratios:
+            long = min(cap, math.ceil(short * max(ratio, 1 / ratio) / 32) * 32)
+            sizes.add((short, long) if ratio >= 1 else (long, short))
+        return sorted(sizes)
+
 
 class DescriptionSettings(ModelFiles):
-    """Classify's and Tag's: the models, their runtime and threads, and the crops they share."""
+    """Classify's and Tag's: the models, their threads, and the crops they share."""
 
     classifier_model: str
     class_filter: dict[str, list[str]] | None
     tagger_models: list[str] | None
-    describe_runtime: Literal["torch", "onnx"]
     crop_margin: float
     text_cache_size: int
     torch_threads: int
@@ -154,11 +167,20 @@ class Settings(BaseSettings):
     detector_model: str = Field(
         "", description="Grounding DINO: hub id, local folder, s3:// prefix or tiny:grounding-dino"
     )
+    detector_aspect_ratios: list[float] = Field(
+        [3 / 2],
+        max_length=6,
+        description="Aspect ratios (width/height) Grounding DINO is also exported at, beside the two sizes that "
+        "hold any image: an image is padded to the smallest export that holds it, so a ratio saves padding for "
+        "images of its shape and costs an export (0.7 GB) and a session (1 GB of memory)",
+    )
+    detector_int8: bool = Field(
+        False,
+        description="Run Grounding DINO with int8 weights (ONNX Runtime dynamic quantization of the export): "
+        "lossy, and faster only on CPUs with int8 dot products; see annotate bench",
+    )
     detection_short_side: int = Field(
         800, ge=224, le=1333, description="Short side the detector resizes to: the accuracy/speed setting"
-    )
-    detector_bf16: bool = Field(
-        False, description="Run Grounding DINO under bf16 autocast (CPUs with native bf16; see annotate bench)"
     )
     max_detections: int = Field(20, ge=1, le=300, description="Most boxes kept per image, best first")
     nms_iou: float = Field(0.5, gt=0, le=1, description="Boxes of one label overlapping more are merged")
@@ -171,9 +193,6 @@ class Settings(BaseSettings):
         None,
         description="Per detected label, the classes a box may take: class names or id ranges ('151-268'); "
         "labels not named are scored against every class. {} turns filtering off",
-    )
-    describe_runtime: Literal["torch", "onnx"] = Field(
-        "onnx", description="Runtime of the Classify model and the Tag image tower (onnx: exported once, ORT)"
     )
     crop_margin: float = Field(0.1, ge=0, le=1, description="Margin added around each box before cropping")
     tagger_models: list[str] | None = Field(
@@ -200,7 +219,9 @@ class Settings(BaseSettings):
     variant_job: str = Field(
         "", max_length=16_384, description="The Variants container's image task (JSON), set by ECS"
     )
-    torch_threads: int = Field(0, ge=0, le=64, description="Threads for torch; 0 uses every core")
+    torch_threads: int = Field(
+        0, ge=0, le=64, description="Threads of the ONNX Runtime sessions (and of torch in the tools); 0: every core"
+    )
 
     max_image_bytes: int = Field(25_000_000, ge=1_000, le=200_000_000, description="Largest accepted file")
     max_image_pixels: int = Field(

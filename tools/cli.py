@@ -234,7 +234,7 @@ def bench(
     short_side: Annotated[int, typer.Option(help="The pipeline's detection resolution")] = 800,
     crops: Annotated[int, typer.Option(help="Boxes per image for Classify and Tag")] = 8,
     models: Annotated[str, typer.Option(help="random (full-size architectures) or tiny")] = "random",
-    bf16: Annotated[bool, typer.Option(help="The pipeline's detector under bf16 autocast (off by default)")] = False,
+    lossy_short_side: Annotated[int, typer.Option(help="The lower detection resolution measured for drift")] = 512,
     variants: Annotated[bool, typer.Option(help="Also time variants at 256 and 512 px")] = True,
     out_dir: Annotated[Path, typer.Option(help="Where bench.json and bench.md go")] = Path("bench"),
 ) -> None:
@@ -251,7 +251,7 @@ def bench(
             short_side=short_side,
             crops=crops,
             models=models,
-            bf16=bf16,
+            lossy_short_side=lossy_short_side,
             variants=variants,
             out_dir=out_dir,
         )
@@ -503,6 +503,31 @@ def models_push(
     for model in pushed:
         line = f"{model.output}: {model.source} -> {model.uri} ({model.files} files, {model.bytes / 1e6:.1f} MB)"
         out.print(line, soft_wrap=True, highlight=False)
+
+
+@models.command("export")
+def models_export(
+    profile: Annotated[Profile, typer.Option(help="Whose models to export")] = Profile.DEFAULT,
+    short_side: Annotated[int, typer.Option(help="The detection short side the detector is exported for")] = 800,
+) -> None:
+    """Export the profile's Grounding DINO (once per image size, see detector_aspect_ratios), ConvNeXt and CLIP
+    to ONNX, into the model cache: what Detect, Classify and Tag run. `annotate models push` uploads them."""
+    from shared.errors import ModelUnavailable
+    from tools.tiny_models import build_named_models
+
+    _quiet_logs(False)
+    settings = use_settings(profile=profile, detection_short_side=short_side)
+    try:
+        build_named_models(settings)
+    except ModelUnavailable as error:
+        raise _fail(str(error)) from None
+    sizes = ", ".join(f"{height}x{width}" for height, width in settings.detection.export_sizes())
+    out.print(
+        f"exported into {settings.model_cache_dir / 'onnx'}: {settings.detector_model} at {sizes}; "
+        f"{settings.classifier_model}; {', '.join(settings.tagger_models or [])}",
+        soft_wrap=True,
+        highlight=False,
+    )
 
 
 @models.command("build")

@@ -139,9 +139,7 @@ def lambda_compute_per_image(bench: dict[str, Any], prices: dict[str, Any]) -> f
     return per_image + shared_gb_s * prices["lambda"]["x86_gb_second"]
 
 
-def _cold_starts(
-    bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart_everywhere: bool
-) -> float:
+def _cold_starts(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, without_snapstart: bool) -> float:
     """A month's cold starts of the model functions: a restore for those with SnapStart (and their snapshot's cache,
     which is billed idle or not), the import and model load for the others."""
     lam = prices["lambda"]
@@ -150,7 +148,7 @@ def _cold_starts(
     for function in FUNCTIONS.values():
         if function.step is None:
             continue
-        if function.snapstart or snapstart_everywhere:
+        if function.snapstart and not without_snapstart:
             total += cold_starts * function.gb * lam["snapstart_restore_per_gb"]
             total += function.gb * SECONDS_PER_MONTH * lam["snapstart_cache_gb_second"]
         else:
@@ -174,10 +172,10 @@ def orchestration_per_image(bench: dict[str, Any], prices: dict[str, Any], expre
 
 
 def lambda_month_parts(
-    bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart_everywhere: bool = False
+    bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, without_snapstart: bool = False
 ) -> dict[str, float]:
     """Lambda, Step Functions (Express children), SQS and S3 for a month of ``scenario``, by part: as the template
-    deploys the functions, or with SnapStart on every model function."""
+    deploys the functions, or with SnapStart off everywhere."""
     images = scenario.images_per_month
     invocations = len(FUNCTIONS) + 1 / IMAGES_PER_GROUP + 2 / BATCH_SIZE  # + WriteGroupTable, ingest, summary
     requests = images * invocations * prices["lambda"]["per_million_requests"] / 1e6
@@ -188,21 +186,21 @@ def lambda_month_parts(
         / 1000
     )
     return {
-        "compute": compute + requests + _cold_starts(bench, prices, scenario, snapstart_everywhere),
+        "compute": compute + requests + _cold_starts(bench, prices, scenario, without_snapstart),
         "orchestration": images * orchestration_per_image(bench, prices),
         "queues_and_storage": images * SQS_REQUESTS_PER_IMAGE * prices["sqs"]["per_million_requests"] / 1e6 + storage,
     }
 
 
 def lambda_month(
-    bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart_everywhere: bool = False
+    bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, without_snapstart: bool = False
 ) -> float:
     """Lambda + Step Functions + SQS + S3 for a month of ``scenario``."""
-    return sum(lambda_month_parts(bench, prices, scenario, snapstart_everywhere).values())
+    return sum(lambda_month_parts(bench, prices, scenario, without_snapstart).values())
 
 
 def orchestration_share(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario) -> float:
-    """Step Functions' share of the Lambda option's cost per image (without SnapStart)."""
+    """Step Functions' share of the Lambda option's cost per image (as deployed)."""
     parts = lambda_month_parts(bench, prices, scenario)
     return parts["orchestration"] / sum(parts.values())
 
@@ -227,9 +225,7 @@ def cost_table(bench: dict[str, Any], prices: dict[str, Any]) -> list[dict[str, 
     for scenario in SCENARIOS:
         options = {
             "Lambda (as deployed)": lambda_month(bench, prices, scenario),
-            "Lambda, SnapStart on every model function": lambda_month(
-                bench, prices, scenario, snapstart_everywhere=True
-            ),
+            "Lambda, without SnapStart": lambda_month(bench, prices, scenario, without_snapstart=True),
             "Fargate always-on": fargate_month(bench, prices, scenario),
             "Rekognition (labels + properties)": rekognition_month(prices, scenario),
         }

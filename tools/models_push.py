@@ -13,9 +13,11 @@ from typing import Any
 from shared.errors import RequestRejected
 from shared.model_sources import BUILT_PREFIXES, resolve_model_dir, resolve_model_file
 from shared.observability import logger
-from shared.settings import ModelFiles, Settings
+from shared.settings import Settings
 from shared.storage import join_uri, store_for
 from tools.aws_stack import stack_outputs
+from tools.describe_export import exported_classifier_dir, exported_tagger_dir
+from tools.detector_export import exported_detector_dir
 from tools.tiny_models import build_model
 
 # Stack output -> the setting that names the model to upload there. VariantsModelUri exists only in a stack
@@ -56,11 +58,22 @@ def _source(settings: Settings, output: str) -> str:
     return str((value or [""])[0] if isinstance(value, list) else value)
 
 
-def _local_files(source: str, target: str, files: ModelFiles) -> list[tuple[Path, str]]:
-    """(local file, S3 URI) pairs: a single-file model (a GGUF) to ``target``, a folder's files under it."""
+def _local_files(settings: Settings, output: str, target: str) -> list[tuple[Path, str]]:
+    """(local file, S3 URI) pairs: a single-file model (a GGUF) to ``target``, a folder's files under it; for
+    Detect, Classify and Tag, their models' ONNX exports (made here unless they are cached)."""
+    source, files = _source(settings, output), settings.model_files
     if not target.endswith("/"):
         return [(resolve_model_file(source, files), target)]
-    folder = build_model(source, files) if source.startswith(BUILT_PREFIXES) else resolve_model_dir(source, files)
+    if source.startswith(BUILT_PREFIXES):
+        build_model(source, files)
+    if output == "DetectorModelUri":
+        folder = exported_detector_dir(settings.detection)
+    elif output == "ClassifierModelUri":
+        folder = exported_classifier_dir(settings.description)
+    elif output == "TaggerModelUri":
+        folder = exported_tagger_dir(source, files)
+    else:
+        folder = resolve_model_dir(source, files)
     paths = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
     return [(path, join_uri(target, str(path.relative_to(folder)))) for path in paths]
 
@@ -78,7 +91,7 @@ def push_models(settings: Settings, targets: dict[str, str]) -> list[PushedModel
     for output, target in targets.items():
         source = _source(settings, output)
         size = 0
-        files = _local_files(source, target, settings.model_files)
+        files = _local_files(settings, output, target)
         for path, uri in files:
             data = path.read_bytes()
             store_for(uri).write_bytes(uri, data)

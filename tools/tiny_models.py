@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from shared.errors import ModelUnavailable
-from shared.model_sources import BUILT_MARKER, BUILT_PREFIXES, built_model_dir, prepare_torch
+from shared.model_sources import BUILT_MARKER, BUILT_PREFIXES, built_model_dir
 from shared.observability import logger
 from shared.settings import ModelFiles, Settings
+from tools.torch_models import prepare_torch
 
 _SEED = 0
 
@@ -58,11 +59,22 @@ def build_model(source: str, files: ModelFiles) -> Path:
 
 
 def build_named_models(settings: Settings, variants: bool = False) -> None:
-    """Build every ``tiny:``/``random:`` model the settings name (the diffusion model only with ``variants``)."""
+    """Build every ``tiny:``/``random:`` model the settings name (the diffusion model only with ``variants``), and
+    the ONNX exports that Detect, Classify and Tag run."""
     sources = [settings.detector_model, settings.classifier_model, *(settings.tagger_models or [])]
     for source in [*sources, *([settings.variants_model] if variants else [])]:
         if source.startswith(BUILT_PREFIXES):
             build_model(source, settings.model_files)
+    from tools.describe_export import exported_classifier_dir, exported_tagger_dir
+    from tools.detector_export import exported_detector_dir
+
+    exported_detector_dir(settings.detection)
+    exported_classifier_dir(settings.description)
+    for source in settings.tagger_models or []:  # Tag takes the first that loads: export what can be
+        try:
+            exported_tagger_dir(source, settings.model_files)
+        except ModelUnavailable as error:
+            logger.warning("tagger model not exported", extra={"model": source, "error": str(error)})
 
 
 def bert_base_uncased_vocab() -> dict[str, int]:

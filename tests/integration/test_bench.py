@@ -1,4 +1,4 @@
-"""The benchmark's measurements on tiny models: the bf16 drift report and a short end-to-end run."""
+"""The benchmark's measurements on tiny models: the detector drift report and a short end-to-end run."""
 
 from __future__ import annotations
 
@@ -15,13 +15,24 @@ from tools.bench import BenchOptions, _detection_drift, run_bench
 pytestmark = pytest.mark.slow
 
 
-def test_the_bf16_drift_report_matches_boxes_and_times_both_precisions(tiny_settings: Settings) -> None:
+def test_the_drift_report_compares_each_way_of_detecting_with_torch_fp32(tiny_settings: Settings) -> None:
     image = Image.open(SAMPLES / "chelsea-the-cat.jpg").convert("RGB")
-    drift = _detection_drift(tiny_settings.model_copy(update={"max_detections": 8}), [image])
-    assert drift["fp32_boxes"] == 8
-    assert 0.0 <= drift["unmatched_fraction"] <= 1.0
-    assert drift["mean_matched_iou"] is None or 0.5 <= drift["mean_matched_iou"] <= 1.0
-    assert drift["fp32_median_s"] > 0 and drift["bf16_median_s"] > 0
+    drift = _detection_drift(tiny_settings.model_copy(update={"max_detections": 8}), [image], lossy_short_side=512)
+    reference = drift["torch fp32 (model card)"]
+    assert reference["boxes_found_again"] == "8/8" and reference["mean_matched_iou"] == 1.0
+    # The exported graph is the pipeline's: the boxes it finds again are the reference's (the tiny model's scores
+    # saturate at 1.0, so which 8 of the tied boxes are kept can change with the padding and the resize)
+    found, total = map(int, drift["onnx fp32 (pipeline)"]["boxes_found_again"].split("/"))
+    assert total == 8 and found >= 1
+    assert drift["onnx fp32 (pipeline)"]["mean_matched_iou"] > 0.99
+    assert set(drift) == {
+        "torch fp32 (model card)",
+        "onnx fp32 (pipeline)",
+        "onnx int8 weights (detector_int8)",
+        "onnx fp32, short side 512",
+        "torch bf16 autocast (not offered: no bf16 on Lambda's CPUs)",
+    }
+    assert all(way["median_s"] > 0 for way in drift.values())
 
 
 def test_a_short_bench_run_writes_its_report(tmp_path: Path) -> None:

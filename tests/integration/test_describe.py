@@ -17,6 +17,7 @@ from shared.model_sources import resolve_model_dir
 from shared.settings import Settings
 from shared.tagging import load_tagger
 from tests.conftest import SAMPLES
+from tools.describe_export import exported_classifier_dir
 from tools.tiny_models import imagenet_labels
 
 pytestmark = pytest.mark.slow
@@ -46,7 +47,7 @@ def test_all_boxes_of_an_image_are_classified_in_one_forward(tiny_settings: Sett
     classifier = load_classifier(tiny_settings.description)
     calls = []
     original = classifier.forward
-    classifier.forward = lambda pixels: calls.append(pixels.shape[0]) or original(pixels)
+    classifier.forward = lambda crops: calls.append(len(crops)) or original(crops)
     try:
         output = steps.classify(describe_input(BOXES * 3, top_k=2), deps(tiny_settings, Step.CLASSIFY))
     finally:
@@ -93,6 +94,7 @@ def test_a_traced_torchscript_classifier_with_a_label_list_loads(tiny_settings: 
     torch.jit.trace(LogitsOnly(), torch.rand(1, 3, 224, 224)).save(str(tmp_path / TORCHSCRIPT_FILE))
     (tmp_path / LABELS_FILE).write_text("\n".join(imagenet_labels()))
     settings = tiny_settings.model_copy(update={"classifier_model": str(tmp_path)})
+    exported_classifier_dir(settings.description)  # as `annotate models export` does
 
     output = steps.classify(describe_input(BOXES), deps(settings, Step.CLASSIFY))
 
@@ -102,7 +104,7 @@ def test_a_traced_torchscript_classifier_with_a_label_list_loads(tiny_settings: 
 def test_a_torchscript_folder_without_labels_is_refused(tiny_settings: Settings, tmp_path: Path) -> None:
     (tmp_path / TORCHSCRIPT_FILE).write_bytes(b"")
     with pytest.raises(ModelUnavailable, match="class names"):
-        load_classifier(tiny_settings.model_copy(update={"classifier_model": str(tmp_path)}).description)
+        exported_classifier_dir(tiny_settings.model_copy(update={"classifier_model": str(tmp_path)}).description)
 
 
 def test_tags_use_the_request_vocabularies(tiny_settings: Settings) -> None:

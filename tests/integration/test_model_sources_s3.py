@@ -13,6 +13,7 @@ from PIL import Image
 from shared import storage
 from shared.detection import load_detector
 from shared.errors import ModelUnavailable
+from shared.grounding_onnx import export_dir, export_file_name
 from shared.model_sources import resolve_model_dir
 from shared.settings import Settings
 from tests.conftest import SAMPLES
@@ -37,15 +38,16 @@ def upload_folder(client: object, folder: Path, prefix: str) -> None:
 
 
 def test_an_s3_prefix_is_read_into_memory_and_loads(s3: object, tiny_settings: Settings, tmp_path: Path) -> None:
-    upload_folder(s3, resolve_model_dir("tiny:grounding-dino", tiny_settings.model_files), "models/gd/")
+    # GIVEN the detector's export pushed to S3, as `annotate models push` does
+    upload_folder(s3, export_dir(tiny_settings.detection), "models/gd/")
     settings = tiny_settings.model_copy(
         update={"detector_model": "s3://models/models/gd/", "model_cache_dir": tmp_path}
     )
 
     folder = resolve_model_dir(settings.detector_model, settings.model_files)
 
-    weights = folder / "model.safetensors"
-    assert weights.is_symlink() and str(weights.readlink()).startswith("/proc/self/fd/")
+    graph = folder / export_file_name(settings.detection.export_sizes()[0])
+    assert graph.is_symlink() and str(graph.readlink()).startswith("/proc/self/fd/")
     assert resolve_model_dir(settings.detector_model, settings.model_files) == folder  # read once per process
     cat = Image.open(SAMPLES / "chelsea-the-cat.jpg").convert("RGB")
     detections = load_detector(settings.detection).detect(cat, ["cat"], 0.0, 0.0)  # weights read from the memory files

@@ -1,46 +1,81 @@
-"""ONNX Runtime serves the same numbers as torch on the same weights (Classify and the Tag image tower)."""
+"""Classify's and Tag's exports on ONNX Runtime give torch's numbers on the same weights, and their torch-free
+preprocessing and tokenizer give what the libraries' own do."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from shared.classification import load_classifier
+from shared.classification import CLASSIFIER_GRAPH, CLASSIFIER_MANIFEST, ClassifierExport, load_classifier
+from shared.onnx_runtime import find_export, ort_session
 from shared.settings import Settings
-from shared.tagging import load_tagger
+from shared.tagging import IMAGE_GRAPH, TAGGER_MANIFEST, TEXT_GRAPH, TOKENIZER_FILE, ClipExport, load_tagger
 from tests.integration.test_describe import CAT
+from tools.tiny_models import build_model
+from tools.torch_models import load_torch_classifier, load_torch_tagger
 
 pytestmark = pytest.mark.slow
 
-
-def both(settings: Settings) -> tuple[Settings, Settings]:
-    return (
-        settings.model_copy(update={"describe_runtime": "torch"}),
-        settings.model_copy(update={"describe_runtime": "onnx"}),
-    )
+CROPS = [CAT, CAT.rotate(90, expand=True), CAT.crop((0, 0, 120, 80))]
 
 
-def test_the_onnx_classifier_matches_torch(tiny_settings: Settings) -> None:
-    torch_side, onnx_side = (load_classifier(s.description) for s in both(tiny_settings))
-    pixels = torch_side.preprocess([CAT, CAT.rotate(90), CAT.crop((0, 0, 120, 80))])
+def test_the_onnx_classifier_gives_torchs_logits_and_classes(tiny_settings: Settings) -> None:
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    folder = find_export(tiny_settings.classifier_model, tiny_settings.model_files, CLASSIFIER_MANIFEST)
+    export = ClassifierExport.model_validate_json((folder / CLASSIFIER_MANIFEST).read_text())
+    checkpoint = build_model(tiny_settings.classifier_model, tiny_settings.model_files)
+    model = AutoModelForImageClassification.from_pretrained(checkpoint).eval()
+    processor = AutoImageProcessor.from_pretrained(checkpoint)
+    # GIVEN the same pixels: the graph gives torch's logits
+    pixels = export.preprocess(CROPS)
     with torch.inference_mode():
-        expected = torch_side.forward(pixels)
-    assert torch.allclose(onnx_side.forward(pixels), expected, atol=1e-4, rtol=1e-4)
+        expected = model(pixel_values=torch.from_numpy(pixels)).logits.numpy()
+    logits = ort_session(folder / CLASSIFIER_GRAPH, 1).run(None, {"pixel_values": pixels})[0]
+    assert np.abs(logits - expected).max() < 1e-4
+    # AND Pillow's preprocessing is within two grey levels of the processor's (torchvision's resize)
+    reference = processor(images=CROPS, return_tensors="np")["pixel_values"]
+    std = np.float32(export.image_std)[:, None, None]
+    assert np.abs((pixels - reference) * std).max() < 2.5 / 255
+    # AND the two runtimes classify the crops alike
+    torch_side, onnx_side = load_torch_classifier(tiny_settings.description), load_classifier(tiny_settings.description)
     labels = ["cat", "dog", "hamster"]
-    crops = [CAT, CAT.rotate(90), CAT.crop((0, 0, 120, 80))]
-    assert [[c.label for c in r] for r in onnx_side.classify(crops, labels, 3)] == [
-        [c.label for c in r] for r in torch_side.classify(crops, labels, 3)
+    assert [[c.label for c in r] for r in onnx_side.classify(CROPS, labels, 3)] == [
+        [c.label for c in r] for r in torch_side.classify(CROPS, labels, 3)
     ]
 
 
-def test_the_onnx_clip_image_tower_matches_torch(tiny_settings: Settings) -> None:
-    torch_side, onnx_side = (load_tagger(s.description) for s in both(tiny_settings))
-    pixels = torch.stack([torch_side.preprocess(CAT), torch_side.preprocess(CAT.rotate(90))])
+def test_the_onnx_clip_towers_give_torchs_features(tiny_settings: Settings) -> None:
+    import open_clip
+
+    source = (tiny_settings.tagger_models or [""])[0]
+    folder = find_export(source, tiny_settings.model_files, TAGGER_MANIFEST)
+    export = ClipExport.model_validate_json((folder / TAGGER_MANIFEST).read_text())
+    checkpoint = build_model(source, tiny_settings.model_files)
+    model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{checkpoint}")
+    model = model.eval()
+    tokenizer = open_clip.get_tokenizer(f"local-dir:{checkpoint}")
+    # GIVEN open_clip's own preprocessing and tokens: the project's equal them
+    pixels = export.preprocess(CROPS)
+    assert np.abs(pixels - torch.stack([preprocess(crop) for crop in CROPS]).numpy()).max() < 1e-5
+    from tokenizers import Tokenizer
+
+    texts = ["a photo of a brown dog", "a photo of a black-and-white t-shirt", "A Photo of a GOLDEN retriever's hat!"]
+    tokens = export.tokens(Tokenizer.from_file(str(folder / TOKENIZER_FILE)), [*texts, "very " * 100 + "long"])
+    assert (tokens == tokenizer([*texts, "very " * 100 + "long"]).numpy()).all()
+    # THEN both towers give torch's features
     with torch.inference_mode():
-        expected = torch_side.model.encode_image(pixels)
-    assert onnx_side.encode_image is not None and torch_side.encode_image is None
-    assert torch.allclose(onnx_side.encode_image(pixels), expected, atol=1e-4, rtol=1e-3)
-    vocabularies = {"color": ["red", "brown", "white"]}
-    assert [[a.value for a in r] for r in onnx_side.tag([CAT], ["cat"], vocabularies)] == [
-        [a.value for a in r] for r in torch_side.tag([CAT], ["cat"], vocabularies)
-    ]
+        images = model.encode_image(torch.from_numpy(pixels)).numpy()
+        text = model.encode_text(torch.from_numpy(tokens)).numpy()
+    assert np.abs(ort_session(folder / IMAGE_GRAPH, 1).run(None, {"pixels": pixels})[0] - images).max() < 1e-4
+    assert np.abs(ort_session(folder / TEXT_GRAPH, 1).run(None, {"tokens": tokens})[0] - text).max() < 1e-4
+    assert export.logit_scale == pytest.approx(float(model.logit_scale.exp()))
+    # AND the two runtimes tag alike
+    torch_side, onnx_side = load_torch_tagger(tiny_settings.description), load_tagger(tiny_settings.description)
+    vocabularies = {"color": ["red", "brown", "white"], "pattern": ["striped", "plain"]}
+    labels = ["cat", "dog", "cat"]
+    ours, theirs = onnx_side.tag(CROPS, labels, vocabularies), torch_side.tag(CROPS, labels, vocabularies)
+    assert [[a.value for a in r] for r in ours] == [[a.value for a in r] for r in theirs]
+    for mine, other in zip(ours, theirs, strict=True):
+        assert all(abs(a.score - b.score) < 1e-3 for a, b in zip(mine, other, strict=True))

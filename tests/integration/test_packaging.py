@@ -1,4 +1,5 @@
-"""What the Lambda packages leave out must not be needed: a pruned pyarrow still writes the tables."""
+"""What the Lambda packages leave out must not be needed: a pruned pyarrow still writes the tables, and the
+model functions run without torch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pyarrow
 
-from tests.conftest import REPO
+from shared.settings import Settings
+from tests.conftest import REPO, SAMPLES
 
 WRITE_AND_READ = """
 import sys
@@ -44,3 +46,42 @@ def test_the_pruned_pyarrow_of_the_arrow_layer_writes_and_reads_the_tables(tmp_p
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "1"
+
+
+WITHOUT_TORCH = """
+import importlib.abc, sys
+BLOCKED = {"torch", "torchvision", "transformers", "open_clip", "safetensors", "huggingface_hub"}
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"{name} is not in Lambda", name=name)
+sys.meta_path.insert(0, NoTorch())
+from PIL import Image
+from shared.classification import load_classifier
+from shared.detection import load_detector
+from shared.settings import Settings
+from shared.tagging import load_tagger
+settings = Settings.model_validate_json(sys.argv[1])
+image = Image.open(sys.argv[2]).convert("RGB")
+boxes = load_detector(settings.detection).detect(image, ["cat", "traffic light"], 0.0, 0.0)
+crops = [image.crop((b.box.x0, b.box.y0, b.box.x1, b.box.y1)) for b in boxes[:3]]
+labels = [b.label for b in boxes[:3]]
+classes = load_classifier(settings.description).classify(crops, labels, 2)
+tags = load_tagger(settings.description).tag(crops, labels, {"color": ["red", "brown"]})
+print(len(boxes), len(classes), len(tags), sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED))
+"""
+
+
+def test_detect_classify_and_tag_run_with_torch_unavailable(tiny_settings: Settings) -> None:
+    # GIVEN a process in which torch, transformers and open_clip cannot be imported, as in Lambda
+    # WHEN Detect's, Classify's and Tag's models load from their exports and run
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TORCH, tiny_settings.model_dump_json(), str(SAMPLES / "chelsea-the-cat.jpg")],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
+    # THEN they give boxes, classes and tags, and nothing of torch was imported
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-4:] == ["20", "3", "3", "[]"]

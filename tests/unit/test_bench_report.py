@@ -34,8 +34,17 @@ def test_the_markdown_report_shows_each_step_and_the_whole_image_ratio() -> None
             "pipeline_images_per_minute": 60.0,
             "reference_images_per_minute": 30.0,
         },
-        "detector_bf16_drift": {},
+        "detector_drift": {
+            "onnx fp32 (pipeline)": {
+                "boxes_found_again": "16/16",
+                "mean_matched_iou": 1.0,
+                "mean_abs_score_delta": 0.0,
+                "median_s": 0.5,
+                "speedup": 2.0,
+            }
+        },
         "caption_prefix": {},
     }
     text = markdown_report(report)
     assert "| detect | 1.000 | 2.000 | 2.00x |" in text and "**2.00x**" in text
+    assert "| onnx fp32 (pipeline) | 16/16 | 1.0 | 0.0 | 0.500 | 2.00x |" in text

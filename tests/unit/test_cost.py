@@ -41,18 +41,16 @@ def test_a_steady_month_on_lambda_matches_the_hand_computation() -> None:
     # tenth of WriteGroupTable's 1 GB-s (groups of 10) and a hundredth of SummarizeBatch's 2 GB-s (batches of 100)
     compute = 510_000 * (18.175 + 0.1 + 0.02) * 0.0000166667
     requests = 510_000 * 5.12 * 0.20 / 1e6
-    # 10% cold: import + load billed for Detect, Classify and Tag; Caption has SnapStart in the template, so its
-    # cold starts are restores, and its snapshot's cache is billed all month
-    cold = 51_000 * (6 * 4 + 2.9375 * (2 + 2)) * 0.0000166667
-    caption_snapstart = 51_000 * 2.9375 * 0.0001397998 + 2.9375 * 30 * 24 * 3600 * 0.0000015046
+    # 10% cold: the four model functions have SnapStart in the template, so their cold starts are restores, and
+    # their snapshots' caches are billed all month
+    snapstart = 51_000 * (6 + 2.9375 * 3) * 0.0001397998 + (6 + 2.9375 * 3) * 30 * 24 * 3600 * 0.0000015046
     # The parent: 4 states per batch of 100 and a child started per group of 10; a child: one Express request and
     # one image's 4 s at 64 MB
     parent = 510_000 * (4 / 100 + 1 / 10) * 0.025 / 1000
     children = 51_000 * (1.00 / 1e6 + 4.0 * 0.0625 * 0.00001667)
     queues = 510_000 * 3 * 0.40 / 1e6
     storage = 510_000 * (4 * 0.0004 + 2 * 0.005) / 1000
-    expected = compute + requests + cold + caption_snapstart + parent + children + queues + storage
-    assert expected == pytest.approx(227.3939, abs=0.001)
+    expected = compute + requests + snapstart + parent + children + queues + storage
     assert lambda_month(BENCH, PRICES, STEADY) == pytest.approx(expected, rel=1e-9)
     assert orchestration_share(BENCH, PRICES, STEADY) == pytest.approx((parent + children) / expected)
 
@@ -69,16 +67,16 @@ def test_orchestration_is_at_most_a_tenth_of_the_cost_per_image_at_the_steady_lo
 
 
 def test_snapstart_trades_init_time_for_restores_and_a_cache_that_costs_when_idle() -> None:
-    # As deployed, only Caption has SnapStart: its cache is the idle month's cost
-    caption_cache = 2.9375 * 30 * 24 * 3600 * 0.0000015046
-    assert lambda_month(BENCH, PRICES, IDLE) == pytest.approx(caption_cache)
+    # As deployed, the four model functions have SnapStart: their caches are the idle month's cost
     cache = (6 + 2.9375 * 3) * 30 * 24 * 3600 * 0.0000015046
-    assert lambda_month(BENCH, PRICES, IDLE, snapstart_everywhere=True) == pytest.approx(cache)
+    assert lambda_month(BENCH, PRICES, IDLE) == pytest.approx(cache)
+    assert lambda_month(BENCH, PRICES, IDLE, without_snapstart=True) == pytest.approx(0.0)
+    # Without it, each cold start pays import and model load instead of a restore
     deployed = lambda_month(BENCH, PRICES, STEADY)
-    restores = 51_000 * (6 + 2.9375 * 2) * 0.0001397998
-    init = 51_000 * (6 * 4 + 2.9375 * 4) * 0.0000166667
-    everywhere = deployed - init + restores + cache - caption_cache
-    assert lambda_month(BENCH, PRICES, STEADY, snapstart_everywhere=True) == pytest.approx(everywhere)
+    restores = 51_000 * (6 + 2.9375 * 3) * 0.0001397998
+    init = 51_000 * (6 * 4 + 2.9375 * (2 + 2 + 1)) * 0.0000166667
+    without = deployed - restores - cache + init
+    assert lambda_month(BENCH, PRICES, STEADY, without_snapstart=True) == pytest.approx(without)
 
 
 def test_fargate_runs_enough_always_on_tasks_for_the_peak_day() -> None:
@@ -148,4 +146,9 @@ def test_the_functions_memory_architecture_and_snapstart_are_what_the_template_d
     assert billed_functions(changed)["DetectFunction"].memory_mb == 2 * FUNCTIONS["DetectFunction"].memory_mb
     assert billed_functions(changed)["DetectFunction"].arm64 and not FUNCTIONS["DetectFunction"].arm64
     assert billed_functions(changed)["DetectFunction"].gb_second_price(PRICES) == 0.0000133334
-    assert {name for name, function in FUNCTIONS.items() if function.snapstart} == {"CaptionFunction"}
+    assert {name for name, function in FUNCTIONS.items() if function.snapstart} == {
+        "DetectFunction",
+        "ClassifyFunction",
+        "TagFunction",
+        "CaptionFunction",
+    }

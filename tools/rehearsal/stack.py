@@ -13,7 +13,6 @@ import ast
 import copy
 import io
 import json
-import re
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,7 +32,6 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "123456789012"  # moto's
 ARTIFACTS_BUCKET = "rehearsal-sam-artifacts"  # the bucket `sam deploy --resolve-s3` would make
-IMAGE_REPOSITORY = "annotate-functions"  # the repository `sam deploy --resolve-image-repos` would make
 # The local runner's moto, with AWS's managed policies, which SAM attaches to the functions' roles.
 MOTO_CONFIG: DefaultConfig = {**LOCAL_MOTO_CONFIG, "iam": {"load_aws_managed_policies": True}}
 
@@ -137,17 +135,10 @@ def _zip_folder(folder: Path | None) -> bytes:
     return buffer.getvalue()
 
 
-def _dockerfile_handler(dockerfile: Path) -> str:
-    match = re.search(r'^CMD \["([\w.]+)"\]', dockerfile.read_text(), re.MULTILINE)
-    if not match:
-        raise ValueError(f'{dockerfile} has no CMD ["module.function"]')
-    return match.group(1)
-
-
 def package(
     template: dict[str, Any], deployment: Deployment, s3: Any
 ) -> tuple[dict[str, Any], dict[str, FunctionCode]]:
-    """What `sam package` does: local code and definitions uploaded to S3, image functions given their image URI.
+    """What `sam package` does: local code and definitions uploaded to S3.
 
     Layers are built by `make sam-build` (their recipes compile native code); here each is an empty zip, since
     the rehearsal runs the functions with this environment's packages.
@@ -162,13 +153,7 @@ def package(
 
     for logical_id, resource in packaged["Resources"].items():
         properties = resource.get("Properties", {})
-        if resource["Type"] == "AWS::Serverless::Function" and properties.get("PackageType") == "Image":
-            metadata = resource["Metadata"]
-            folder = REPO / "functions" / metadata["DockerBuildArgs"]["FUNCTION"]
-            code[logical_id] = FunctionCode(folder, _dockerfile_handler(REPO / metadata["Dockerfile"]))
-            registry = f"{ACCOUNT}.dkr.ecr.{deployment.region}.amazonaws.com"
-            properties["ImageUri"] = f"{registry}/{IMAGE_REPOSITORY}:{metadata['DockerTag']}"
-        elif resource["Type"] == "AWS::Serverless::Function":
+        if resource["Type"] == "AWS::Serverless::Function":
             folder = REPO / properties["CodeUri"]
             code[logical_id] = FunctionCode(folder, properties["Handler"])
             properties["CodeUri"] = upload(f"{logical_id}.zip", _zip_folder(folder))

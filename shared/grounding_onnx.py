@@ -1,0 +1,212 @@
+"""Grounding DINO served by ONNX Runtime, without torch: the exported graph (tools/detector_export.py), the
+prompt tokenized by `tokenizers`, the image resized and normalized with Pillow and numpy.
+
+Each export takes one image size. An image is resized as the model card's processor resizes it (short side, long
+side capped), then padded at the bottom and right to the smallest exported size that holds it, with a pixel mask
+that tells the model which pixels are padding, as transformers does for a batch of differently sized images.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from pydantic import BaseModel, ConfigDict
+
+from shared.contracts import Detection
+from shared.detection import phrase_detections, phrase_spans
+from shared.errors import ModelUnavailable
+from shared.observability import logger
+from shared.onnx_runtime import find_export, normalized, ort_session
+from shared.settings import DetectionSettings
+
+EXPORT_MANIFEST = "grounding-dino-export.json"
+ImageSize = tuple[int, int]  # (height, width)
+
+
+class ExportManifest(BaseModel):
+    """What an export folder holds and how its inputs are made."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str
+    sizes: list[ImageSize]
+    short_side: int
+    longest_edge: int
+    image_mean: list[float]
+    image_std: list[float]
+    special_token_ids: list[int]
+    max_text_len: int
+    int8: bool = False  # weights quantized (dynamic int8): lossy
+
+
+def export_dir(settings: DetectionSettings) -> Path:
+    """The folder of the export Detect runs (shared/onnx_runtime.py says where exports are found).
+
+    Raises:
+        ModelUnavailable: there is no export at the settings' sizes; the message says how to make one.
+    """
+    return find_export(settings.detector_model, settings, EXPORT_MANIFEST, export_key(settings))
+
+
+def export_key(settings: DetectionSettings) -> list[object]:
+    """What, beside the checkpoint, an export depends on."""
+    return [settings.export_sizes(), settings.detector_int8]
+
+
+def export_file_name(size: ImageSize) -> str:
+    return f"grounding-dino-{size[0]}x{size[1]}.onnx"
+
+
+def is_export(folder: Path) -> bool:
+    return (folder / EXPORT_MANIFEST).is_file()
+
+
+def resized_size(height: int, width: int, short_side: int, longest_edge: int) -> ImageSize:
+    """The (height, width) the model card's processor resizes an image to: the short side to ``short_side``
+    unless that makes the long side longer than ``longest_edge`` (transformers' ``get_size_with_aspect_ratio``)."""
+    size, raw_size = short_side, None
+    short, long = float(min(height, width)), float(max(height, width))
+    if long / short * size > longest_edge:
+        raw_size = longest_edge * short / long
+        size = round(raw_size)
+    if (height <= width and height == size) or (width <= height and width == size):
+        return height, width
+    scaled = raw_size if raw_size is not None else size
+    if width < height:
+        return int(scaled * height / width), size
+    return size, int(scaled * width / height)
+
+
+def smallest_holding(sizes: list[ImageSize], needed: ImageSize) -> ImageSize | None:
+    """The exported size of least area that holds an image of ``needed`` size, if any does."""
+    holding = [size for size in sizes if size[0] >= needed[0] and size[1] >= needed[1]]
+    return min(holding, key=lambda size: (size[0] * size[1], size)) if holding else None
+
+
+def phrase_masks(input_ids: np.ndarray, special_token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Grounding DINO's text self-attention mask (each phrase sees itself; every token sees itself) and position
+    ids (counted from each phrase's start), for one tokenized prompt of shape (1, tokens)."""
+    ids = input_ids[0]
+    count = len(ids)
+    special = np.isin(ids, special_token_ids)
+    positions = np.arange(count)
+    previous = np.maximum.accumulate(np.where(special, positions, -1))
+    previous = np.concatenate([[-1], previous[:-1]])
+    following = np.minimum.accumulate(np.where(special, positions, count)[::-1])[::-1]
+    in_phrase = (following != 0) & (following != count - 1) & (following != count)
+    mask = (following[:, None] == following[None, :]) & in_phrase[None, :]
+    mask |= np.eye(count, dtype=bool)
+    position_ids = np.where(in_phrase, positions - previous - 1, 0).clip(min=0)
+    return mask[None], position_ids[None].astype(np.int64)
+
+
+@dataclass
+class OnnxGroundingDino:
+    """Detector (shared/detection.py) on ONNX Runtime: one session per exported size, made on first use."""
+
+    folder: Path
+    manifest: ExportManifest
+    tokenizer: Any
+    threads: int
+    max_detections: int
+    nms_iou: float
+    _sessions: dict[ImageSize, Any] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def detect(
+        self, image: Image.Image, phrases: list[str], box_threshold: float, text_threshold: float
+    ) -> list[Detection]:
+        outputs = self.forward(image, phrases)
+        return phrase_detections(
+            outputs["logits"][0],
+            outputs["pred_boxes"][0],
+            phrase_spans(phrases, self.token_count),
+            phrases,
+            (image.width, image.height),
+            min_score=max(box_threshold, text_threshold),
+            nms_iou=self.nms_iou,
+            max_detections=self.max_detections,
+        )
+
+    def token_count(self, phrase: str) -> int:
+        return len(self.tokenizer.encode(phrase, add_special_tokens=False).ids)
+
+    def forward(self, image: Image.Image, phrases: list[str]) -> dict[str, Any]:
+        """The graph's outputs for ``image`` and the prompt of ``phrases``: boxes are relative to the image, not
+        to its padding (the pixel mask tells the model which is which)."""
+        pixels, pixel_mask = self.image_inputs(image)
+        text = self.text_inputs(". ".join(phrases) + ".")
+        session = self.session((pixels.shape[2], pixels.shape[3]))
+        logits, boxes, selection = session.run(None, {"pixel_values": pixels, "pixel_mask": pixel_mask, **text})
+        return {"logits": logits, "pred_boxes": boxes, "selection_scores": selection}
+
+    def image_inputs(self, image: Image.Image) -> tuple[np.ndarray, np.ndarray]:
+        """Pixels (1, 3, H, W) normalized and padded to an exported size, and their mask."""
+        manifest = self.manifest
+        height, width = resized_size(image.height, image.width, manifest.short_side, manifest.longest_edge)
+        size = smallest_holding(manifest.sizes, (height, width))
+        if size is None:  # larger than every export: fit it inside the largest, aspect kept
+            largest = max(manifest.sizes, key=lambda s: s[0] * s[1])
+            scale = min(largest[0] / height, largest[1] / width)
+            height, width = int(height * scale), int(width * scale)
+            size = largest
+            logger.info("image shrunk to the largest exported size", extra={"size": f"{height}x{width}"})
+        resized = image.convert("RGB").resize((width, height), Image.Resampling.BILINEAR)
+        pixels = np.zeros((1, 3, *size), np.float32)
+        pixels[:, :, :height, :width] = normalized([resized], manifest.image_mean, manifest.image_std)
+        mask = np.zeros((1, *size), np.int64)
+        mask[0, :height, :width] = 1
+        return pixels, mask
+
+    def text_inputs(self, text: str) -> dict[str, np.ndarray]:
+        encoding = self.tokenizer.encode(text)
+        input_ids = np.asarray([encoding.ids[: self.manifest.max_text_len]], np.int64)
+        text_mask, position_ids = phrase_masks(input_ids, self.manifest.special_token_ids)
+        return {
+            "input_ids": input_ids,
+            "token_type_ids": np.zeros_like(input_ids),
+            "attention_mask": np.ones_like(input_ids),
+            "text_mask": text_mask,
+            "position_ids": position_ids,
+        }
+
+    def session(self, size: ImageSize) -> Any:
+        with self._lock:
+            if size not in self._sessions:
+                self._sessions[size] = ort_session(self.folder / export_file_name(size), self.threads)
+                logger.info("detector session ready", extra={"size": f"{size[0]}x{size[1]}"})
+            return self._sessions[size]
+
+
+def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundingDino:
+    """The exported detector in ``folder``, with a session for every exported size.
+
+    Raises:
+        ModelUnavailable: ``folder`` holds no export, or the export's files are incomplete.
+    """
+    from tokenizers import Tokenizer
+
+    if not is_export(folder):
+        raise ModelUnavailable(f"{folder} holds no Grounding DINO export; `annotate models export` makes one")
+    manifest = ExportManifest.model_validate_json((folder / EXPORT_MANIFEST).read_text())
+    needed = [export_file_name(size) for size in manifest.sizes]
+    missing = [name for name in needed if not (folder / name).is_file()]
+    if missing:
+        raise ModelUnavailable(f"the export in {folder} lacks {', '.join(missing)}")
+    if manifest.short_side != settings.detection_short_side or manifest.int8 != settings.detector_int8:
+        raise ModelUnavailable(
+            f"the export in {folder} is for a short side of {manifest.short_side} (int8: {manifest.int8}), not "
+            f"{settings.detection_short_side} (int8: {settings.detector_int8})"
+        )
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    detector = OnnxGroundingDino(
+        folder, manifest, tokenizer, settings.torch_threads, settings.max_detections, settings.nms_iou
+    )
+    for size in manifest.sizes:
+        detector.session(size)
+    return detector

@@ -1,0 +1,269 @@
+"""Grounding DINO exported to ONNX gives torch's outputs, and the project's post-processing agrees with
+transformers' where it is meant to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from shared.detection import best_phrases, load_detector, phrase_spans, pixel_boxes
+from shared.errors import ModelUnavailable
+from shared.grounding_onnx import OnnxGroundingDino, export_dir, load_onnx_detector, phrase_masks, resized_size
+from shared.settings import Settings
+from tests.conftest import SAMPLES
+from tools.detector_export import export_grounding_dino
+from tools.detector_export import phrase_masks as torch_phrase_masks
+from tools.tiny_models import build_model
+from tools.torch_models import load_torch_detector
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = {
+    1: ["cat"],
+    3: ["traffic light", "hamster", "t-shirt"],
+    8: ["dog", "cat", "hamster", "traffic light", "t-shirt", "golden retriever", "bird", "remote control"],
+}
+TOLERANCE = 1e-4  # before the query selection
+DECODED_TOLERANCE = 1e-3  # after it: six decoder layers on, full-size logits differ by about 1.2e-4
+
+
+@pytest.fixture(scope="module")
+def cat() -> Image.Image:
+    return Image.open(SAMPLES / "chelsea-the-cat.jpg").convert("RGB")
+
+
+@pytest.fixture(scope="module")
+def onnx_settings(tiny_settings: Settings) -> Settings:
+    return tiny_settings.model_copy(update={"torch_threads": 2})
+
+
+@pytest.fixture(scope="module")
+def exported(onnx_settings: Settings) -> OnnxGroundingDino:
+    detector = load_detector(onnx_settings.detection)
+    assert isinstance(detector, OnnxGroundingDino)
+    return detector
+
+
+def torch_model(source: str, settings: Settings) -> Any:
+    from transformers import AutoModelForZeroShotObjectDetection
+
+    return AutoModelForZeroShotObjectDetection.from_pretrained(build_model(source, settings.model_files)).eval()
+
+
+def both_runtimes(detector: OnnxGroundingDino, model: Any, image: Image.Image, phrases: list[str]) -> dict:
+    """The export's and torch's outputs on the same padded image and tokenized prompt."""
+    import torch
+
+    pixels, pixel_mask = detector.image_inputs(image)
+    text = detector.text_inputs(". ".join(phrases) + ".")
+    logits, boxes, selection = detector.session((pixels.shape[2], pixels.shape[3])).run(
+        None, {"pixel_values": pixels, "pixel_mask": pixel_mask, **text}
+    )
+    with torch.inference_mode():
+        reference = model(
+            pixel_values=torch.from_numpy(pixels),
+            pixel_mask=torch.from_numpy(pixel_mask),
+            **{name: torch.from_numpy(text[name]) for name in ("input_ids", "token_type_ids", "attention_mask")},
+        )
+    tokens = text["input_ids"].shape[1]  # past the prompt, both pad with -inf
+    return {
+        "onnx": (logits[0, :, :tokens], boxes[0], selection[0]),
+        "torch": (
+            reference.logits[0, :, :tokens].numpy(),
+            reference.pred_boxes[0].numpy(),
+            reference.enc_outputs_class[0].max(-1).values.numpy(),
+        ),
+        "queries": model.config.num_queries,
+    }
+
+
+def assert_equal_outputs(outputs: dict) -> None:
+    """Selection scores (every encoder position, before the top-k) within the tolerance; then the top-k picks
+    the same queries, or differs only between positions tied within the tolerance at its edge, in which case
+    the two runtimes legitimately decode different queries; otherwise the decoded logits and boxes agree."""
+    logits, boxes, selection = outputs["onnx"]
+    ref_logits, ref_boxes, ref_selection = outputs["torch"]
+    assert np.abs(selection - ref_selection).max() < TOLERANCE
+    k = outputs["queries"]
+    picked, ref_picked = set(np.argsort(-selection)[:k]), set(np.argsort(-ref_selection)[:k])
+    if picked != ref_picked:
+        edge = np.sort(ref_selection)[::-1][k - 1]
+        assert all(abs(ref_selection[i] - edge) < TOLERANCE for i in picked ^ ref_picked), "not a tie: a fault"
+        return
+    assert np.abs(logits - ref_logits).max() < DECODED_TOLERANCE
+    assert np.abs(boxes - ref_boxes).max() < DECODED_TOLERANCE
+
+
+@pytest.mark.parametrize("phrases", PROMPTS.values(), ids=[f"{n}-phrases" for n in PROMPTS])
+def test_the_export_gives_torchs_outputs_for_prompts_of_any_length(
+    exported: OnnxGroundingDino, onnx_settings: Settings, cat: Image.Image, phrases: list[str]
+) -> None:
+    # GIVEN the tiny Grounding DINO exported once, with a 3-phrase example prompt
+    # WHEN the export and torch run on the same image and prompt
+    outputs = both_runtimes(exported, torch_model("tiny:grounding-dino", onnx_settings), cat, phrases)
+    # THEN they agree before the query selection and after it
+    assert_equal_outputs(outputs)
+
+
+def test_every_exported_size_gives_torchs_outputs(
+    exported: OnnxGroundingDino, onnx_settings: Settings, cat: Image.Image
+) -> None:
+    model = torch_model("tiny:grounding-dino", onnx_settings)
+    for height, width in exported.manifest.sizes:
+        # GIVEN an image a little narrower (or shorter) than one exported size, which pads the rest
+        image = cat.resize((width - 16, height) if width > height else (width, height - 16))
+        assert exported.image_inputs(image)[0].shape[2:] == (height, width)
+        # THEN that size's graph gives torch's outputs
+        assert_equal_outputs(both_runtimes(exported, model, image, PROMPTS[3]))
+
+
+def test_the_full_size_export_gives_torchs_outputs(
+    tiny_settings: Settings, cat: Image.Image, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # GIVEN the full-size architecture (random weights), exported at one size: the cat photo's at short side 512
+    source = "random:grounding-dino-tiny"
+    size = resized_size(cat.height, cat.width, 512, 853)
+    folder = tmp_path_factory.mktemp("full-size-export")
+    export_grounding_dino(build_model(source, tiny_settings.model_files), folder, [size], 512)
+    detector = load_onnx_detector(folder, tiny_settings.detection.model_copy(update={"detection_short_side": 512}))
+    model = torch_model(source, tiny_settings)
+    for phrases in PROMPTS.values():
+        # THEN each prompt's outputs match torch's
+        assert_equal_outputs(both_runtimes(detector, model, cat, phrases))
+
+
+def test_onnx_and_torch_detectors_find_the_same_boxes(
+    exported: OnnxGroundingDino, onnx_settings: Settings, cat: Image.Image
+) -> None:
+    # GIVEN an image the size of an export, so that neither runtime pads it
+    height, width = exported.manifest.sizes[0]
+    image = cat.resize((width, height))
+    torch_detector = load_torch_detector(onnx_settings.detection)
+    for phrases in PROMPTS.values():
+        # WHEN both detectors detect (each with its own pre-processing: Pillow here, torchvision there)
+        onnx_boxes = exported.detect(image, phrases, 0.3, 0.25)
+        torch_boxes = torch_detector.detect(image, phrases, 0.3, 0.25)
+        # THEN they find the same boxes, with the same labels
+        assert [d.label for d in onnx_boxes] == [d.label for d in torch_boxes]
+        for ours, theirs in zip(onnx_boxes, torch_boxes, strict=True):
+            assert iou(ours.box, theirs.box) >= 0.99
+            assert abs(ours.score - theirs.score) < 1e-3
+
+
+def iou(a: Any, b: Any) -> float:
+    inter_w = max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0))
+    inter_h = max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
+    inter = inter_w * inter_h
+    area = (a.x1 - a.x0) * (a.y1 - a.y0) + (b.x1 - b.x0) * (b.y1 - b.y0) - inter
+    return inter / area
+
+
+def test_images_are_resized_as_the_model_cards_processor_resizes_them(exported: OnnxGroundingDino) -> None:
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(exported.manifest.source)
+    for width, height in [(451, 300), (4032, 3024), (3024, 4032), (1920, 1080), (640, 640), (1800, 600), (99, 1000)]:
+        pixels = processor.image_processor(images=Image.new("RGB", (width, height)), return_tensors="np")
+        expected = tuple(pixels["pixel_values"].shape[2:])
+        assert resized_size(height, width, 800, 1333) == expected
+
+
+def test_pillow_preprocessing_is_within_one_grey_level_of_the_processors(
+    exported: OnnxGroundingDino, cat: Image.Image
+) -> None:
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(exported.manifest.source)
+    expected = processor.image_processor(images=cat, return_tensors="np")["pixel_values"][0]
+    pixels, mask = exported.image_inputs(cat)
+    height, width = expected.shape[1:]
+    assert mask[0, :height, :width].all() and mask.sum() == height * width
+    std = np.asarray(exported.manifest.image_std, np.float32)[:, None, None]
+    assert np.abs((pixels[0, :, :height, :width] - expected) * std).max() <= 1.5 / 255
+
+
+def test_phrase_masks_are_the_models_own(exported: OnnxGroundingDino) -> None:
+    import torch
+
+    for phrases in PROMPTS.values():
+        ids = exported.text_inputs(". ".join(phrases) + ".")["input_ids"]
+        mask, positions = phrase_masks(ids, exported.manifest.special_token_ids)
+        ref_mask, ref_positions = torch_phrase_masks(torch.from_numpy(ids), torch.tensor([101, 102, 1012, 1029]))
+        assert (mask == ref_mask.numpy()).all() and (positions == ref_positions.numpy()).all()
+
+
+def test_a_checkpoint_without_its_export_is_refused_with_what_to_do(onnx_settings: Settings) -> None:
+    # GIVEN the tiny checkpoint, never exported at a short side of 640
+    settings = onnx_settings.detection.model_copy(update={"detection_short_side": 640})
+    # THEN Detect does not export it (a function never does): it says how to
+    with pytest.raises(ModelUnavailable, match="annotate models export"):
+        load_detector(settings)
+    # AND an export folder loaded at another short side than its own is refused
+    with pytest.raises(ModelUnavailable, match="short side of 800"):
+        load_onnx_detector(export_dir(onnx_settings.detection), settings)
+
+
+def test_an_input_of_another_size_is_refused(exported: OnnxGroundingDino, cat: Image.Image) -> None:
+    pixels, mask = exported.image_inputs(cat)
+    text = exported.text_inputs("cat.")
+    other = exported.manifest.sizes[-1]
+    assert other != pixels.shape[2:]
+    with pytest.raises(Exception, match=r"(?i)invalid dimensions"):
+        exported.session(other).run(None, {"pixel_values": pixels, "pixel_mask": mask, **text})
+
+
+def test_post_processing_agrees_with_transformers_where_it_is_meant_to(
+    exported: OnnxGroundingDino, onnx_settings: Settings, cat: Image.Image
+) -> None:
+    """transformers' `post_process_grounded_object_detection` scores a box by its best token anywhere in the
+    prompt and labels it with every token above `text_threshold`; the project scores each phrase by its best
+    token and labels the box with the best phrase. Where they differ, by design:
+    - the best token is a period, [CLS] or [SEP]: transformers scores the box by it, the project by its phrases;
+    - tokens above the text threshold come from several phrases, or from part of one ("traffic" alone):
+      transformers joins them into one label, the project names the one phrase holding the best token."""
+    import torch
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(exported.manifest.source)
+    model = torch_model("tiny:grounding-dino", onnx_settings)
+    phrases = PROMPTS[3]
+    inputs = processor(images=cat, text=". ".join(phrases) + ".", return_tensors="pt")
+    with torch.inference_mode():
+        outputs = model(**inputs)
+    text_threshold = 0.5
+    theirs = processor.post_process_grounded_object_detection(
+        outputs, inputs["input_ids"], threshold=0.0, text_threshold=text_threshold, target_sizes=[cat.size[::-1]]
+    )[0]
+    spans = phrase_spans(phrases, exported.token_count)
+    labels, scores = best_phrases(outputs.logits[0].numpy(), spans)
+    boxes = pixel_boxes(outputs.pred_boxes[0].numpy().astype(np.float64), *cat.size)
+    token_probs = outputs.logits[0].sigmoid().numpy()
+    phrase_of_token = {t: p for p, (start, end) in enumerate(spans) for t in range(start, end)}
+    cases = {"same score": 0, "best token outside the phrases": 0, "same label": 0, "joined or partial label": 0}
+    for query in range(len(scores)):
+        best_token = int(token_probs[query].argmax())
+        # Boxes: the same corners (the project also clamps them to the image).
+        their_box = theirs["boxes"][query].numpy().clip(0, [cat.width, cat.height] * 2)
+        assert np.abs(boxes[query] - their_box).max() < 1e-3
+        if best_token in phrase_of_token:
+            # The best token is a phrase's: same score, and the box is that phrase's.
+            cases["same score"] += 1
+            assert abs(scores[query] - float(theirs["scores"][query])) < 1e-6
+            assert labels[query] == phrase_of_token[best_token]
+        else:
+            # A period, [CLS] or [SEP] scores highest: transformers' score is higher than any phrase's.
+            cases["best token outside the phrases"] += 1
+            assert scores[query] <= float(theirs["scores"][query])
+        start, end = spans[labels[query]]
+        above = [t for t in np.nonzero(token_probs[query] > text_threshold)[0] if t > 0]
+        if above == list(range(start, end)):
+            # Exactly the phrase's tokens are above the text threshold: the same label.
+            cases["same label"] += 1
+            assert theirs["text_labels"][query] == processor.tokenizer.decode(inputs["input_ids"][0, start:end])
+        else:
+            cases["joined or partial label"] += 1
+            assert theirs["text_labels"][query] == processor.tokenizer.decode(inputs["input_ids"][0, above])
+    assert cases["same score"] > 0, cases

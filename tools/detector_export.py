@@ -1,0 +1,207 @@
+"""Grounding DINO exported once to ONNX, at fixed image sizes, for the torch-free Detect (shared/grounding_onnx.py).
+
+The transformers class traces with the TorchScript exporter after three changes, each made only while exporting:
+the text self-attention mask and position ids become graph inputs (in the graph they are built with `isin` and
+`cummax`, which the exporter cannot translate, and a traced loop would freeze the export prompt's phrase count);
+the encoder's reference points are built with `arange + 0.5` rather than a float64 `linspace`; and nothing else
+of the model changes. Tracing freezes every size computed from the image (Swin's window padding, the feature
+maps' shapes), so each export takes exactly one image size: the runtime pads to it, and ONNX Runtime refuses
+any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from shared.grounding_onnx import (
+    EXPORT_MANIFEST,
+    ExportManifest,
+    ImageSize,
+    export_file_name,
+    export_key,
+    is_export,
+)
+from shared.model_sources import resolve_model_dir
+from shared.observability import logger
+from shared.onnx_runtime import cached_export_dir
+from shared.settings import DetectionSettings
+from tools.torch_models import prepare_torch
+
+# Outputs of every export. ``selection_scores`` is each encoder position's best text score, which picks the
+# decoder's queries: equal selection scores show the graph equal to torch before the (tie-sensitive) top-k.
+OUTPUT_NAMES = ["logits", "pred_boxes", "selection_scores"]
+INPUT_NAMES = [
+    "pixel_values",
+    "pixel_mask",
+    "input_ids",
+    "token_type_ids",
+    "attention_mask",
+    "text_mask",
+    "position_ids",
+]
+
+
+def exported_detector_dir(settings: DetectionSettings) -> Path:
+    """The export of ``settings.detector_model`` at the settings' sizes, made here unless it is there already."""
+    source = resolve_model_dir(settings.detector_model, settings)
+    if is_export(source):
+        return source
+    folder = cached_export_dir(settings.detector_model, source, settings, EXPORT_MANIFEST, export_key(settings))
+    if not is_export(folder):
+        sizes = settings.export_sizes()
+        export_grounding_dino(source, folder, sizes, settings.detection_short_side, int8=settings.detector_int8)
+    return folder
+
+
+def export_grounding_dino(
+    model_dir: Path, out_dir: Path, sizes: list[ImageSize], short_side: int, int8: bool = False
+) -> ExportManifest:
+    """Export the Grounding DINO in ``model_dir`` once per image size into ``out_dir``, with its tokenizer and
+    a manifest (``int8``: its weights quantized, lossy); the folder appears whole or not at all."""
+    import torch
+    from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
+
+    prepare_torch(0)
+    model = AutoModelForZeroShotObjectDetection.from_pretrained(model_dir).eval()
+    processor = AutoProcessor.from_pretrained(model_dir)
+    staging = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    processor.tokenizer.backend_tokenizer.save(str(staging / "tokenizer.json"))
+    text = processor.tokenizer("a cat. a remote control.", return_tensors="pt")
+    text_mask, position_ids = phrase_masks(text["input_ids"], model.model.special_tokens)
+
+    class Traceable(torch.nn.Module):
+        """The graph's inputs and outputs: the mask and position ids in, the selection scores out."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(
+            self,
+            pixel_values: Any,
+            pixel_mask: Any,
+            input_ids: Any,
+            token_type_ids: Any,
+            attention_mask: Any,
+            text_mask: Any,
+            position_ids: Any,
+        ) -> tuple[Any, Any, Any]:
+            _TracedInputs.text_mask, _TracedInputs.position_ids = text_mask, position_ids
+            outputs = self.model(
+                pixel_values=pixel_values,
+                pixel_mask=pixel_mask,
+                input_ids=input_ids,
+                token_type_ids=token_type_ids,
+                attention_mask=attention_mask,
+            )
+            return outputs.logits, outputs.pred_boxes, outputs.enc_outputs_class.max(-1).values
+
+    with _exportable(model):
+        for height, width in sizes:
+            example = (
+                torch.zeros(1, 3, height, width),
+                torch.ones(1, height, width, dtype=torch.int64),
+                text["input_ids"],
+                text["token_type_ids"],
+                text["attention_mask"],
+                text_mask,
+                position_ids,
+            )
+            path = staging / export_file_name((height, width))
+            torch.onnx.export(
+                Traceable().eval(),
+                example,
+                str(path),
+                input_names=INPUT_NAMES,
+                output_names=OUTPUT_NAMES,
+                dynamic_axes={
+                    "input_ids": {1: "tokens"},
+                    "token_type_ids": {1: "tokens"},
+                    "attention_mask": {1: "tokens"},
+                    "text_mask": {1: "tokens", 2: "tokens"},
+                    "position_ids": {1: "tokens"},
+                },
+                dynamo=False,  # the dynamo exporter fails on Swin's views and on cummax
+                opset_version=17,
+            )
+            if int8:
+                from onnxruntime.quantization import QuantType, quantize_dynamic
+
+                quantized = path.with_suffix(".int8")
+                quantize_dynamic(path, quantized, weight_type=QuantType.QInt8)
+                quantized.replace(path)
+            logger.info("detector exported", extra={"size": f"{height}x{width}", "path": str(path), "int8": int8})
+    image = processor.image_processor
+    manifest = ExportManifest(
+        source=str(model_dir),
+        sizes=sizes,
+        short_side=short_side,
+        longest_edge=image.size["longest_edge"] * short_side // image.size["shortest_edge"],
+        image_mean=list(image.image_mean),
+        image_std=list(image.image_std),
+        special_token_ids=[int(i) for i in model.model.special_tokens.tolist()],
+        max_text_len=model.config.max_text_len,
+        int8=int8,
+    )
+    (staging / EXPORT_MANIFEST).write_text(manifest.model_dump_json(indent=2))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    staging.rename(out_dir)
+    return manifest
+
+
+def phrase_masks(input_ids: Any, special_tokens: Any) -> tuple[Any, Any]:
+    """The text self-attention mask and position ids that Grounding DINO builds in its forward, as torch
+    tensors (the reference the numpy version in shared/grounding_onnx.py is tested against)."""
+    from transformers.models.grounding_dino import modeling_grounding_dino
+
+    return modeling_grounding_dino.generate_masks_with_special_tokens_and_transfer_map(input_ids, special_tokens)
+
+
+class _TracedInputs:
+    """The mask and position ids of the forward being traced, handed to the model in place of its own."""
+
+    text_mask: Any = None
+    position_ids: Any = None
+
+
+@contextlib.contextmanager
+def _exportable(model: Any) -> Iterator[None]:
+    """The three export-time changes (module docstring), undone afterwards."""
+    import torch
+    from transformers.models.grounding_dino import modeling_grounding_dino as gd
+
+    def given_masks(input_ids: Any, special_tokens: Any) -> tuple[Any, Any]:
+        return _TracedInputs.text_mask, _TracedInputs.position_ids
+
+    def reference_points(spatial_shapes_list: Any, valid_ratios: Any, device: Any) -> Any:
+        points = []
+        for level, (height, width) in enumerate(spatial_shapes_list):
+            ref_y, ref_x = torch.meshgrid(
+                torch.arange(height, dtype=torch.float32, device=device) + 0.5,
+                torch.arange(width, dtype=torch.float32, device=device) + 0.5,
+                indexing="ij",
+            )
+            ref_y = ref_y.reshape(-1)[None] / (valid_ratios[:, None, level, 1] * height)
+            ref_x = ref_x.reshape(-1)[None] / (valid_ratios[:, None, level, 0] * width)
+            points.append(torch.stack((ref_x, ref_y), -1))
+        return torch.cat(points, 1)[:, :, None] * valid_ratios[:, None]
+
+    encoder = type(model.model.encoder)
+    saved = gd.generate_masks_with_special_tokens_and_transfer_map, encoder.get_reference_points
+    gd.generate_masks_with_special_tokens_and_transfer_map = given_masks
+    encoder.get_reference_points = staticmethod(reference_points)
+    try:
+        # Tracing warns at every size check it freezes: expected, as each export takes one image size.
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            yield
+    finally:
+        gd.generate_masks_with_special_tokens_and_transfer_map = saved[0]
+        encoder.get_reference_points = staticmethod(saved[1])

@@ -1,0 +1,175 @@
+"""The models on torch, as their checkpoints run them: what the ONNX exports are made from and tested against,
+and the torch side of `annotate bench`. Never in a Lambda function (shared/ runs the exports, without torch).
+
+Each loader returns the runtime's own types (Detector, ImageClassifier, ClipTagger), so that one post-processing
+serves both sides and a comparison compares the models alone.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from shared.classification import LABELS_FILE, TORCHSCRIPT_FILE, ImageClassifier
+from shared.contracts import Detection
+from shared.detection import phrase_detections, phrase_spans
+from shared.errors import ModelUnavailable
+from shared.model_cache import cached_per_settings
+from shared.model_sources import resolve_model_dir
+from shared.settings import DescriptionSettings, DetectionSettings
+from shared.tagging import ClipTagger
+
+
+def prepare_torch(threads: int) -> None:
+    """Process-wide torch and transformers set-up that every torch loader needs: threads, quiet loading."""
+    import torch
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    transformers_logging.set_verbosity_error()
+    if threads and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+@dataclass
+class TorchGroundingDino:
+    """Grounding DINO in torch eager, with the model card's processor, and the project's post-processing."""
+
+    model: Any
+    processor: Any
+    short_side: int
+    max_detections: int
+    nms_iou: float
+    bf16: bool = False
+
+    def detect(
+        self, image: Image.Image, phrases: list[str], box_threshold: float, text_threshold: float
+    ) -> list[Detection]:
+        import torch
+
+        inputs = self.processor(
+            images=image,
+            text=". ".join(phrases) + ".",
+            return_tensors="pt",
+            size={"shortest_edge": self.short_side, "longest_edge": self.short_side * 1333 // 800},
+        )
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            outputs = self.model(**inputs)
+        return phrase_detections(
+            outputs.logits[0].float().numpy(),
+            outputs.pred_boxes[0].float().numpy(),
+            phrase_spans(phrases, lambda phrase: len(self.processor.tokenizer.tokenize(phrase))),
+            phrases,
+            (image.width, image.height),
+            min_score=max(box_threshold, text_threshold),
+            nms_iou=self.nms_iou,
+            max_detections=self.max_detections,
+        )
+
+
+@cached_per_settings
+def load_torch_detector(settings: DetectionSettings) -> TorchGroundingDino:
+    """The detector's checkpoint in torch eager, fp32 (``dataclasses.replace(..., bf16=True)`` for autocast)."""
+    from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
+
+    prepare_torch(settings.torch_threads)
+    folder = resolve_model_dir(settings.detector_model, settings)
+    return TorchGroundingDino(
+        AutoModelForZeroShotObjectDetection.from_pretrained(folder).eval(),
+        AutoProcessor.from_pretrained(folder),
+        settings.detection_short_side,
+        settings.max_detections,
+        settings.nms_iou,
+    )
+
+
+@cached_per_settings
+def load_torch_classifier(settings: DescriptionSettings) -> ImageClassifier:
+    """A transformers image classifier, or a traced TorchScript model with its labels, on torch."""
+    prepare_torch(settings.torch_threads)
+    folder = resolve_model_dir(settings.classifier_model, settings)
+    loaded = torchscript_classifier(folder) if (folder / TORCHSCRIPT_FILE).is_file() else _transformers(folder)
+    return ImageClassifier(forward=loaded[0], labels=loaded[1], class_filter=dict(settings.class_filter or {}))
+
+
+def _transformers(folder: Path) -> tuple[Any, list[str]]:
+    import torch
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    model = AutoModelForImageClassification.from_pretrained(folder).eval()
+    processor = AutoImageProcessor.from_pretrained(folder)
+
+    def forward(crops: list[Image.Image]) -> np.ndarray:
+        with torch.inference_mode():
+            return model(pixel_values=processor(images=crops, return_tensors="pt")["pixel_values"]).logits.numpy()
+
+    return forward, [model.config.id2label[i] for i in range(model.config.num_labels)]
+
+
+def torchscript_classifier(folder: Path) -> tuple[Any, list[str]]:
+    """A traced model (``torchscript.pt``), its class names (``labels.txt``, one a line) and, optionally,
+    ``preprocess.json`` ({"size": 224, "mean": [...], "std": [...]}; ImageNet's by default).
+
+    Raises:
+        ModelUnavailable: the class names are missing.
+    """
+    import torch
+    from torchvision.transforms import v2
+
+    labels_path = folder / LABELS_FILE
+    if not labels_path.is_file():
+        raise ModelUnavailable(f"{folder / TORCHSCRIPT_FILE} needs its class names in {labels_path}")
+    labels = [line.strip() for line in labels_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    options = torchscript_preprocessing(folder)
+    transform = v2.Compose(
+        [
+            v2.PILToTensor(),
+            v2.Resize((options["size"], options["size"]), antialias=True),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(options["mean"], options["std"]),
+        ]
+    )
+    module = torch.jit.load(str(folder / TORCHSCRIPT_FILE), map_location="cpu").eval()
+
+    def forward(crops: list[Image.Image]) -> np.ndarray:
+        with torch.inference_mode():
+            return module(torch.stack([transform(crop.convert("RGB")) for crop in crops])).numpy()
+
+    forward.module = module  # type: ignore[attr-defined]  # the export traces it
+    return forward, labels
+
+
+def torchscript_preprocessing(folder: Path) -> dict[str, Any]:
+    options: dict[str, Any] = {"size": 224, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    if (folder / "preprocess.json").is_file():
+        options |= json.loads((folder / "preprocess.json").read_text())
+    return options
+
+
+@cached_per_settings
+def load_torch_tagger(settings: DescriptionSettings) -> ClipTagger:
+    """The settings' first open_clip model on torch, with open_clip's preprocessing and tokenizer."""
+    import open_clip
+    import torch
+
+    prepare_torch(settings.torch_threads)
+    source = (settings.tagger_models or [""])[0]
+    folder = resolve_model_dir(source, settings)
+    model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}")
+    model = model.eval()
+    tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
+
+    def encode_image(crops: list[Image.Image]) -> np.ndarray:
+        with torch.inference_mode():
+            return model.encode_image(torch.stack([preprocess(crop) for crop in crops])).float().numpy()
+
+    def encode_text(texts: list[str]) -> np.ndarray:
+        with torch.inference_mode():
+            return model.encode_text(tokenizer(texts)).float().numpy()
+
+    return ClipTagger(source, encode_image, encode_text, float(model.logit_scale.exp()))

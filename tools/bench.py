@@ -263,6 +263,20 @@ def _detection_drift(settings: Settings, images: list[Image.Image], lossy_short_
     return report
 
 
+def _detector_inputs(settings: Settings, paths: list[Path], images: list[Image.Image]) -> list[dict[str, str]]:
+    """Per image, the size the processor resizes it to and the exported size it runs at (larger: padded)."""
+    from shared.grounding_onnx import resized_size, smallest_holding
+
+    detection = settings.detection
+    cap = detection.detection_short_side * 1333 // 800
+    rows = []
+    for path, image in zip(paths, images, strict=True):
+        resized = resized_size(image.height, image.width, detection.detection_short_side, cap)
+        ran_at = smallest_holding(detection.export_sizes(), resized) or resized
+        rows.append({"image": path.name, "resized": "x".join(map(str, resized)), "ran_at": "x".join(map(str, ran_at))})
+    return rows
+
+
 def _match(reference: list[Detection], found: list[Detection]) -> list[tuple[float, float]]:
     """For each reference box, the best same-label box found (IoU >= 0.5): (IoU, score difference)."""
     pairs = []
@@ -390,6 +404,7 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
         },
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "detector_drift": _detection_drift(settings, images, options.lossy_short_side),
+        "detector_inputs": _detector_inputs(settings, options.images, images),
         "caption_prefix": _caption_prefix(sides, work[0][2], options.repeats),
     }
     _write(report, options.out_dir)  # before the optional part: a long run keeps what it measured
@@ -451,6 +466,11 @@ def markdown_report(report: dict[str, Any]) -> str:
             f"{d['median_s']:.3f} | {d['speedup']:.2f}x |"
             for name, d in report["detector_drift"].items()
         ),
+        "",
+        "The exported detector's input per image (resized as the model card's processor does; run unpadded where "
+        "an export has that size, else padded, with a pixel mask): "
+        + "; ".join(f"{i['image']} {i['resized']} at {i['ran_at']}" for i in report.get("detector_inputs", []))
+        + ".",
         "",
         f"Caption prefix: {json.dumps(report['caption_prefix'])}.",
     ]

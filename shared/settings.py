@@ -170,7 +170,7 @@ class Settings(BaseSettings):
         "", description="Grounding DINO: hub id, local folder, s3:// prefix or tiny:grounding-dino"
     )
     detector_aspect_ratios: list[float] = Field(
-        [4 / 3, 3 / 2],
+        [3 / 2],
         max_length=6,
         description="Aspect ratios (width/height) Grounding DINO is also exported at, beside the two sizes that "
         "hold any image: an image of such a ratio runs unpadded, any other is padded to the smallest export that "

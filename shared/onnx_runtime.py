@@ -59,6 +59,9 @@ def ort_session(path: Path, threads: int) -> Any:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # Without the arena a run's buffers go back when it ends: with it, each session (Detect has one per image
+    # size) kept its largest run's 2 GB, and three of them outgrew the function's memory.
+    options.enable_cpu_mem_arena = False
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

@@ -6,7 +6,6 @@ command line through :func:`use_settings`. No other module reads ``os.environ``.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from enum import StrEnum

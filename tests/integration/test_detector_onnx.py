@@ -101,7 +101,7 @@ def assert_equal_outputs(outputs: dict) -> None:
 def test_the_export_gives_torchs_outputs_for_prompts_of_any_length(
     exported: OnnxGroundingDino, onnx_settings: Settings, cat: Image.Image, phrases: list[str]
 ) -> None:
-    # GIVEN the tiny Grounding DINO exported once, with a 3-phrase example prompt
+    # GIVEN the tiny Grounding DINO exported once, traced with a 2-phrase example prompt
     # WHEN the export and torch run on the same image and prompt
     outputs = both_runtimes(exported, torch_model("tiny:grounding-dino", onnx_settings), cat, phrases)
     # THEN they agree before the query selection and after it

@@ -1,12 +1,13 @@
 """Grounding DINO exported once to ONNX, at fixed image sizes, for the torch-free Detect (shared/grounding_onnx.py).
 
-The transformers class traces with the TorchScript exporter after three changes, each made only while exporting:
+The transformers class traces with the TorchScript exporter after two changes, each made only while exporting:
 the text self-attention mask and position ids become graph inputs (in the graph they are built with `isin` and
-`cummax`, which the exporter cannot translate, and a traced loop would freeze the export prompt's phrase count);
-the encoder's reference points are built with `arange + 0.5` rather than a float64 `linspace`; and nothing else
-of the model changes. Tracing freezes every size computed from the image (Swin's window padding, the feature
-maps' shapes), so each export takes exactly one image size: the runtime pads to it, and ONNX Runtime refuses
-any other.
+`cummax`, which the exporter cannot translate, and a traced loop would freeze the export prompt's phrase count),
+and the encoder's reference points are built with `arange + 0.5` rather than a float64 `linspace`. The model
+keeps the attention it loads with: in transformers 5.23 its eager attention gives other outputs than SDPA for
+Grounding DINO's boolean text mask, so an eager export would not match the model it came from. Tracing
+freezes every size computed from the image (Swin's window padding, the feature maps' shapes), so each export
+takes exactly one image size: the runtime pads to it, and ONNX Runtime refuses any other.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ class _TracedInputs:
 
 @contextlib.contextmanager
 def _exportable(model: Any) -> Iterator[None]:
-    """The three export-time changes (module docstring), undone afterwards."""
+    """The two export-time changes (module docstring), undone afterwards."""
     import torch
     from transformers.models.grounding_dino import modeling_grounding_dino as gd
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from shared.contracts import Detection
 from shared.detection import phrase_detections, phrase_spans
-from shared.errors import ModelUnavailable
+from shared.errors import ModelUnavailable, RequestRejected
 from shared.observability import logger
 from shared.onnx_runtime import find_export, normalized, ort_session
 from shared.settings import DetectionSettings
@@ -164,8 +164,12 @@ class OnnxGroundingDino:
         return pixels, mask
 
     def text_inputs(self, text: str) -> dict[str, np.ndarray]:
-        encoding = self.tokenizer.encode(text)
-        input_ids = np.asarray([encoding.ids[: self.manifest.max_text_len]], np.int64)
+        ids = self.tokenizer.encode(text).ids
+        if len(ids) > self.manifest.max_text_len:
+            raise RequestRejected(
+                f"the prompt is {len(ids)} tokens; Grounding DINO reads at most {self.manifest.max_text_len}"
+            )
+        input_ids = np.asarray([ids], np.int64)
         text_mask, position_ids = phrase_masks(input_ids, self.manifest.special_token_ids)
         return {
             "input_ids": input_ids,

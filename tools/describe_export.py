@@ -4,46 +4,25 @@ shared/tagging.py): the ConvNeXt (transformers) with its preprocessing, and both
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from shared.classification import CLASSIFIER_GRAPH, CLASSIFIER_MANIFEST, TORCHSCRIPT_FILE, ClassifierExport
 from shared.errors import ModelUnavailable
-from shared.model_sources import resolve_model_dir
-from shared.observability import logger
-from shared.onnx_runtime import cached_export_dir
 from shared.settings import DescriptionSettings, ModelFiles
 from shared.tagging import IMAGE_GRAPH, TAGGER_MANIFEST, TEXT_GRAPH, TOKENIZER_FILE, ClipExport
-from tools.torch_models import prepare_torch, torchscript_classifier, torchscript_preprocessing
+from tools.torch_models import export_once, torchscript_labels, torchscript_preprocessing
 
 
 def exported_classifier_dir(settings: DescriptionSettings) -> Path:
     """The export of the classifier the settings name, made here unless it is there already."""
-    return _exported(settings.classifier_model, settings, CLASSIFIER_MANIFEST, export_classifier)
+    return export_once(settings.classifier_model, settings, CLASSIFIER_MANIFEST, export_classifier)
 
 
 def exported_tagger_dir(source: str, files: ModelFiles) -> Path:
     """The export of the open_clip model ``source``, made here unless it is there already."""
-    return _exported(source, files, TAGGER_MANIFEST, export_clip)
-
-
-def _exported(source: str, files: ModelFiles, manifest: str, export: Callable[[Path, Path], None]) -> Path:
-    folder = resolve_model_dir(source, files)
-    if (folder / manifest).is_file():
-        return folder
-    target = cached_export_dir(source, folder, files, manifest)
-    if not (target / manifest).is_file():
-        staging = target.with_name(target.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        prepare_torch(0)
-        export(folder, staging)
-        shutil.rmtree(target, ignore_errors=True)
-        staging.rename(target)
-        logger.info("exported to ONNX", extra={"model": source, "folder": str(target)})
-    return target
+    return export_once(source, files, TAGGER_MANIFEST, export_clip)
 
 
 def export_classifier(model_dir: Path, out_dir: Path) -> None:
@@ -52,8 +31,8 @@ def export_classifier(model_dir: Path, out_dir: Path) -> None:
     import torch
 
     if (model_dir / TORCHSCRIPT_FILE).is_file():
-        forward, labels = torchscript_classifier(model_dir)
-        module: torch.nn.Module = forward.module
+        labels = torchscript_labels(model_dir)
+        module = torch.jit.load(str(model_dir / TORCHSCRIPT_FILE), map_location="cpu").eval()
         options = torchscript_preprocessing(model_dir)
         size, resize, bicubic = options["size"], options["size"], False  # a plain resize to a square
         mean, std = options["mean"], options["std"]
@@ -67,16 +46,7 @@ def export_classifier(model_dir: Path, out_dir: Path) -> None:
         # ConvNeXt's processor: below 384 px, resize the short side to size / crop_pct and center-crop; else warp.
         resize = int(size / processor.crop_pct) if size < 384 else size
         bicubic, mean, std = int(processor.resample) == 3, list(processor.image_mean), list(processor.image_std)
-
-        class Logits(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = model  # a submodule: its weights are parameters of the graph, not traced constants
-
-            def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-                return self.model(pixel_values=pixel_values).logits
-
-        module = Logits()
+        module = _calling(model, lambda model, pixels: model(pixel_values=pixels).logits)
     manifest = ClassifierExport(
         source=str(model_dir),
         labels=labels,
@@ -112,24 +82,10 @@ def export_clip(model_dir: Path, out_dir: Path) -> None:
         logit_scale=float(model.logit_scale.exp()),
     )
 
-    class ImageTower(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-            return self.model.encode_image(pixels)
-
-    class TextTower(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-            return self.model.encode_text(tokens)
-
-    _export(ImageTower(), torch.rand(1, 3, size, size), out_dir / IMAGE_GRAPH, "pixels", "features")
-    _export(TextTower(), tokenizer(["a photo of a cat"]), out_dir / TEXT_GRAPH, "tokens", "features")
+    image_tower = _calling(model, lambda model, pixels: model.encode_image(pixels))
+    text_tower = _calling(model, lambda model, tokens: model.encode_text(tokens))
+    _export(image_tower, torch.rand(1, 3, size, size), out_dir / IMAGE_GRAPH, "pixels", "features")
+    _export(text_tower, tokenizer(["a photo of a cat"]), out_dir / TEXT_GRAPH, "tokens", "features")
     (out_dir / TAGGER_MANIFEST).write_text(manifest.model_dump_json(indent=2))
 
 
@@ -146,6 +102,22 @@ def _save_tokenizer(tokenizer: Any, path: Path) -> None:
         vocab=dict(tokenizer.encoder), merges=merges, bos_token=start, eos_token=end, unk_token=end, pad_token=end
     )
     fast.backend_tokenizer.save(str(path))
+
+
+def _calling(model: Any, call: Callable[[Any, Any], Any]) -> Any:
+    """A module whose forward is ``call(model, input)``, with ``model`` a submodule: its weights become the
+    graph's parameters, not traced constants."""
+    import torch
+
+    class Calling(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+            return call(self.model, inputs)
+
+    return Calling()
 
 
 def _export(module: Any, example: Any, path: Path, input_name: str, output_name: str) -> None:

@@ -13,7 +13,6 @@ takes exactly one image size: the runtime pads to it, and ONNX Runtime refuses a
 from __future__ import annotations
 
 import contextlib
-import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,13 +24,10 @@ from shared.grounding_onnx import (
     ImageSize,
     export_file_name,
     export_key,
-    is_export,
 )
-from shared.model_sources import resolve_model_dir
 from shared.observability import logger
-from shared.onnx_runtime import cached_export_dir
 from shared.settings import DetectionSettings
-from tools.torch_models import prepare_torch
+from tools.torch_models import export_once, prepare_torch
 
 # Outputs of every export. ``selection_scores`` is each encoder position's best text score, which picks the
 # decoder's queries: equal selection scores show the graph equal to torch before the (tie-sensitive) top-k.
@@ -49,31 +45,26 @@ INPUT_NAMES = [
 
 def exported_detector_dir(settings: DetectionSettings) -> Path:
     """The export of ``settings.detector_model`` at the settings' sizes, made here unless it is there already."""
-    source = resolve_model_dir(settings.detector_model, settings)
-    if is_export(source):
-        return source
-    folder = cached_export_dir(settings.detector_model, source, settings, EXPORT_MANIFEST, export_key(settings))
-    if not is_export(folder):
-        sizes = settings.export_sizes()
-        export_grounding_dino(source, folder, sizes, settings.detection_short_side, int8=settings.detector_int8)
-    return folder
+
+    def export(checkpoint: Path, folder: Path) -> None:
+        sizes, short_side = settings.export_sizes(), settings.detection_short_side
+        export_grounding_dino(checkpoint, folder, sizes, short_side, int8=settings.detector_int8)
+
+    return export_once(settings.detector_model, settings, EXPORT_MANIFEST, export, export_key(settings))
 
 
 def export_grounding_dino(
     model_dir: Path, out_dir: Path, sizes: list[ImageSize], short_side: int, int8: bool = False
 ) -> ExportManifest:
-    """Export the Grounding DINO in ``model_dir`` once per image size into ``out_dir``, with its tokenizer and
-    a manifest (``int8``: its weights quantized, lossy); the folder appears whole or not at all."""
+    """Export the Grounding DINO in ``model_dir`` once per image size into the folder ``out_dir``, with its
+    tokenizer and a manifest (``int8``: its weights quantized, lossy)."""
     import torch
     from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
 
     prepare_torch(0)
     model = AutoModelForZeroShotObjectDetection.from_pretrained(model_dir).eval()
     processor = AutoProcessor.from_pretrained(model_dir)
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    processor.tokenizer.backend_tokenizer.save(str(staging / "tokenizer.json"))
+    processor.tokenizer.backend_tokenizer.save(str(out_dir / "tokenizer.json"))
     text = processor.tokenizer("a cat. a remote control.", return_tensors="pt")
     text_mask, position_ids = phrase_masks(text["input_ids"], model.model.special_tokens)
 
@@ -115,7 +106,7 @@ def export_grounding_dino(
                 text_mask,
                 position_ids,
             )
-            path = staging / export_file_name((height, width))
+            path = out_dir / export_file_name((height, width))
             torch.onnx.export(
                 Traceable().eval(),
                 example,
@@ -151,9 +142,7 @@ def export_grounding_dino(
         max_text_len=model.config.max_text_len,
         int8=int8,
     )
-    (staging / EXPORT_MANIFEST).write_text(manifest.model_dump_json(indent=2))
-    shutil.rmtree(out_dir, ignore_errors=True)
-    staging.rename(out_dir)
+    (out_dir / EXPORT_MANIFEST).write_text(manifest.model_dump_json(indent=2))
     return manifest
 
 

@@ -8,6 +8,8 @@ serves both sides and a comparison compares the models alone.
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,9 @@ from shared.detection import phrase_detections, phrase_spans
 from shared.errors import ModelUnavailable
 from shared.model_cache import cached_per_settings
 from shared.model_sources import resolve_model_dir
-from shared.settings import DescriptionSettings, DetectionSettings
+from shared.observability import logger
+from shared.onnx_runtime import cached_export_dir
+from shared.settings import DescriptionSettings, DetectionSettings, ModelFiles
 from shared.tagging import ClipTagger
 
 
@@ -113,18 +117,11 @@ def _transformers(folder: Path) -> tuple[Any, list[str]]:
 
 def torchscript_classifier(folder: Path) -> tuple[Any, list[str]]:
     """A traced model (``torchscript.pt``), its class names (``labels.txt``, one a line) and, optionally,
-    ``preprocess.json`` ({"size": 224, "mean": [...], "std": [...]}; ImageNet's by default).
-
-    Raises:
-        ModelUnavailable: the class names are missing.
-    """
+    ``preprocess.json`` ({"size": 224, "mean": [...], "std": [...]}; ImageNet's by default)."""
     import torch
     from torchvision.transforms import v2
 
-    labels_path = folder / LABELS_FILE
-    if not labels_path.is_file():
-        raise ModelUnavailable(f"{folder / TORCHSCRIPT_FILE} needs its class names in {labels_path}")
-    labels = [line.strip() for line in labels_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    labels = torchscript_labels(folder)
     options = torchscript_preprocessing(folder)
     transform = v2.Compose(
         [
@@ -140,8 +137,19 @@ def torchscript_classifier(folder: Path) -> tuple[Any, list[str]]:
         with torch.inference_mode():
             return module(torch.stack([transform(crop.convert("RGB")) for crop in crops])).numpy()
 
-    forward.module = module  # type: ignore[attr-defined]  # the export traces it
     return forward, labels
+
+
+def torchscript_labels(folder: Path) -> list[str]:
+    """The class names beside a traced classifier.
+
+    Raises:
+        ModelUnavailable: ``labels.txt`` is missing.
+    """
+    labels_path = folder / LABELS_FILE
+    if not labels_path.is_file():
+        raise ModelUnavailable(f"{folder / TORCHSCRIPT_FILE} needs its class names in {labels_path}")
+    return [line.strip() for line in labels_path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def torchscript_preprocessing(folder: Path) -> dict[str, Any]:
@@ -173,3 +181,25 @@ def load_torch_tagger(settings: DescriptionSettings) -> ClipTagger:
             return model.encode_text(tokenizer(texts)).float().numpy()
 
     return ClipTagger(source, encode_image, encode_text, float(model.logit_scale.exp()))
+
+
+def export_once(
+    source: str, files: ModelFiles, manifest: str, export: Callable[[Path, Path], None], extra: object = None
+) -> Path:
+    """The ONNX export of the model ``source`` names: the source itself when it is an export, else this machine's
+    cached one (shared/onnx_runtime.py finds it by the same key), which ``export(checkpoint, folder)`` makes the
+    first time; the folder appears whole or not at all."""
+    folder = resolve_model_dir(source, files)
+    if (folder / manifest).is_file():
+        return folder
+    target = cached_export_dir(source, folder, files, manifest, extra)
+    if not (target / manifest).is_file():
+        staging = target.with_name(target.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        prepare_torch(0)
+        export(folder, staging)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+        logger.info("exported to ONNX", extra={"model": source, "folder": str(target)})
+    return target

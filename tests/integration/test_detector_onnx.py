@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from shared.detection import best_phrases, load_detector, phrase_spans, pixel_boxes
-from shared.errors import ModelUnavailable
+from shared.errors import ModelUnavailable, RequestRejected
 from shared.grounding_onnx import OnnxGroundingDino, export_dir, load_onnx_detector, phrase_masks, resized_size
 from shared.settings import Settings
 from tests.conftest import SAMPLES
@@ -267,3 +267,12 @@ def test_post_processing_agrees_with_transformers_where_it_is_meant_to(
             cases["joined or partial label"] += 1
             assert theirs["text_labels"][query] == processor.tokenizer.decode(inputs["input_ids"][0, above])
     assert cases["same score"] > 0, cases
+
+
+def test_a_prompt_longer_than_the_detector_reads_is_refused_by_name(
+    exported: OnnxGroundingDino, cat: Image.Image
+) -> None:
+    # GIVEN 150 one-token phrases: 302 tokens with their periods, [CLS] and [SEP], over Grounding DINO's 256
+    phrases = [f"word{index}" if index % 2 else "cat" for index in range(150)]
+    with pytest.raises(RequestRejected, match="Grounding DINO reads at most 256"):
+        exported.detect(cat, phrases, 0.3, 0.25)

@@ -198,7 +198,11 @@ def export_once(
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         prepare_torch(0)
-        export(folder, staging)
+        try:
+            export(folder, staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # a failed export leaves nothing behind
+            raise
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
         logger.info("exported to ONNX", extra={"model": source, "folder": str(target)})

@@ -3,6 +3,7 @@ transformers' where it is meant to."""
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
 import numpy as np
@@ -195,9 +196,12 @@ def test_phrase_masks_are_the_models_own(exported: OnnxGroundingDino) -> None:
         assert (mask == ref_mask.numpy()).all() and (positions == ref_positions.numpy()).all()
 
 
-def test_a_checkpoint_without_its_export_is_refused_with_what_to_do(onnx_settings: Settings) -> None:
-    # GIVEN the tiny checkpoint, never exported at a short side of 640
-    settings = onnx_settings.detection.model_copy(update={"detection_short_side": 640})
+def test_a_checkpoint_without_its_export_is_refused_with_what_to_do(onnx_settings: Settings, tmp_path) -> None:
+    # GIVEN a copy of the tiny checkpoint in a folder of its own, never exported (at a short side of 640)
+    checkpoint = shutil.copytree(build_model("tiny:grounding-dino", onnx_settings.model_files), tmp_path / "gd")
+    settings = onnx_settings.detection.model_copy(
+        update={"detector_model": str(checkpoint), "detection_short_side": 640}
+    )
     # THEN Detect does not export it (a function never does): it says how to
     with pytest.raises(ModelUnavailable, match="annotate models export"):
         load_detector(settings)

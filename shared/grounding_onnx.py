@@ -25,6 +25,7 @@ from shared.onnx_runtime import find_export, normalized, ort_session
 from shared.settings import DetectionSettings
 
 EXPORT_MANIFEST = "grounding-dino-export.json"
+WEIGHTS_FILE = "grounding-dino.weights"  # the large initializers of every size's graph, mapped once
 ImageSize = tuple[int, int]  # (height, width)
 
 
@@ -107,7 +108,8 @@ def phrase_masks(input_ids: np.ndarray, special_token_ids: list[int]) -> tuple[n
 
 @dataclass
 class OnnxGroundingDino:
-    """Detector (shared/detection.py) on ONNX Runtime: one session per exported size, made on first use."""
+    """Detector (shared/detection.py) on ONNX Runtime: one session per exported size, made on first use, all
+    reading one copy of the weights."""
 
     folder: Path
     manifest: ExportManifest
@@ -182,7 +184,8 @@ class OnnxGroundingDino:
     def session(self, size: ImageSize) -> Any:
         with self._lock:
             if size not in self._sessions:
-                self._sessions[size] = ort_session(self.folder / export_file_name(size), self.threads)
+                graph, weights = self.folder / export_file_name(size), self.folder / WEIGHTS_FILE
+                self._sessions[size] = ort_session(graph, self.threads, weights)
                 logger.info("detector session ready", extra={"size": f"{size[0]}x{size[1]}"})
             return self._sessions[size]
 
@@ -198,10 +201,13 @@ def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundi
     if not is_export(folder):
         raise ModelUnavailable(f"{folder} holds no Grounding DINO export; `annotate models export` makes one")
     manifest = ExportManifest.model_validate_json((folder / EXPORT_MANIFEST).read_text())
-    needed = [export_file_name(size) for size in manifest.sizes]
+    needed = [export_file_name(size) for size in manifest.sizes] + [WEIGHTS_FILE]
     missing = [name for name in needed if not (folder / name).is_file()]
     if missing:
-        raise ModelUnavailable(f"the export in {folder} lacks {', '.join(missing)}")
+        raise ModelUnavailable(
+            f"the export in {folder} lacks {', '.join(missing)}: export it again (`annotate models export`; "
+            "`annotate models push` for the stack)"
+        )
     if manifest.short_side != settings.detection_short_side or manifest.int8 != settings.detector_int8:
         raise ModelUnavailable(
             f"the export in {folder} is for a short side of {manifest.short_side} (int8: {manifest.int8}), not "
@@ -209,7 +215,12 @@ def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundi
         )
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     detector = OnnxGroundingDino(
-        folder, manifest, tokenizer, settings.torch_threads, settings.max_detections, settings.nms_iou
+        folder,
+        manifest,
+        tokenizer,
+        settings.torch_threads,
+        settings.max_detections,
+        settings.nms_iou,
     )
     for size in manifest.sizes:
         detector.session(size)

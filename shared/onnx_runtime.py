@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,9 @@ from PIL import Image
 from shared.errors import ModelUnavailable
 from shared.model_sources import resolve_model_dir
 from shared.settings import ModelFiles
+
+# Raised whenever the files of an export change form, so that no older export is taken for a current one.
+EXPORT_FORMAT = 2
 
 
 def find_export(source: str, files: ModelFiles, manifest: str, extra: object = None) -> Path:
@@ -48,21 +52,49 @@ def cached_export_dir(source: str, folder: Path, files: ModelFiles, manifest: st
         for path in folder.iterdir()
         if path.suffix in (".safetensors", ".bin", ".pt")
     )
-    key = json.dumps([source, str(folder), weights, extra])
+    key = json.dumps([EXPORT_FORMAT, source, str(folder), weights, extra])
     kind = manifest.removesuffix(".json")
     return files.model_cache_dir / "onnx" / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def ort_session(path: Path, threads: int) -> Any:
+def weights_file(graph: Path) -> Path:
+    """Where the large initializers of an exported model's one graph are (tools/onnx_graphs.py)."""
+    return graph.with_suffix(".weights")
+
+
+def ort_session(graph: Path, threads: int, weights: Path) -> Any:
+    """A CPU session for an exported graph, optimized at export (tools/onnx_graphs.py), whose large initializers
+    are in the file ``weights``, which other graphs may share. The session reads them where the file is
+    memory-mapped, without a copy: sessions of one file hold its bytes once (on Lambda too, where it is a memory
+    file that ONNX Runtime would refuse to open by its path).
+
+    Raises:
+        ModelUnavailable: the weights file is missing (an export of an older form); the message says what to do.
+    """
     import onnxruntime as ort
 
+    if not weights.is_file():
+        raise ModelUnavailable(
+            f"{graph.parent} lacks {weights.name}: it is an export of an older form; export it again "
+            "(`annotate models export`; `annotate models push` for the stack)"
+        )
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     # Without the arena a run's buffers go back when it ends: with it, each session (Detect has one per image
     # size) kept its largest run's 2 GB, and three of them outgrew the function's memory.
     options.enable_cpu_mem_arena = False
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    # Optimizing again at every cold start took half of the session's creation.
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    mapped = np.zeros(0, np.uint8)
+    if weights.stat().st_size:  # an empty file cannot be mapped (a graph with no large initializer)
+        with weights.open("rb") as file:
+            mapped = np.frombuffer(mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ), np.uint8)
+        options.add_session_config_entry("session.use_external_initializer_file_buffers_directly", "1")
+        options.add_external_initializers_from_files_in_memory([weights.name], [mapped], [mapped.size])
+    session = ort.InferenceSession(graph.read_bytes(), options, providers=["CPUExecutionProvider"])
+    session.mapped_weights = mapped  # the session reads this memory: it lives as long as the session
+    return session
 
 
 def resize_short_side(image: Image.Image, short_side: int, resample: Image.Resampling) -> Image.Image:

@@ -10,8 +10,10 @@ from typing import Any
 
 from shared.classification import CLASSIFIER_GRAPH, CLASSIFIER_MANIFEST, TORCHSCRIPT_FILE, ClassifierExport
 from shared.errors import ModelUnavailable
+from shared.onnx_runtime import weights_file
 from shared.settings import DescriptionSettings, ModelFiles
 from shared.tagging import IMAGE_GRAPH, TAGGER_MANIFEST, TEXT_GRAPH, TOKENIZER_FILE, ClipExport
+from tools.onnx_graphs import finish_graphs
 from tools.torch_models import export_once, torchscript_labels, torchscript_preprocessing
 
 
@@ -125,13 +127,15 @@ def _export(module: Any, example: Any, path: Path, input_name: str, output_name:
 
     # Not under no_grad: there, CLIP's attention takes a fused kernel that has no ONNX form.
     with torch.enable_grad():
+        traced = path.with_suffix(".traced")
         torch.onnx.export(
             module.eval(),
             (example,),
-            str(path),
+            str(traced),
             input_names=[input_name],
             output_names=[output_name],
             dynamic_axes={input_name: {0: "batch"}, output_name: {0: "batch"}},
             dynamo=False,  # the TorchScript exporter handles both towers; the dynamo one needs onnxscript
             opset_version=17,
         )
+    finish_graphs({traced: path}, weights_file(path))

@@ -7,7 +7,8 @@ and the encoder's reference points are built with `arange + 0.5` rather than a f
 keeps the attention it loads with: in transformers 5.23 its eager attention gives other outputs than SDPA for
 Grounding DINO's boolean text mask, so an eager export would not match the model it came from. Tracing
 freezes every size computed from the image (Swin's window padding, the feature maps' shapes), so each export
-takes exactly one image size: the runtime pads to it, and ONNX Runtime refuses any other.
+takes exactly one image size: the runtime pads to it, and ONNX Runtime refuses any other. The sizes' graphs are
+optimized here and share one weights file (tools/onnx_graphs.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from shared.grounding_onnx import (
     EXPORT_MANIFEST,
+    WEIGHTS_FILE,
     ExportManifest,
     ImageSize,
     export_file_name,
@@ -27,6 +29,7 @@ from shared.grounding_onnx import (
 )
 from shared.observability import logger
 from shared.settings import DetectionSettings
+from tools.onnx_graphs import finish_graphs
 from tools.torch_models import export_once, prepare_torch
 
 # Outputs of every export. ``selection_scores`` is each encoder position's best text score, which picks the
@@ -95,6 +98,7 @@ def export_grounding_dino(
             )
             return outputs.logits, outputs.pred_boxes, outputs.enc_outputs_class.max(-1).values
 
+    traced_graphs = {}
     with _exportable(model):
         for height, width in sizes:
             example = (
@@ -107,10 +111,11 @@ def export_grounding_dino(
                 position_ids,
             )
             path = out_dir / export_file_name((height, width))
+            traced = path.with_suffix(".traced")
             torch.onnx.export(
                 Traceable().eval(),
                 example,
-                str(path),
+                str(traced),
                 input_names=INPUT_NAMES,
                 output_names=OUTPUT_NAMES,
                 dynamic_axes={
@@ -127,9 +132,11 @@ def export_grounding_dino(
                 from onnxruntime.quantization import QuantType, quantize_dynamic
 
                 quantized = path.with_suffix(".int8")
-                quantize_dynamic(path, quantized, weight_type=QuantType.QInt8)
-                quantized.replace(path)
+                quantize_dynamic(traced, quantized, weight_type=QuantType.QInt8)
+                quantized.replace(traced)
+            traced_graphs[traced] = path
             logger.info("detector exported", extra={"size": f"{height}x{width}", "path": str(path), "int8": int8})
+    finish_graphs(traced_graphs, out_dir / WEIGHTS_FILE)
     image = processor.image_processor
     manifest = ExportManifest(
         source=str(model_dir),

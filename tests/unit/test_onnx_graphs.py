@@ -1,0 +1,61 @@
+"""Graphs optimized at export and sharing one weights file run as the graphs they came from, with each distinct
+tensor stored once and read without a copy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from shared.onnx_runtime import ort_session
+from tools.onnx_graphs import SHARED_MIN_BYTES, optimize_offline, share_weights
+
+RNG = np.random.default_rng(0)
+SHARED = RNG.standard_normal((64, 32)).astype(np.float32)  # 8 kB: in the weights file
+
+
+def linear_graph(path: Path, weight_name: str, bias: np.ndarray) -> Path:
+    """y = relu(x @ SHARED + bias): SHARED is the same tensor in every graph (under any name), the bias each
+    graph's own."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", weight_name], ["product"]),
+            helper.make_node("Add", ["product", "bias"], ["sum"]),
+            helper.make_node("Relu", ["sum"], ["y"]),
+        ],
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, bias.shape[0]])],
+        [numpy_helper.from_array(SHARED, weight_name), numpy_helper.from_array(bias, "bias")],
+    )
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
+    return path
+
+
+def test_shared_graphs_give_the_originals_outputs_from_one_copy_of_the_weights(tmp_path: Path) -> None:
+    # GIVEN two optimized graphs with one weight in common under two names, and a small bias each
+    biases = [RNG.standard_normal(32).astype(np.float32) for _ in range(2)]
+    originals = [
+        linear_graph(tmp_path / "a.traced", "weight", biases[0]),
+        linear_graph(tmp_path / "b.traced", "renamed_weight", biases[1]),
+    ]
+    inputs = {"x": RNG.standard_normal((3, 64)).astype(np.float32)}
+    expected = [ort.InferenceSession(path).run(None, inputs)[0] for path in originals]
+    graphs = [tmp_path / "a.onnx", tmp_path / "b.onnx"]
+    for original, graph in zip(originals, graphs, strict=True):
+        optimize_offline(original, graph)
+
+    # WHEN their large initializers go to one weights file
+    weights = tmp_path / "model.weights"
+    share_weights(graphs, weights)
+
+    # THEN the common weight is stored once, and the small biases stay in their graphs
+    assert SHARED.nbytes >= SHARED_MIN_BYTES > biases[0].nbytes
+    assert weights.stat().st_size == SHARED.nbytes
+    # AND each graph gives its original's outputs, from the file as the sessions map it
+    for graph, outputs in zip(graphs, expected, strict=True):
+        session = ort_session(graph, 1, weights)
+        np.testing.assert_array_equal(session.run(None, inputs)[0], outputs)

@@ -43,6 +43,7 @@ class ExportManifest(BaseModel):
     special_token_ids: list[int]
     max_text_len: int
     int8: bool = False  # weights quantized (dynamic int8): lossy
+    max_queries: int = 900  # decoder queries kept, at most: fewer is lossy
 
 
 def export_dir(settings: DetectionSettings) -> Path:
@@ -56,7 +57,7 @@ def export_dir(settings: DetectionSettings) -> Path:
 
 def export_key(settings: DetectionSettings) -> list[object]:
     """What, beside the checkpoint, an export depends on."""
-    return [settings.export_sizes(), settings.detector_int8]
+    return [settings.export_sizes(), settings.detector_int8, settings.detector_max_queries]
 
 
 def export_file_name(size: ImageSize) -> str:
@@ -208,10 +209,11 @@ def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundi
             f"the export in {folder} lacks {', '.join(missing)}: export it again (`annotate models export`; "
             "`annotate models push` for the stack)"
         )
-    if manifest.short_side != settings.detection_short_side or manifest.int8 != settings.detector_int8:
+    made_for = (manifest.short_side, manifest.int8, manifest.max_queries)
+    wanted = (settings.detection_short_side, settings.detector_int8, settings.detector_max_queries)
+    if made_for != wanted:
         raise ModelUnavailable(
-            f"the export in {folder} is for a short side of {manifest.short_side} (int8: {manifest.int8}), not "
-            f"{settings.detection_short_side} (int8: {settings.detector_int8})"
+            f"the export in {folder} is for (short side, int8, max queries) {made_for}, not {wanted}"
         )
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     detector = OnnxGroundingDino(

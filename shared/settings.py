@@ -88,6 +88,7 @@ class ImageLimits(_Section):
 class DetectionSettings(ModelFiles):
     detector_model: str
     detector_int8: bool
+    detector_max_queries: int
     detector_aspect_ratios: list[float]
     detection_short_side: int
     max_detections: int
@@ -169,11 +170,19 @@ class Settings(BaseSettings):
         "", description="Grounding DINO: hub id, local folder, s3:// prefix or tiny:grounding-dino"
     )
     detector_aspect_ratios: list[float] = Field(
-        [3 / 2],
+        [3 / 2, 4 / 3],
         max_length=6,
         description="Aspect ratios (width/height) Grounding DINO is also exported at, beside the two sizes that "
-        "hold any image: an image of such a ratio runs unpadded, any other is padded to the smallest export that "
-        "holds it; each ratio costs an export (0.7 GB) and a session (about 0.9 GB of memory)",
+        "hold any image: an image of such a ratio (a camera's 3:2, a phone's 4:3; portrait ones are below 1) runs "
+        "unpadded, any other is padded to the smallest export that holds it; each ratio adds about 1.7 s to "
+        "Detect's cold start and 65 MB to its export (the sizes share their weights)",
+    )
+    detector_max_queries: int = Field(
+        900,
+        ge=10,
+        le=900,
+        description="Most decoder queries Grounding DINO keeps from its encoder's proposals (900, as trained; a "
+        "model trained with fewer keeps its own): fewer is faster and lossy; see annotate bench",
     )
     detector_int8: bool = Field(
         False,

@@ -52,6 +52,7 @@ class BenchOptions(BaseModel):
     crops: int = Field(8, ge=1, le=32, description="Boxes per image for Classify and Tag")
     models: Literal["random", "tiny"] = "random"
     lossy_short_side: int = Field(512, ge=224, le=1333, description="The lower detection resolution measured")
+    lossy_queries: int = Field(300, ge=10, le=900, description="The fewer decoder queries measured")
     variants: bool = Field(True, description="Also time variants at 256 and 512 px")
     out_dir: Path = Path("bench")
 
@@ -218,7 +219,7 @@ def _cold_start(step: str, settings: Settings) -> dict[str, float]:
     return {"seconds": round(float(seconds), 2), "peak_rss_mb": round(float(peak_mb), 1)}
 
 
-def _detection_drift(settings: Settings, images: list[Image.Image], lossy_short_side: int) -> dict[str, Any]:
+def _detection_drift(settings: Settings, images: list[Image.Image], options: BenchOptions) -> dict[str, Any]:
     """Each way of running the detector against torch eager fp32 (the model card's) on the same images: how many
     of its boxes each finds again (same label, IoU >= 0.5), their mean IoU and score difference, and speed. The
     exported fp32 graph is the pipeline's; the others are lossy, each off unless its setting is given."""
@@ -229,15 +230,17 @@ def _detection_drift(settings: Settings, images: list[Image.Image], lossy_short_
     from tools.torch_models import load_torch_detector
 
     reference = load_torch_detector(settings.detection)
-    lower = settings.detection.model_copy(update={"detection_short_side": lossy_short_side})
+    lower = settings.detection.model_copy(update={"detection_short_side": options.lossy_short_side})
     int8 = settings.detection.model_copy(update={"detector_int8": True})
-    for lossy in (lower, int8):
+    fewer = settings.detection.model_copy(update={"detector_max_queries": options.lossy_queries})
+    for lossy in (lower, int8, fewer):
         exported_detector_dir(lossy)
     ways: dict[str, Any] = {
         "torch fp32 (model card)": reference,
         "onnx fp32 (pipeline)": load_detector(settings.detection),
         "onnx int8 weights (detector_int8)": load_detector(int8),
-        f"onnx fp32, short side {lossy_short_side}": load_detector(lower),
+        f"onnx fp32, short side {options.lossy_short_side}": load_detector(lower),
+        f"onnx fp32, {options.lossy_queries} queries (detector_max_queries)": load_detector(fewer),
         "torch bf16 autocast (not offered: no bf16 on Lambda's CPUs)": replace(reference, bf16=True),
     }
     found: dict[str, list[list[Detection]]] = {name: [] for name in ways}
@@ -403,7 +406,7 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
             "reference_images_per_minute": round(60 / reference_image, 1),
         },
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "detector_drift": _detection_drift(settings, images, options.lossy_short_side),
+        "detector_drift": _detection_drift(settings, images, options),
         "detector_inputs": _detector_inputs(settings, options.images, images),
         "caption_prefix": _caption_prefix(sides, work[0][2], options.repeats),
     }

@@ -235,6 +235,7 @@ def bench(
     crops: Annotated[int, typer.Option(help="Boxes per image for Classify and Tag")] = 8,
     models: Annotated[str, typer.Option(help="random (full-size architectures) or tiny")] = "random",
     lossy_short_side: Annotated[int, typer.Option(help="The lower detection resolution measured for drift")] = 512,
+    lossy_queries: Annotated[int, typer.Option(help="The fewer decoder queries measured for drift")] = 300,
     variants: Annotated[bool, typer.Option(help="Also time variants at 256 and 512 px")] = True,
     out_dir: Annotated[Path, typer.Option(help="Where bench.json and bench.md go")] = Path("bench"),
 ) -> None:
@@ -252,6 +253,7 @@ def bench(
             crops=crops,
             models=models,
             lossy_short_side=lossy_short_side,
+            lossy_queries=lossy_queries,
             variants=variants,
             out_dir=out_dir,
         )

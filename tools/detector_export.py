@@ -50,22 +50,34 @@ def exported_detector_dir(settings: DetectionSettings) -> Path:
     """The export of ``settings.detector_model`` at the settings' sizes, made here unless it is there already."""
 
     def export(checkpoint: Path, folder: Path) -> None:
-        sizes, short_side = settings.export_sizes(), settings.detection_short_side
-        export_grounding_dino(checkpoint, folder, sizes, short_side, int8=settings.detector_int8)
+        export_grounding_dino(
+            checkpoint,
+            folder,
+            settings.export_sizes(),
+            settings.detection_short_side,
+            int8=settings.detector_int8,
+            max_queries=settings.detector_max_queries,
+        )
 
     return export_once(settings.detector_model, settings, EXPORT_MANIFEST, export, export_key(settings))
 
 
 def export_grounding_dino(
-    model_dir: Path, out_dir: Path, sizes: list[ImageSize], short_side: int, int8: bool = False
+    model_dir: Path,
+    out_dir: Path,
+    sizes: list[ImageSize],
+    short_side: int,
+    int8: bool = False,
+    max_queries: int = 900,
 ) -> ExportManifest:
     """Export the Grounding DINO in ``model_dir`` once per image size into the folder ``out_dir``, with its
-    tokenizer and a manifest (``int8``: its weights quantized, lossy)."""
+    tokenizer and a manifest (lossy: ``int8``, its weights quantized; ``max_queries`` below the model's own)."""
     import torch
     from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
 
     prepare_torch(0)
     model = AutoModelForZeroShotObjectDetection.from_pretrained(model_dir).eval()
+    keep_queries(model, max_queries)
     processor = AutoProcessor.from_pretrained(model_dir)
     processor.tokenizer.backend_tokenizer.save(str(out_dir / "tokenizer.json"))
     text = processor.tokenizer("a cat. a remote control.", return_tensors="pt")
@@ -148,9 +160,23 @@ def export_grounding_dino(
         special_token_ids=[int(i) for i in model.model.special_tokens.tolist()],
         max_text_len=model.config.max_text_len,
         int8=int8,
+        max_queries=max_queries,
     )
     (out_dir / EXPORT_MANIFEST).write_text(manifest.model_dump_json(indent=2))
     return manifest
+
+
+def keep_queries(model: Any, max_queries: int) -> None:
+    """Let the decoder take only the encoder's ``max_queries`` best proposals (fewer than the model's own is
+    lossy: the kept queries attend to one another in the decoder, and no longer to the dropped ones)."""
+    import torch
+
+    if max_queries >= model.config.num_queries:
+        return
+    embeddings = model.model.query_position_embeddings
+    embeddings.weight = torch.nn.Parameter(embeddings.weight[:max_queries].detach().clone())
+    embeddings.num_embeddings = max_queries
+    model.config.num_queries = max_queries
 
 
 def phrase_masks(input_ids: Any, special_tokens: Any) -> tuple[Any, Any]:

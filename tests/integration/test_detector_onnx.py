@@ -15,7 +15,7 @@ from shared.errors import ModelUnavailable, RequestRejected
 from shared.grounding_onnx import OnnxGroundingDino, export_dir, load_onnx_detector, phrase_masks, resized_size
 from shared.settings import Settings
 from tests.conftest import SAMPLES
-from tools.detector_export import export_grounding_dino
+from tools.detector_export import export_grounding_dino, exported_detector_dir, keep_queries
 from tools.detector_export import phrase_masks as torch_phrase_masks
 from tools.tiny_models import build_model
 from tools.torch_models import load_torch_detector
@@ -136,6 +136,23 @@ def test_the_full_size_export_gives_torchs_outputs(
         assert_equal_outputs(both_runtimes(detector, model, cat, phrases))
 
 
+def test_fewer_queries_decode_the_encoders_best_proposals_as_torch_does_with_as_few(
+    onnx_settings: Settings, cat: Image.Image
+) -> None:
+    # GIVEN the tiny model (30 queries) exported to keep 10, its setting's default left at 900
+    settings = onnx_settings.detection.model_copy(update={"detector_max_queries": 10})
+    detector = load_onnx_detector(exported_detector_dir(settings), settings)
+    # WHEN it runs, THEN it decodes 10 queries, as torch does with its decoder cut to the same 10
+    model = torch_model("tiny:grounding-dino", onnx_settings)
+    keep_queries(model, 10)
+    outputs = both_runtimes(detector, model, cat, PROMPTS[3])
+    assert outputs["onnx"][0].shape[0] == outputs["torch"][0].shape[0] == 10
+    assert_equal_outputs(outputs)
+    # AND the full count's export is refused for it
+    with pytest.raises(ModelUnavailable, match=r"\(800, False, 900\), not \(800, False, 10\)"):
+        load_onnx_detector(export_dir(onnx_settings.detection), settings)
+
+
 def test_onnx_and_torch_detectors_find_the_same_boxes(
     exported: OnnxGroundingDino, onnx_settings: Settings, cat: Image.Image
 ) -> None:
@@ -206,7 +223,7 @@ def test_a_checkpoint_without_its_export_is_refused_with_what_to_do(onnx_setting
     with pytest.raises(ModelUnavailable, match="annotate models export"):
         load_detector(settings)
     # AND an export folder loaded at another short side than its own is refused
-    with pytest.raises(ModelUnavailable, match="short side of 800"):
+    with pytest.raises(ModelUnavailable, match=r"\(800, False, 900\), not \(640, False, 900\)"):
         load_onnx_detector(export_dir(onnx_settings.detection), settings)
 
 

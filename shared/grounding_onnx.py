@@ -217,12 +217,7 @@ def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundi
         )
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     detector = OnnxGroundingDino(
-        folder,
-        manifest,
-        tokenizer,
-        settings.torch_threads,
-        settings.max_detections,
-        settings.nms_iou,
+        folder, manifest, tokenizer, settings.torch_threads, settings.max_detections, settings.nms_iou
     )
     for size in manifest.sizes:
         detector.session(size)

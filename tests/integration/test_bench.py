@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 
 def test_the_drift_report_compares_each_way_of_detecting_with_torch_fp32(tiny_settings: Settings) -> None:
     image = Image.open(SAMPLES / "chelsea-the-cat.jpg").convert("RGB")
-    drift = _detection_drift(tiny_settings.model_copy(update={"max_detections": 8}), [image], lossy_short_side=512)
+    options = BenchOptions(images=[SAMPLES / "chelsea-the-cat.jpg"], lossy_short_side=512, lossy_queries=10)
+    drift = _detection_drift(tiny_settings.model_copy(update={"max_detections": 8}), [image], options)
     reference = drift["torch fp32 (model card)"]
     assert reference["boxes_found_again"] == "8/8" and reference["mean_matched_iou"] == 1.0
     # The exported graph is the pipeline's: the boxes it finds again are the reference's (the tiny model's scores
@@ -30,6 +31,7 @@ def test_the_drift_report_compares_each_way_of_detecting_with_torch_fp32(tiny_se
         "onnx fp32 (pipeline)",
         "onnx int8 weights (detector_int8)",
         "onnx fp32, short side 512",
+        "onnx fp32, 10 queries (detector_max_queries)",
         "torch bf16 autocast (not offered: no bf16 on Lambda's CPUs)",
     }
     assert all(way["median_s"] > 0 for way in drift.values())

@@ -16,15 +16,7 @@ from shared.contracts import ClassScore
 from shared.errors import ModelUnavailable
 from shared.model_cache import cached_per_settings
 from shared.observability import logger
-from shared.onnx_runtime import (
-    center_crop,
-    find_export,
-    normalized,
-    ort_session,
-    resize_short_side,
-    softmax,
-    weights_file,
-)
+from shared.onnx_runtime import center_crop, find_export, normalized, ort_session, resize_short_side, softmax
 from shared.settings import DescriptionSettings
 
 _ID_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -123,8 +115,7 @@ def load_classifier(settings: DescriptionSettings) -> ImageClassifier:
     """The classifier the settings name, on ONNX Runtime from its export, loaded once per process."""
     folder = find_export(settings.classifier_model, settings, CLASSIFIER_MANIFEST)
     export = ClassifierExport.model_validate_json((folder / CLASSIFIER_MANIFEST).read_text())
-    graph = folder / CLASSIFIER_GRAPH
-    session = ort_session(graph, settings.torch_threads, weights_file(graph))
+    session = ort_session(folder / CLASSIFIER_GRAPH, settings.torch_threads)
     logger.info("classifier loaded", extra={"model": settings.classifier_model, "classes": len(export.labels)})
     return ImageClassifier(
         forward=lambda crops: session.run(None, {"pixel_values": export.preprocess(crops)})[0],

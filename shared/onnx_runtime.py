@@ -78,17 +78,18 @@ def _mapped(path: Path, inode: int, size: int, modified_ns: int) -> np.ndarray:
         return np.frombuffer(mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ), np.uint8)
 
 
-def ort_session(graph: Path, threads: int, weights: Path) -> Any:
+def ort_session(graph: Path, threads: int, weights: Path | None = None) -> Any:
     """A CPU session for an exported graph, optimized at export (tools/onnx_graphs.py), whose large initializers
-    are in the file ``weights``, which other graphs may share. The session reads them where the file is
-    memory-mapped, without a copy: sessions of one file hold its bytes once (on Lambda too, where it is a memory
-    file that ONNX Runtime would refuse to open by its path).
+    are in the file ``weights`` (by default the graph's own, ``weights_file``), which other graphs may share. The
+    session reads them where the file is memory-mapped, without a copy: sessions of one file hold its bytes once
+    (on Lambda too, where it is a memory file that ONNX Runtime would refuse to open by its path).
 
     Raises:
         ModelUnavailable: the weights file is missing (an export of an older form); the message says what to do.
     """
     import onnxruntime as ort
 
+    weights = weights or weights_file(graph)
     if not weights.is_file():
         raise ModelUnavailable(
             f"{graph.parent} lacks {weights.name}: it is an export of an older form; export it again "

@@ -17,15 +17,7 @@ from shared.contracts import AttributeScore
 from shared.errors import ModelUnavailable
 from shared.model_cache import cached_per_settings
 from shared.observability import logger
-from shared.onnx_runtime import (
-    center_crop,
-    find_export,
-    normalized,
-    ort_session,
-    resize_short_side,
-    softmax,
-    weights_file,
-)
+from shared.onnx_runtime import center_crop, find_export, normalized, ort_session, resize_short_side, softmax
 from shared.settings import DescriptionSettings
 
 PROMPT_TEMPLATE = "a photo of a {value} {label}"
@@ -155,10 +147,8 @@ def _exported_tagger(source: str, settings: DescriptionSettings) -> ClipTagger:
 
     folder = find_export(source, settings, TAGGER_MANIFEST)
     export = ClipExport.model_validate_json((folder / TAGGER_MANIFEST).read_text())
-    image_session, text_session = (
-        ort_session(folder / graph, settings.torch_threads, weights_file(folder / graph))
-        for graph in (IMAGE_GRAPH, TEXT_GRAPH)
-    )
+    image_session = ort_session(folder / IMAGE_GRAPH, settings.torch_threads)
+    text_session = ort_session(folder / TEXT_GRAPH, settings.torch_threads)
     tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
     return ClipTagger(
         source,

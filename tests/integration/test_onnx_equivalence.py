@@ -3,15 +3,12 @@ preprocessing and tokenizer give what the libraries' own do."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import numpy as np
 import pytest
 import torch
 
 from shared.classification import CLASSIFIER_GRAPH, CLASSIFIER_MANIFEST, ClassifierExport, load_classifier
-from shared.onnx_runtime import find_export, ort_session, weights_file
+from shared.onnx_runtime import find_export, ort_session
 from shared.settings import Settings
 from shared.tagging import IMAGE_GRAPH, TAGGER_MANIFEST, TEXT_GRAPH, TOKENIZER_FILE, ClipExport, load_tagger
 from tests.integration.test_describe import CAT
@@ -19,11 +16,6 @@ from tools.tiny_models import build_model
 from tools.torch_models import load_torch_classifier, load_torch_tagger
 
 pytestmark = pytest.mark.slow
-
-
-def exported_session(graph: Path) -> Any:
-    return ort_session(graph, 1, weights_file(graph))
-
 
 CROPS = [CAT, CAT.rotate(90, expand=True), CAT.crop((0, 0, 120, 80))]
 
@@ -40,7 +32,7 @@ def test_the_onnx_classifier_gives_torchs_logits_and_classes(tiny_settings: Sett
     pixels = export.preprocess(CROPS)
     with torch.inference_mode():
         expected = model(pixel_values=torch.from_numpy(pixels)).logits.numpy()
-    logits = exported_session(folder / CLASSIFIER_GRAPH).run(None, {"pixel_values": pixels})[0]
+    logits = ort_session(folder / CLASSIFIER_GRAPH, 1).run(None, {"pixel_values": pixels})[0]
     assert np.abs(logits - expected).max() < 1e-4
     # AND Pillow's preprocessing is within two grey levels of the processor's (torchvision's resize)
     reference = processor(images=CROPS, return_tensors="np")["pixel_values"]
@@ -76,8 +68,8 @@ def test_the_onnx_clip_towers_give_torchs_features(tiny_settings: Settings) -> N
     with torch.inference_mode():
         images = model.encode_image(torch.from_numpy(pixels)).numpy()
         text = model.encode_text(torch.from_numpy(tokens)).numpy()
-    assert np.abs(exported_session(folder / IMAGE_GRAPH).run(None, {"pixels": pixels})[0] - images).max() < 1e-4
-    assert np.abs(exported_session(folder / TEXT_GRAPH).run(None, {"tokens": tokens})[0] - text).max() < 1e-4
+    assert np.abs(ort_session(folder / IMAGE_GRAPH, 1).run(None, {"pixels": pixels})[0] - images).max() < 1e-4
+    assert np.abs(ort_session(folder / TEXT_GRAPH, 1).run(None, {"tokens": tokens})[0] - text).max() < 1e-4
     assert export.logit_scale == pytest.approx(float(model.logit_scale.exp()))
     # AND the two runtimes tag alike
     torch_side, onnx_side = load_torch_tagger(tiny_settings.description), load_tagger(tiny_settings.description)

@@ -65,6 +65,8 @@ def build_dependencies(step: Step, settings: Settings) -> Dependencies:
                     "detection_short_side",
                     "detector_aspect_ratios",  # which size an image is padded to
                     "detector_int8",
+                    "detector_max_queries",
+                    "detector_runtime",
                     "max_detections",
                     "nms_iou",
                 }

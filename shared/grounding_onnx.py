@@ -1,4 +1,4 @@
-"""Grounding DINO served by ONNX Runtime, without torch: the exported graph (tools/detector_export.py), the
+"""Grounding DINO served by ONNX Runtime (or OpenVINO: `detector_runtime`), without torch: the exported graph
 prompt tokenized by `tokenizers`, the image resized and normalized with Pillow and numpy.
 
 Each export takes one image size. An image is resized as the model card's processor resizes it (short side, long
@@ -21,8 +21,8 @@ from shared.contracts import Detection
 from shared.detection import phrase_detections, phrase_spans
 from shared.errors import ModelUnavailable, RequestRejected
 from shared.observability import logger
-from shared.onnx_runtime import find_export, normalized, ort_session
-from shared.settings import DetectionSettings
+from shared.onnx_runtime import find_export, normalized, openvino_session, ort_session
+from shared.settings import DetectionSettings, DetectorRuntime
 
 EXPORT_MANIFEST = "grounding-dino-export.json"
 WEIGHTS_FILE = "grounding-dino.weights"  # the large initializers of every size's graph, mapped once
@@ -109,12 +109,13 @@ def phrase_masks(input_ids: np.ndarray, special_token_ids: list[int]) -> tuple[n
 
 @dataclass
 class OnnxGroundingDino:
-    """Detector (shared/detection.py) on ONNX Runtime: one session per exported size, made on first use, all
-    reading one copy of the weights."""
+    """Detector (shared/detection.py) on the export: one session per exported size, made on first use (on ONNX
+    Runtime all reading one copy of the weights; OpenVINO holds each size's)."""
 
     folder: Path
     manifest: ExportManifest
     tokenizer: Any
+    runtime: DetectorRuntime
     threads: int
     max_detections: int
     nms_iou: float
@@ -185,9 +186,12 @@ class OnnxGroundingDino:
     def session(self, size: ImageSize) -> Any:
         with self._lock:
             if size not in self._sessions:
-                graph, weights = self.folder / export_file_name(size), self.folder / WEIGHTS_FILE
-                self._sessions[size] = ort_session(graph, self.threads, weights)
-                logger.info("detector session ready", extra={"size": f"{size[0]}x{size[1]}"})
+                graph = self.folder / export_file_name(size)
+                if self.runtime == "openvino":
+                    self._sessions[size] = openvino_session(graph, self.threads)
+                else:
+                    self._sessions[size] = ort_session(graph, self.threads, self.folder / WEIGHTS_FILE)
+                logger.info("detector session ready", extra={"size": f"{size[0]}x{size[1]}", "runtime": self.runtime})
             return self._sessions[size]
 
 
@@ -217,8 +221,15 @@ def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundi
         )
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     detector = OnnxGroundingDino(
-        folder, manifest, tokenizer, settings.torch_threads, settings.max_detections, settings.nms_iou
+        folder,
+        manifest,
+        tokenizer,
+        settings.detector_runtime,
+        settings.torch_threads,
+        settings.max_detections,
+        settings.nms_iou,
     )
-    for size in manifest.sizes:
-        detector.session(size)
+    if settings.detector_runtime == "onnxruntime":  # OpenVINO's sizes hold 1.4 GB each: only those used load
+        for size in manifest.sizes:
+            detector.session(size)
     return detector

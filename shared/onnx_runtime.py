@@ -24,7 +24,7 @@ from shared.model_sources import resolve_model_dir
 from shared.settings import ModelFiles
 
 # Raised whenever the files of an export change form, so that no older export is taken for a current one.
-EXPORT_FORMAT = 2
+EXPORT_FORMAT = 3
 
 
 def find_export(source: str, files: ModelFiles, manifest: str, extra: object = None) -> Path:
@@ -111,6 +111,38 @@ def ort_session(graph: Path, threads: int, weights: Path | None = None) -> Any:
         options.add_session_config_entry("session.use_external_initializer_file_buffers_directly", "1")
         options.add_external_initializers_from_files_in_memory([weights.name], [mapped], [mapped.size])
     return ort.InferenceSession(graph.read_bytes(), options, providers=["CPUExecutionProvider"])
+
+
+def openvino_session(graph: Path, threads: int) -> Any:
+    """An exported graph compiled by OpenVINO for this CPU, in fp32 (its default on CPUs with bf16 or fp16 is
+    those, which change the outputs), run as ONNX Runtime's sessions are. OpenVINO reads the ONNX Runtime
+    optimized graph and its weights file by their paths, and keeps its own copy of the weights.
+
+    Raises:
+        ModelUnavailable: OpenVINO is not installed here (it comes with the tools, not in Lambda's layers).
+    """
+    try:
+        import openvino
+    except ImportError as error:
+        raise ModelUnavailable("detector_runtime is openvino, which is not installed here") from error
+    core = openvino.Core()
+    compiled = core.compile_model(
+        core.read_model(graph),
+        "CPU",
+        {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"},
+    )
+    return OpenVinoSession(compiled)
+
+
+class OpenVinoSession:
+    """A compiled OpenVINO model with ONNX Runtime's ``run``: every output, in the graph's order."""
+
+    def __init__(self, compiled: Any) -> None:
+        self.compiled = compiled
+
+    def run(self, output_names: None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        results = self.compiled.create_infer_request().infer(feeds)  # a request per run: runs may be concurrent
+        return [results[output] for output in self.compiled.outputs]
 
 
 def resize_short_side(image: Image.Image, short_side: int, resample: Image.Resampling) -> Image.Image:

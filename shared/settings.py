@@ -11,13 +11,15 @@ from collections.abc import Mapping
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
 from shared.contracts import MAX_IMAGES_PER_GROUP
+
+DetectorRuntime = Literal["onnxruntime", "openvino"]
 
 
 class Profile(StrEnum):
@@ -89,6 +91,7 @@ class DetectionSettings(ModelFiles):
     detector_model: str
     detector_int8: bool
     detector_max_queries: int
+    detector_runtime: DetectorRuntime
     detector_aspect_ratios: list[float]
     detection_short_side: int
     max_detections: int
@@ -188,6 +191,12 @@ class Settings(BaseSettings):
         False,
         description="Run Grounding DINO with int8 weights (ONNX Runtime dynamic quantization of the export): "
         "lossy, and faster only on CPUs with int8 dot products; see annotate bench",
+    )
+    detector_runtime: DetectorRuntime = Field(
+        "onnxruntime",
+        description="What runs Grounding DINO's export: onnxruntime, or openvino (x86 and arm64; installed with the "
+        "tools, not in Lambda's Detect package), faster on some CPUs at the same output, holding each exported "
+        "size's weights itself (about 1.4 GB a size, compiled at first use); see annotate bench",
     )
     detection_short_side: int = Field(
         800, ge=224, le=1333, description="Short side the detector resizes to: the accuracy/speed setting"

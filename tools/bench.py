@@ -226,6 +226,7 @@ def _detection_drift(settings: Settings, images: list[Image.Image], options: Ben
     from dataclasses import replace
 
     from shared.detection import load_detector
+    from shared.grounding_onnx import OnnxGroundingDino
     from tools.detector_export import exported_detector_dir
     from tools.torch_models import load_torch_detector
 
@@ -235,9 +236,14 @@ def _detection_drift(settings: Settings, images: list[Image.Image], options: Ben
     fewer = settings.detection.model_copy(update={"detector_max_queries": options.lossy_queries})
     for lossy in (lower, int8, fewer):
         exported_detector_dir(lossy)
+    openvino = load_detector(settings.detection.model_copy(update={"detector_runtime": "openvino"}))
+    assert isinstance(openvino, OnnxGroundingDino)
+    for image in images:  # OpenVINO compiles each size when first used: before the timing, as the others load
+        openvino.session(openvino.image_inputs(image)[0].shape[2:])
     ways: dict[str, Any] = {
         "torch fp32 (model card)": reference,
         "onnx fp32 (pipeline)": load_detector(settings.detection),
+        "openvino fp32 (detector_runtime=openvino)": openvino,
         "onnx int8 weights (detector_int8)": load_detector(int8),
         f"onnx fp32, short side {options.lossy_short_side}": load_detector(lower),
         f"onnx fp32, {options.lossy_queries} queries (detector_max_queries)": load_detector(fewer),

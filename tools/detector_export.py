@@ -1,9 +1,14 @@
 """Grounding DINO exported once to ONNX, at fixed image sizes, for the torch-free Detect (shared/grounding_onnx.py).
 
-The transformers class traces with the TorchScript exporter after two changes, each made only while exporting:
+The transformers class traces with the TorchScript exporter after four changes, each made only while exporting:
 the text self-attention mask and position ids become graph inputs (in the graph they are built with `isin` and
-`cummax`, which the exporter cannot translate, and a traced loop would freeze the export prompt's phrase count),
-and the encoder's reference points are built with `arange + 0.5` rather than a float64 `linspace`. The model
+`cummax`, which the exporter cannot translate, and a traced loop would freeze the export prompt's phrase count);
+the encoder's reference points are built with `arange + 0.5` rather than a float64 `linspace`; the encoder's
+proposals look their centres up in a table divided here, by torch, rather than dividing in the graph (a proposal
+is kept if its centre is below 0.99, and a runtime that divides by multiplying with the reciprocal, as OpenVINO
+does, rounds (49 + 0.5) / 50 below it and picks other queries); and the deformable attention sums each feature
+level's samples as it takes them rather than stacking all four levels first (the same sum in another order: one
+fewer copy of the largest tensor in the encoder). The model
 keeps the attention it loads with: in transformers 5.23 its eager attention gives other outputs than SDPA for
 Grounding DINO's boolean text mask, so an eager export would not match the model it came from. Tracing
 freezes every size computed from the image (Swin's window padding, the feature maps' shapes), so each export
@@ -196,7 +201,7 @@ class _TracedInputs:
 
 @contextlib.contextmanager
 def _exportable(model: Any) -> Iterator[None]:
-    """The two export-time changes (module docstring), undone afterwards."""
+    """The export-time changes (module docstring), undone afterwards."""
     import torch
     from transformers.models.grounding_dino import modeling_grounding_dino as gd
 
@@ -216,10 +221,18 @@ def _exportable(model: Any) -> Iterator[None]:
             points.append(torch.stack((ref_x, ref_y), -1))
         return torch.cat(points, 1)[:, :, None] * valid_ratios[:, None]
 
-    encoder = type(model.model.encoder)
-    saved = gd.generate_masks_with_special_tokens_and_transfer_map, encoder.get_reference_points
+    encoder, grounding_dino = type(model.model.encoder), type(model.model)
+    attention: Any = gd.MultiScaleDeformableAttention
+    saved = (
+        gd.generate_masks_with_special_tokens_and_transfer_map,
+        encoder.get_reference_points,
+        grounding_dino.generate_encoder_output_proposals,
+        attention.forward,
+    )
     gd.generate_masks_with_special_tokens_and_transfer_map = given_masks
     encoder.get_reference_points = staticmethod(reference_points)
+    grounding_dino.generate_encoder_output_proposals = encoder_output_proposals
+    attention.forward = deformable_attention
     try:
         # Tracing warns at every size check it freezes: expected, as each export takes one image size.
         with torch.no_grad(), warnings.catch_warnings():
@@ -228,3 +241,63 @@ def _exportable(model: Any) -> Iterator[None]:
     finally:
         gd.generate_masks_with_special_tokens_and_transfer_map = saved[0]
         encoder.get_reference_points = staticmethod(saved[1])
+        grounding_dino.generate_encoder_output_proposals = saved[2]
+        attention.forward = saved[3]
+
+
+def encoder_output_proposals(model: Any, enc_output: Any, padding_mask: Any, spatial_shapes_list: Any) -> tuple:
+    """``GroundingDinoModel.generate_encoder_output_proposals`` with each centre, (cell + 0.5) / valid cells,
+    looked up in a table that torch divides while exporting, so that every runtime keeps the same proposals."""
+    import torch
+
+    batch_size = enc_output.shape[0]
+    proposals, start = [], 0
+    for level, (height, width) in enumerate(spatial_shapes_list):
+        padding = padding_mask[:, start : start + height * width].view(batch_size, height, width)
+        start += height * width
+        valid_height, valid_width = (~padding[:, :, 0]).sum(1), (~padding[:, 0, :]).sum(1)
+        cells = max(height, width)
+        # centres[valid, cell] = (cell + 0.5) / valid, for every count of valid cells (row 0 is never read)
+        centres = (torch.arange(cells, dtype=torch.float32) + 0.5)[None] / torch.arange(cells + 1)[:, None]
+        x = centres[valid_width][:, None, :width].expand(-1, height, -1)
+        y = centres[valid_height][:, :height, None].expand(-1, -1, width)
+        size = torch.full_like(x, 0.05 * 2.0**level)
+        proposals.append(torch.stack((x, y, size, size), -1).view(batch_size, -1, 4))
+    output_proposals = torch.cat(proposals, 1)
+    valid = ((output_proposals > 0.01) & (output_proposals < 0.99)).all(-1, keepdim=True)
+    output_proposals = torch.log(output_proposals / (1 - output_proposals))  # inverse sigmoid
+    output_proposals = output_proposals.masked_fill(padding_mask.unsqueeze(-1), float("inf"))
+    output_proposals = output_proposals.masked_fill(~valid, float("inf"))
+    object_query = enc_output.masked_fill(padding_mask.unsqueeze(-1), 0.0).masked_fill(~valid, 0.0)
+    return model.enc_output_norm(model.enc_output(object_query)), output_proposals
+
+
+def deformable_attention(
+    attention: Any,
+    value: Any,
+    value_spatial_shapes: Any,
+    value_spatial_shapes_list: Any,
+    level_start_index: Any,
+    sampling_locations: Any,
+    attention_weights: Any,
+    im2col_step: int,
+) -> Any:
+    """``MultiScaleDeformableAttention.forward`` (the pure-torch one) summing each level's weighted samples as it
+    takes them, rather than stacking the four levels' samples (a copy of 0.3 GB at 800x1200) and summing once."""
+    import torch
+
+    batch_size, _, heads, head_dim = value.shape
+    _, queries, _, levels, points, _ = sampling_locations.shape
+    values = value.split([height * width for height, width in value_spatial_shapes_list], dim=1)
+    grids = 2 * sampling_locations - 1
+    weights = attention_weights.transpose(1, 2).reshape(batch_size * heads, 1, queries, levels, points)
+    output: Any = None
+    for level, (height, width) in enumerate(value_spatial_shapes_list):
+        level_value = values[level].flatten(2).transpose(1, 2).reshape(batch_size * heads, head_dim, height, width)
+        level_grid = grids[:, :, :, level].transpose(1, 2).flatten(0, 1)
+        samples = torch.nn.functional.grid_sample(
+            level_value, level_grid, mode="bilinear", padding_mode="zeros", align_corners=False
+        )
+        weighted = (samples * weights[:, :, :, level]).sum(-1)
+        output = weighted if output is None else output + weighted
+    return output.view(batch_size, heads * head_dim, queries).transpose(1, 2).contiguous()

@@ -26,9 +26,11 @@ def test_the_drift_report_compares_each_way_of_detecting_with_torch_fp32(tiny_se
     found, total = map(int, drift["onnx fp32 (pipeline)"]["boxes_found_again"].split("/"))
     assert total == 8 and found >= 1
     assert drift["onnx fp32 (pipeline)"]["mean_matched_iou"] > 0.99
+    assert drift["openvino fp32 (detector_runtime=openvino)"]["mean_matched_iou"] > 0.99
     assert set(drift) == {
         "torch fp32 (model card)",
         "onnx fp32 (pipeline)",
+        "openvino fp32 (detector_runtime=openvino)",
         "onnx int8 weights (detector_int8)",
         "onnx fp32, short side 512",
         "onnx fp32, 10 queries (detector_max_queries)",

@@ -229,7 +229,7 @@ def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundi
         settings.max_detections,
         settings.nms_iou,
     )
-    if settings.detector_runtime == "onnxruntime":  # OpenVINO's sizes hold 1.4 GB each: only those used load
+    if settings.detector_runtime == "onnxruntime":  # OpenVINO's sizes hold 1.4 GB each once run: only those used load
         for size in manifest.sizes:
             detector.session(size)
     return detector

@@ -196,7 +196,7 @@ class Settings(BaseSettings):
         "onnxruntime",
         description="What runs Grounding DINO's export: onnxruntime, or openvino (x86 and arm64; installed with the "
         "tools, not in Lambda's Detect package), faster on some CPUs at the same output, holding each exported "
-        "size's weights itself (about 1.4 GB a size, compiled at first use); see annotate bench",
+        "size's weights and buffers itself (about 1.4 GB a size at 800 px, compiled at first use); see annotate bench",
     )
     detection_short_side: int = Field(
         800, ge=224, le=1333, description="Short side the detector resizes to: the accuracy/speed setting"

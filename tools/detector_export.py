@@ -5,8 +5,8 @@ the text self-attention mask and position ids become graph inputs (in the graph 
 `cummax`, which the exporter cannot translate, and a traced loop would freeze the export prompt's phrase count);
 the encoder's reference points are built with `arange + 0.5` rather than a float64 `linspace`; the encoder's
 proposals look their centres up in a table divided here, by torch, rather than dividing in the graph (a proposal
-is kept if its centre is below 0.99, and a runtime that divides by multiplying with the reciprocal, as OpenVINO
-does, rounds (49 + 0.5) / 50 below it and picks other queries); and the deformable attention sums each feature
+is kept if its centre is below 0.99, and a runtime may round that division otherwise: OpenVINO put (49 + 0.5) / 50
+below it and decoded other queries); and the deformable attention sums each feature
 level's samples as it takes them rather than stacking all four levels first (the same sum in another order: one
 fewer copy of the largest tensor in the encoder). The model
 keeps the attention it loads with: in transformers 5.23 its eager attention gives other outputs than SDPA for
@@ -257,7 +257,7 @@ def encoder_output_proposals(model: Any, enc_output: Any, padding_mask: Any, spa
         start += height * width
         valid_height, valid_width = (~padding[:, :, 0]).sum(1), (~padding[:, 0, :]).sum(1)
         cells = max(height, width)
-        # centres[valid, cell] = (cell + 0.5) / valid, for every count of valid cells (row 0 is never read)
+        # centres[valid, cell] = (cell + 0.5) / valid for every count of valid cells (0: inf, as torch divides it)
         centres = (torch.arange(cells, dtype=torch.float32) + 0.5)[None] / torch.arange(cells + 1)[:, None]
         x = centres[valid_width][:, None, :width].expand(-1, height, -1)
         y = centres[valid_height][:, :height, None].expand(-1, -1, width)

@@ -5,10 +5,10 @@ the text self-attention mask and position ids become graph inputs (in the graph 
 `cummax`, which the exporter cannot translate, and a traced loop would freeze the export prompt's phrase count);
 the encoder's reference points are built with `arange + 0.5` rather than a float64 `linspace`; the encoder's
 proposals look their centres up in a table divided here, by torch, rather than dividing in the graph (a proposal
-is kept if its centre is below 0.99, and a runtime may round that division otherwise: OpenVINO put (49 + 0.5) / 50
-below it and decoded other queries); and the deformable attention sums each feature
-level's samples as it takes them rather than stacking all four levels first (the same sum in another order: one
-fewer copy of the largest tensor in the encoder). The model
+is kept if its centre is below 0.99, and OpenVINO divides as a multiplication by the reciprocal: its 49.5 / 50 is
+0.98999995, below the cut-off, where torch's is 0.99000001, and it decoded other queries); and the deformable
+attention sums each feature level's samples as it takes them rather than stacking all four levels first (the same
+sum in another order: one fewer copy of the largest tensor in the encoder). The model
 keeps the attention it loads with: in transformers 5.23 its eager attention gives other outputs than SDPA for
 Grounding DINO's boolean text mask, so an eager export would not match the model it came from. Tracing
 freezes every size computed from the image (Swin's window padding, the feature maps' shapes), so each export

@@ -3,14 +3,17 @@ tensor stored once and read without a copy."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from shared.onnx_runtime import ort_session
+from shared.errors import ModelUnavailable
+from shared.onnx_runtime import openvino_session, ort_session
 from tools.onnx_graphs import SHARED_MIN_BYTES, optimize_offline, share_weights
 
 RNG = np.random.default_rng(0)
@@ -59,3 +62,14 @@ def test_shared_graphs_give_the_originals_outputs_from_one_copy_of_the_weights(t
     for graph, outputs in zip(graphs, expected, strict=True):
         session = ort_session(graph, 1, weights)
         np.testing.assert_array_equal(session.run(None, inputs)[0], outputs)
+        # AND OpenVINO, reading the same graph and weights file, gives them within float rounding
+        np.testing.assert_allclose(openvino_session(graph, 1).run(None, inputs)[0], outputs, rtol=1e-5, atol=1e-5)
+
+
+def test_openvino_missing_is_said_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a process where openvino cannot be imported (Lambda's Detect package holds ONNX Runtime only)
+    monkeypatch.setitem(sys.modules, "openvino", None)
+    # WHEN a graph is to run on OpenVINO
+    # THEN the error names the setting and what is missing
+    with pytest.raises(ModelUnavailable, match="detector_runtime is openvino, which is not installed here"):
+        openvino_session(linear_graph(tmp_path / "a.onnx", "weight", np.zeros(32, np.float32)), 1)

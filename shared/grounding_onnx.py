@@ -8,6 +8,7 @@ that tells the model which pixels are padding, as transformers does for a batch 
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,6 +213,13 @@ def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundi
         raise ModelUnavailable(
             f"the export in {folder} lacks {', '.join(missing)}: export it again (`annotate models export`; "
             "`annotate models push` for the stack)"
+        )
+    if settings.detector_runtime == "openvino" and os.path.realpath(folder / WEIGHTS_FILE).startswith("/memfd:"):
+        # OpenVINO opens the weights file by its resolved path, which a memory file has not (ONNX Runtime is
+        # handed the mapped bytes instead)
+        raise ModelUnavailable(
+            f"OpenVINO reads an export from disk, and {settings.detector_model} is read into memory (s3://): "
+            "use detector_runtime=onnxruntime, or a local copy of the export"
         )
     made_for = (manifest.short_side, manifest.int8, manifest.max_queries)
     wanted = (settings.detection_short_side, settings.detector_int8, settings.detector_max_queries)

@@ -12,7 +12,14 @@ from PIL import Image
 
 from shared.detection import best_phrases, load_detector, phrase_spans, pixel_boxes
 from shared.errors import ModelUnavailable, RequestRejected
-from shared.grounding_onnx import OnnxGroundingDino, export_dir, load_onnx_detector, phrase_masks, resized_size
+from shared.grounding_onnx import (
+    WEIGHTS_FILE,
+    OnnxGroundingDino,
+    export_dir,
+    load_onnx_detector,
+    phrase_masks,
+    resized_size,
+)
 from shared.settings import Settings
 from tests.conftest import SAMPLES
 from tools.detector_export import (
@@ -286,6 +293,25 @@ def test_a_checkpoint_without_its_export_is_refused_with_what_to_do(onnx_setting
     # AND an export folder loaded at another short side than its own is refused
     with pytest.raises(ModelUnavailable, match=r"\(800, False, 900\), not \(640, False, 900\)"):
         load_onnx_detector(export_dir(onnx_settings.detection), settings)
+
+
+def test_openvino_refuses_an_export_in_memory_files_by_name(
+    exported: OnnxGroundingDino, onnx_settings: Settings, tmp_path
+) -> None:
+    import os
+
+    # GIVEN the export as a function reads an s3:// one: its weights in a memory file, linked from the folder
+    folder = shutil.copytree(exported.folder, tmp_path / "export", ignore=shutil.ignore_patterns(WEIGHTS_FILE))
+    memory_file = os.memfd_create(WEIGHTS_FILE)
+    os.write(memory_file, (exported.folder / WEIGHTS_FILE).read_bytes())
+    (folder / WEIGHTS_FILE).symlink_to(f"/proc/self/fd/{memory_file}")
+    openvino = onnx_settings.detection.model_copy(update={"detector_runtime": "openvino"})
+    # THEN OpenVINO, which opens the weights by their path, is refused with what to do instead
+    with pytest.raises(ModelUnavailable, match="use detector_runtime=onnxruntime"):
+        load_onnx_detector(folder, openvino)
+    # AND ONNX Runtime, handed the mapped bytes, loads it
+    assert load_onnx_detector(folder, onnx_settings.detection).runtime == "onnxruntime"
+    os.close(memory_file)
 
 
 def test_an_input_of_another_size_is_refused(exported: OnnxGroundingDino, cat: Image.Image) -> None:

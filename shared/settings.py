@@ -194,9 +194,10 @@ class Settings(BaseSettings):
     )
     detector_runtime: DetectorRuntime = Field(
         "onnxruntime",
-        description="What runs Grounding DINO's export: onnxruntime, or openvino (x86 and arm64; installed with the "
-        "tools, not in Lambda's Detect package), faster on some CPUs at the same output, holding each exported "
-        "size's weights and buffers itself (about 1.4 GB a size at 800 px, compiled at first use); see annotate bench",
+        description="What runs Grounding DINO's export: onnxruntime, or openvino (installed with the tools, not in "
+        "Lambda's Detect package; measured on x86 only), faster on some CPUs at the same output, holding each "
+        "exported size's weights and buffers itself (about 1.4 GB a size at 800 px, compiled at first use); see "
+        "annotate bench",
     )
     detection_short_side: int = Field(
         800, ge=224, le=1333, description="Short side the detector resizes to: the accuracy/speed setting"

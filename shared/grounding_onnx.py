@@ -8,7 +8,6 @@ that tells the model which pixels are padding, as transformers does for a batch 
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from shared.contracts import Detection
 from shared.detection import phrase_detections, phrase_spans
 from shared.errors import ModelUnavailable, RequestRejected
 from shared.observability import logger
-from shared.onnx_runtime import find_export, normalized, openvino_session, ort_session
+from shared.onnx_runtime import find_export, normalized, openvino_graph_file, openvino_session, ort_session
 from shared.settings import DetectionSettings, DetectorRuntime
 
 EXPORT_MANIFEST = "grounding-dino-export.json"
@@ -110,8 +109,9 @@ def phrase_masks(input_ids: np.ndarray, special_token_ids: list[int]) -> tuple[n
 
 @dataclass
 class OnnxGroundingDino:
-    """Detector (shared/detection.py) on the export: one session per exported size, made on first use (on ONNX
-    Runtime all reading one copy of the weights; OpenVINO holds each size's)."""
+    """Detector (shared/detection.py) on the export: one session per exported size, all made at load (before
+    Lambda's snapshot), reading one copy of the weights (OpenVINO also keeps its own layout of the matrices, per
+    size)."""
 
     folder: Path
     manifest: ExportManifest
@@ -189,7 +189,8 @@ class OnnxGroundingDino:
             if size not in self._sessions:
                 graph = self.folder / export_file_name(size)
                 if self.runtime == "openvino":
-                    self._sessions[size] = openvino_session(graph, self.threads)
+                    graph = openvino_graph_file(graph)
+                    self._sessions[size] = openvino_session(graph, self.folder / WEIGHTS_FILE, self.threads)
                 else:
                     self._sessions[size] = ort_session(graph, self.threads, self.folder / WEIGHTS_FILE)
                 logger.info("detector session ready", extra={"size": f"{size[0]}x{size[1]}", "runtime": self.runtime})
@@ -197,7 +198,7 @@ class OnnxGroundingDino:
 
 
 def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundingDino:
-    """The exported detector in ``folder``, with a session for every exported size.
+    """The exported detector in ``folder``, with a session for every exported size, on ``detector_runtime``.
 
     Raises:
         ModelUnavailable: ``folder`` holds no export, or the export's files are incomplete.
@@ -207,19 +208,14 @@ def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundi
     if not is_export(folder):
         raise ModelUnavailable(f"{folder} holds no Grounding DINO export; `annotate models export` makes one")
     manifest = ExportManifest.model_validate_json((folder / EXPORT_MANIFEST).read_text())
-    needed = [export_file_name(size) for size in manifest.sizes] + [WEIGHTS_FILE]
-    missing = [name for name in needed if not (folder / name).is_file()]
+    graphs = [export_file_name(size) for size in manifest.sizes]
+    if settings.detector_runtime == "openvino":
+        graphs = [openvino_graph_file(Path(graph)).name for graph in graphs]
+    missing = [name for name in [*graphs, WEIGHTS_FILE] if not (folder / name).is_file()]
     if missing:
         raise ModelUnavailable(
             f"the export in {folder} lacks {', '.join(missing)}: export it again (`annotate models export`; "
             "`annotate models push` for the stack)"
-        )
-    if settings.detector_runtime == "openvino" and os.path.realpath(folder / WEIGHTS_FILE).startswith("/memfd:"):
-        # OpenVINO opens the weights file by its resolved path, which a memory file has not (ONNX Runtime is
-        # handed the mapped bytes instead)
-        raise ModelUnavailable(
-            f"OpenVINO reads an export from disk, and {settings.detector_model} is read into memory (s3://): "
-            "use detector_runtime=onnxruntime, or a local copy of the export"
         )
     made_for = (manifest.short_side, manifest.int8, manifest.max_queries)
     wanted = (settings.detection_short_side, settings.detector_int8, settings.detector_max_queries)
@@ -237,7 +233,6 @@ def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundi
         settings.max_detections,
         settings.nms_iou,
     )
-    if settings.detector_runtime == "onnxruntime":  # OpenVINO's sizes hold 1.4 GB each once run: only those used load
-        for size in manifest.sizes:
-            detector.session(size)
+    for size in manifest.sizes:
+        detector.session(size)
     return detector

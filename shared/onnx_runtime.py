@@ -24,7 +24,7 @@ from shared.model_sources import resolve_model_dir
 from shared.settings import ModelFiles
 
 # Raised whenever the files of an export change form, so that no older export is taken for a current one.
-EXPORT_FORMAT = 3
+EXPORT_FORMAT = 4
 
 
 def find_export(source: str, files: ModelFiles, manifest: str, extra: object = None) -> Path:
@@ -61,6 +61,11 @@ def cached_export_dir(source: str, folder: Path, files: ModelFiles, manifest: st
 def weights_file(graph: Path) -> Path:
     """Where the large initializers of an exported model's one graph are (tools/onnx_graphs.py)."""
     return graph.with_suffix(".weights")
+
+
+def openvino_graph_file(graph: Path) -> Path:
+    """Where OpenVINO's form of an exported graph is (tools/onnx_graphs.py)."""
+    return graph.with_suffix(".xml")
 
 
 def mapped_file(path: Path) -> np.ndarray:
@@ -113,25 +118,44 @@ def ort_session(graph: Path, threads: int, weights: Path | None = None) -> Any:
     return ort.InferenceSession(graph.read_bytes(), options, providers=["CPUExecutionProvider"])
 
 
-def openvino_session(graph: Path, threads: int) -> Any:
-    """An exported graph compiled by OpenVINO for this CPU, in fp32 (its default on CPUs with bf16 or fp16 is
-    those, which change the outputs), run as ONNX Runtime's sessions are. OpenVINO reads the ONNX Runtime
-    optimized graph and its weights file by their paths, and keeps its own copy of the weights.
+def openvino_session(graph: Path, weights: Path, threads: int) -> Any:
+    """An exported graph in OpenVINO's form (``graph``, its IR: tools/onnx_graphs.py), whose constants are in the
+    file ``weights``, compiled for this CPU in fp32 (OpenVINO's default on CPUs with bf16 or fp16 is those, which
+    change the outputs), run as ONNX Runtime's sessions are. OpenVINO is handed the graph's text and the mapped
+    weights, not their paths: an export read from S3 is in memory files, which it cannot open by path.
 
     Raises:
-        ModelUnavailable: OpenVINO is not installed here (it comes with the tools, not in Lambda's layers).
+        ModelUnavailable: OpenVINO is not installed here, or the export has no OpenVINO form (an older one).
     """
     try:
         import openvino
     except ImportError as error:
         raise ModelUnavailable("detector_runtime is openvino, which is not installed here") from error
+    if not graph.is_file():
+        raise ModelUnavailable(
+            f"{graph.parent} lacks {graph.name}: it is an export of an older form; export it again "
+            "(`annotate models export`; `annotate models push` for the stack)"
+        )
     core = openvino.Core()
+    model = core.read_model(graph.read_bytes(), _openvino_weights(weights))
     compiled = core.compile_model(
-        core.read_model(graph),
+        model,
         "CPU",
         {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"},
     )
     return OpenVinoSession(compiled)
+
+
+@functools.cache
+def _openvino_weights(path: Path) -> Any:
+    """The weights file as an OpenVINO tensor over its pages, once per process. OpenVINO takes only a writable
+    array: the mapping is private, so that nothing it could write would reach the file, and it copies no page
+    that it only reads."""
+    import openvino
+
+    with path.open("rb") as file:
+        mapping = mmap.mmap(file.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return openvino.Tensor(np.frombuffer(mapping, np.uint8), shared_memory=True)
 
 
 class OpenVinoSession:

@@ -153,7 +153,7 @@ def export_grounding_dino(
                 quantized.replace(traced)
             traced_graphs[traced] = path
             logger.info("detector exported", extra={"size": f"{height}x{width}", "path": str(path), "int8": int8})
-    finish_graphs(traced_graphs, out_dir / WEIGHTS_FILE)
+    finish_graphs(traced_graphs, out_dir / WEIGHTS_FILE, openvino=True)
     image = processor.image_processor
     manifest = ExportManifest(
         source=str(model_dir),

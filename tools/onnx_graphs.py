@@ -1,6 +1,7 @@
 """Exported graphs made quick to load: optimized once here, and their large initializers moved into one weights
 file that several graphs share, so that a function does not optimize at every cold start and maps the bytes once
-(shared/onnx_runtime.py's ``ort_session``)."""
+(shared/onnx_runtime.py's ``ort_session``). Each graph also gets OpenVINO's form of it, whose constants are read
+from that same weights file (``openvino_graphs``)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,22 @@ from pathlib import Path
 
 import numpy as np
 
+from shared.onnx_runtime import openvino_graph_file
+
 # Below this an initializer (a shape, a scale) stays in its graph.
 SHARED_MIN_BYTES = 1024
 _ALIGNMENT = 64  # bytes, for the CPU kernels' loads
 
 
-def finish_graphs(traced: dict[Path, Path], weights_file: Path) -> None:
+def finish_graphs(traced: dict[Path, Path], weights_file: Path, openvino: bool = False) -> None:
     """Write each traced graph (``traced``: its file -> the graph's file) optimized, remove it, and move the
-    graphs' large initializers into ``weights_file``."""
+    graphs' large initializers into ``weights_file`` (``openvino``: and write each graph's OpenVINO form)."""
     for source, graph in traced.items():
         optimize_offline(source, graph)
         source.unlink()
     share_weights(list(traced.values()), weights_file)
+    if openvino:
+        openvino_graphs(list(traced.values()), weights_file)
 
 
 def optimize_offline(graph: Path, optimized: Path) -> None:
@@ -59,3 +64,54 @@ def share_weights(graphs: list[Path], weights_file: Path) -> None:
                 set_external_data(initializer, weights_file.name, offsets[key], len(data))
                 initializer.ClearField("raw_data")
             onnx.save_model(model, graph)
+
+
+def openvino_graphs(graphs: list[Path], weights_file: Path) -> None:
+    """Write each ONNX graph of ``graphs`` as OpenVINO reads it (its IR, ``openvino_graph_file``), with every
+    constant read from ``weights_file``: where the ONNX graphs keep the same bytes, else from a few bytes appended
+    to the file. OpenVINO then loads a graph from its text and the weights' bytes, wherever those are (an export
+    read from S3 is in memory files, which it cannot open by path), and no size of the model stores its own
+    copy of the weights (OpenVINO's own IR writes one per graph)."""
+    import tempfile
+    import xml.etree.ElementTree as ElementTree
+
+    import onnx
+    import openvino
+
+    weights = np.memmap(weights_file, np.uint8, mode="r")
+    offsets: dict[bytes, int] = {}
+    for graph in graphs:
+        for initializer in onnx.load(graph, load_external_data=False).graph.initializer:
+            place = {entry.key: int(entry.value) for entry in initializer.external_data if entry.key != "location"}
+            if place:
+                start = place.get("offset", 0)
+                offsets.setdefault(_digest(weights[start : start + place["length"]]), start)
+    appended = bytearray()
+    end = weights.size
+    core = openvino.Core()
+    with tempfile.TemporaryDirectory() as scratch:
+        for graph in graphs:
+            ir = Path(scratch) / "graph.xml"
+            openvino.save_model(core.read_model(graph), ir, compress_to_fp16=False)
+            own_weights = np.fromfile(ir.with_suffix(".bin"), np.uint8)
+            tree = ElementTree.parse(ir)
+            for layer in tree.getroot().iter("layer"):
+                data = layer.find("data")
+                if layer.get("type") != "Const" or data is None or "offset" not in data.attrib:
+                    continue
+                start, size = int(data.get("offset", 0)), int(data.get("size", 0))
+                constant = own_weights[start : start + size]
+                digest = _digest(constant)
+                if digest not in offsets:
+                    appended += b"\0" * (-(end + len(appended)) % _ALIGNMENT)
+                    offsets[digest] = end + len(appended)
+                    appended += constant.tobytes()
+                data.set("offset", str(offsets[digest]))
+            tree.write(openvino_graph_file(graph))
+    del weights
+    with weights_file.open("ab") as out:
+        out.write(appended)
+
+
+def _digest(data: np.ndarray) -> bytes:
+    return hashlib.sha256(data.tobytes()).digest()

@@ -295,22 +295,22 @@ def test_a_checkpoint_without_its_export_is_refused_with_what_to_do(onnx_setting
         load_onnx_detector(export_dir(onnx_settings.detection), settings)
 
 
-def test_openvino_refuses_an_export_in_memory_files_by_name(
-    exported: OnnxGroundingDino, onnx_settings: Settings, tmp_path
+def test_an_export_in_memory_files_runs_on_each_runtime_as_from_disk(
+    each_runtime: OnnxGroundingDino, onnx_settings: Settings, cat: Image.Image, tmp_path
 ) -> None:
     import os
 
     # GIVEN the export as a function reads an s3:// one: its weights in a memory file, linked from the folder
-    folder = shutil.copytree(exported.folder, tmp_path / "export", ignore=shutil.ignore_patterns(WEIGHTS_FILE))
+    folder = shutil.copytree(each_runtime.folder, tmp_path / "export", ignore=shutil.ignore_patterns(WEIGHTS_FILE))
     memory_file = os.memfd_create(WEIGHTS_FILE)
-    os.write(memory_file, (exported.folder / WEIGHTS_FILE).read_bytes())
+    os.write(memory_file, (each_runtime.folder / WEIGHTS_FILE).read_bytes())
     (folder / WEIGHTS_FILE).symlink_to(f"/proc/self/fd/{memory_file}")
-    openvino = onnx_settings.detection.model_copy(update={"detector_runtime": "openvino"})
-    # THEN OpenVINO, which opens the weights by their path, is refused with what to do instead
-    with pytest.raises(ModelUnavailable, match="use detector_runtime=onnxruntime"):
-        load_onnx_detector(folder, openvino)
-    # AND ONNX Runtime, handed the mapped bytes, loads it
-    assert load_onnx_detector(folder, onnx_settings.detection).runtime == "onnxruntime"
+    # WHEN the runtime loads it, handed the mapped bytes rather than a path it cannot open
+    settings = onnx_settings.detection.model_copy(update={"detector_runtime": each_runtime.runtime})
+    in_memory = load_onnx_detector(folder, settings)
+    # THEN it gives the outputs of the export on disk, exactly
+    for name, expected in each_runtime.forward(cat, ["cat", "remote control"]).items():
+        np.testing.assert_array_equal(in_memory.forward(cat, ["cat", "remote control"])[name], expected)
     os.close(memory_file)
 
 

@@ -1,5 +1,5 @@
 """Graphs optimized at export and sharing one weights file run as the graphs they came from, with each distinct
-tensor stored once and read without a copy."""
+tensor stored once and read without a copy, on ONNX Runtime and, in their OpenVINO form, on OpenVINO."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from shared.errors import ModelUnavailable
-from shared.onnx_runtime import openvino_session, ort_session
-from tools.onnx_graphs import SHARED_MIN_BYTES, optimize_offline, share_weights
+from shared.onnx_runtime import openvino_graph_file, openvino_session, ort_session
+from tools.onnx_graphs import SHARED_MIN_BYTES, openvino_graphs, optimize_offline, share_weights
 
 RNG = np.random.default_rng(0)
 SHARED = RNG.standard_normal((64, 32)).astype(np.float32)  # 8 kB: in the weights file
@@ -62,8 +62,26 @@ def test_shared_graphs_give_the_originals_outputs_from_one_copy_of_the_weights(t
     for graph, outputs in zip(graphs, expected, strict=True):
         session = ort_session(graph, 1, weights)
         np.testing.assert_array_equal(session.run(None, inputs)[0], outputs)
-        # AND OpenVINO, reading the same graph and weights file, gives them within float rounding
-        np.testing.assert_allclose(openvino_session(graph, 1).run(None, inputs)[0], outputs, rtol=1e-5, atol=1e-5)
+
+
+def test_openvino_forms_read_their_constants_from_the_shared_weights_file(tmp_path: Path) -> None:
+    # GIVEN two graphs sharing one weights file, as above
+    biases = [RNG.standard_normal(32).astype(np.float32) for _ in range(2)]
+    graphs = [linear_graph(tmp_path / "a.onnx", "weight", biases[0]), linear_graph(tmp_path / "b.onnx", "w", biases[1])]
+    weights = tmp_path / "model.weights"
+    share_weights(graphs, weights)
+    inputs = {"x": RNG.standard_normal((3, 64)).astype(np.float32)}
+    expected = [ort_session(graph, 1, weights).run(None, inputs)[0] for graph in graphs]
+
+    # WHEN their OpenVINO forms are written
+    openvino_graphs(graphs, weights)
+
+    # THEN the weights file holds the shared weight still once, and only the small constants are added to it
+    assert SHARED.nbytes < weights.stat().st_size < SHARED.nbytes + 2 * 1024
+    # AND OpenVINO, given each form's text and the file's bytes, gives the ONNX Runtime outputs within rounding
+    for graph, outputs in zip(graphs, expected, strict=True):
+        session = openvino_session(openvino_graph_file(graph), weights, 1)
+        np.testing.assert_allclose(session.run(None, inputs)[0], outputs, rtol=1e-5, atol=1e-5)
 
 
 def test_openvino_missing_is_said_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,4 +90,4 @@ def test_openvino_missing_is_said_by_name(tmp_path: Path, monkeypatch: pytest.Mo
     # WHEN a graph is to run on OpenVINO
     # THEN the error names the setting and what is missing
     with pytest.raises(ModelUnavailable, match="detector_runtime is openvino, which is not installed here"):
-        openvino_session(linear_graph(tmp_path / "a.onnx", "weight", np.zeros(32, np.float32)), 1)
+        openvino_session(tmp_path / "a.xml", tmp_path / "a.weights", 1)

@@ -60,6 +60,10 @@ build-ArrowLayer:
 build-OnnxLayer:
 	$(LAYER_PIP) --no-deps --target "$(ARTIFACTS_DIR)/python" -r layers/onnx/requirements.txt
 
+build-OpenVinoLayer:
+	$(LAYER_PIP) --no-deps --target "$(ARTIFACTS_DIR)/python" -r layers/openvino/requirements.txt
+	layers/openvino/prune.sh "$(ARTIFACTS_DIR)/python"
+
 build-LlamaCppLayer:
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" python3.12 -m pip install --quiet --no-deps --target "$(ARTIFACTS_DIR)/python" \
 	  -r layers/llama-cpp/requirements.txt

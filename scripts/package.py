@@ -1,8 +1,8 @@
 """Build each function's package as Lambda receives it and report its unzipped size against the limit.
 
 Every function is a zip package: the function folder plus its layers, with Lambda's Python 3.12 manylinux
-wheels, against the 250 MB unzipped limit (code and layers together). No torch: Detect, Classify and Tag run
-ONNX exports on ONNX Runtime.
+wheels, against the 250 MB unzipped limit (code and layers together). No torch: Detect runs its export on
+OpenVINO, Classify and Tag theirs on ONNX Runtime.
 
     .venv/bin/python scripts/package.py [--out build/package]
 """
@@ -78,6 +78,9 @@ def build_layer(name: str, out: Path) -> Path:
         subprocess.run(["layers/arrow/prune.sh", str(python)], check=True, cwd=REPO)
     elif name == "OnnxLayer":
         pip_install(python, *LAMBDA_WHEELS, "--no-deps", "-r", "layers/onnx/requirements.txt")
+    elif name == "OpenVinoLayer":
+        pip_install(python, *LAMBDA_WHEELS, "--no-deps", "-r", "layers/openvino/requirements.txt")
+        subprocess.run(["layers/openvino/prune.sh", str(python)], check=True, cwd=REPO)
     elif name == "LlamaCppLayer":
         wheels = subprocess.run(
             ["scripts/native_wheels.sh", sys.executable, "llama-cpp-python==0.3.36"],

@@ -122,6 +122,7 @@ class OnnxGroundingDino:
     nms_iou: float
     _sessions: dict[ImageSize, Any] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _run_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def detect(
         self, image: Image.Image, phrases: list[str], box_threshold: float, text_threshold: float
@@ -146,8 +147,19 @@ class OnnxGroundingDino:
         to its padding (the pixel mask tells the model which is which)."""
         pixels, pixel_mask = self.image_inputs(image)
         text = self.text_inputs(". ".join(phrases) + ".")
-        session = self.session((pixels.shape[2], pixels.shape[3]))
-        logits, boxes, selection = session.run(None, {"pixel_values": pixels, "pixel_mask": pixel_mask, **text})
+        feeds = {"pixel_values": pixels, "pixel_mask": pixel_mask, **text}
+        size = (pixels.shape[2], pixels.shape[3])
+        session = self.session(size)
+        if self.runtime == "onnxruntime":  # its sessions keep no buffers between runs, and may run side by side
+            logits, boxes, selection = session.run(None, feeds)
+        else:
+            # An OpenVINO size keeps its run's buffers (about 1 GB at 800 px, a long prompt): only the size that
+            # runs keeps them, so that Detect's memory holds one size's, not four
+            with self._run_lock:
+                for other_size, other in self._sessions.items():
+                    if other_size != size:
+                        other.release_memory()
+                logits, boxes, selection = session.run(None, feeds)
         return {"logits": logits, "pred_boxes": boxes, "selection_scores": selection}
 
     def image_inputs(self, image: Image.Image) -> tuple[np.ndarray, np.ndarray]:

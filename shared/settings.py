@@ -7,6 +7,7 @@ command line through :func:`use_settings`. No other module reads ``os.environ``.
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Mapping
 from enum import StrEnum
 from functools import lru_cache
@@ -20,6 +21,13 @@ from pydantic_settings.sources.utils import parse_env_vars
 from shared.contracts import MAX_IMAGES_PER_GROUP
 
 DetectorRuntime = Literal["onnxruntime", "openvino"]
+
+
+def default_detector_runtime() -> DetectorRuntime:
+    """The runtime annotate bench measured faster for Grounding DINO on this kind of CPU, at the same boxes:
+    OpenVINO on x86 (2.1x the model card's recipe, ONNX Runtime 1.0x); ONNX Runtime elsewhere (OpenVINO unmeasured
+    on arm64)."""
+    return "openvino" if platform.machine().lower() in ("x86_64", "amd64") else "onnxruntime"
 
 
 class Profile(StrEnum):
@@ -193,11 +201,10 @@ class Settings(BaseSettings):
         "lossy, and faster only on CPUs with int8 dot products; see annotate bench",
     )
     detector_runtime: DetectorRuntime = Field(
-        "onnxruntime",
-        description="What runs Grounding DINO's export: onnxruntime, or openvino (installed with the tools, not in "
-        "Lambda's Detect package; measured on x86 only), faster on some CPUs at the same output, holding each "
-        "exported size's weights and buffers itself (about 1.4 GB a size at 800 px, compiled at first use); see "
-        "annotate bench",
+        default_factory=default_detector_runtime,
+        description="What runs Grounding DINO's export, with the same boxes: openvino (the default on x86, where it "
+        "is the faster; it keeps its own layout of the weights and its buffers per exported size, about 1.4 GB a "
+        "size at 800 px) or onnxruntime (the default elsewhere; less memory); see annotate bench",
     )
     detection_short_side: int = Field(
         800, ge=224, le=1333, description="Short side the detector resizes to: the accuracy/speed setting"

@@ -222,11 +222,11 @@ def _cold_start(step: str, settings: Settings) -> dict[str, float]:
 def _detection_drift(settings: Settings, images: list[Image.Image], options: BenchOptions) -> dict[str, Any]:
     """Each way of running the detector against torch eager fp32 (the model card's) on the same images: how many
     of its boxes each finds again (same label, IoU >= 0.5), their mean IoU and score difference, and speed. The
-    exported fp32 graph is the pipeline's; the others are lossy, each off unless its setting is given."""
+    exported fp32 graph is the pipeline's, on its runtime and on the other; the others are lossy, each off unless its
+    setting is given."""
     from dataclasses import replace
 
     from shared.detection import load_detector
-    from shared.grounding_onnx import OnnxGroundingDino
     from tools.detector_export import exported_detector_dir
     from tools.torch_models import load_torch_detector
 
@@ -236,17 +236,17 @@ def _detection_drift(settings: Settings, images: list[Image.Image], options: Ben
     fewer = settings.detection.model_copy(update={"detector_max_queries": options.lossy_queries})
     for lossy in (lower, int8, fewer):
         exported_detector_dir(lossy)
-    openvino = load_detector(settings.detection.model_copy(update={"detector_runtime": "openvino"}))
-    assert isinstance(openvino, OnnxGroundingDino)
-    for image in images:  # OpenVINO compiles each size when first used: before the timing, as the others load
-        openvino.session(openvino.image_inputs(image)[0].shape[2:])
+    runtime = settings.detector_runtime
+    other = "onnxruntime" if runtime == "openvino" else "openvino"
     ways: dict[str, Any] = {
         "torch fp32 (model card)": reference,
-        "onnx fp32 (pipeline)": load_detector(settings.detection),
-        "openvino fp32 (detector_runtime=openvino)": openvino,
-        "onnx int8 weights (detector_int8)": load_detector(int8),
-        f"onnx fp32, short side {options.lossy_short_side}": load_detector(lower),
-        f"onnx fp32, {options.lossy_queries} queries (detector_max_queries)": load_detector(fewer),
+        f"{runtime} fp32 (pipeline)": load_detector(settings.detection),
+        f"{other} fp32 (detector_runtime={other})": load_detector(
+            settings.detection.model_copy(update={"detector_runtime": other})
+        ),
+        f"{runtime} int8 weights (detector_int8)": load_detector(int8),
+        f"{runtime} fp32, short side {options.lossy_short_side}": load_detector(lower),
+        f"{runtime} fp32, {options.lossy_queries} queries (detector_max_queries)": load_detector(fewer),
         "torch bf16 autocast (not offered: no bf16 on Lambda's CPUs)": replace(reference, bf16=True),
     }
     found: dict[str, list[list[Detection]]] = {name: [] for name in ways}

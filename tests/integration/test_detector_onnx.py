@@ -314,13 +314,13 @@ def test_an_export_in_memory_files_runs_on_each_runtime_as_from_disk(
     os.close(memory_file)
 
 
-def test_an_input_of_another_size_is_refused(exported: OnnxGroundingDino, cat: Image.Image) -> None:
-    pixels, mask = exported.image_inputs(cat)
-    text = exported.text_inputs("cat.")
-    other = exported.manifest.sizes[-1]
+def test_an_input_of_another_size_is_refused(each_runtime: OnnxGroundingDino, cat: Image.Image) -> None:
+    pixels, mask = each_runtime.image_inputs(cat)
+    text = each_runtime.text_inputs("cat.")
+    other = each_runtime.manifest.sizes[-1]
     assert other != pixels.shape[2:]
-    with pytest.raises(Exception, match=r"(?i)invalid dimensions"):
-        exported.session(other).run(None, {"pixel_values": pixels, "pixel_mask": mask, **text})
+    with pytest.raises(Exception, match=r"(?i)invalid dimensions|shape"):
+        each_runtime.session(other).run(None, {"pixel_values": pixels, "pixel_mask": mask, **text})
 
 
 def test_post_processing_agrees_with_transformers_where_it_is_meant_to(

@@ -1,5 +1,5 @@
-"""What the Lambda packages leave out must not be needed: a pruned pyarrow still writes the tables, and the
-model functions run without torch."""
+"""What the Lambda packages leave out must not be needed: a pruned pyarrow still writes the tables, a pruned
+OpenVINO still runs an export's IR, and the model functions run without torch."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow
 
+from shared.onnx_runtime import openvino_session
 from shared.settings import Settings
 from tests.conftest import REPO, SAMPLES
 
@@ -46,6 +47,52 @@ def test_the_pruned_pyarrow_of_the_arrow_layer_writes_and_reads_the_tables(tmp_p
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "1"
+
+
+RUN_IR = """
+import sys
+from pathlib import Path
+import numpy as np, openvino
+assert openvino.__file__.startswith(sys.argv[1]), openvino.__file__
+from shared.onnx_runtime import openvino_session
+folder = Path(sys.argv[2])
+session = openvino_session(folder / "a.xml", folder / "model.weights", 1)
+print(session.run(None, {"x": np.ones((2, 64), np.float32)})[0].sum())
+"""
+
+
+def test_the_pruned_openvino_of_its_layer_runs_an_exports_ir(tmp_path: Path) -> None:
+    import numpy as np
+    import openvino
+
+    from tests.unit.test_onnx_graphs import linear_graph
+    from tools.onnx_graphs import openvino_graphs, share_weights
+
+    # GIVEN an export's graph in OpenVINO's form, and the openvino of the Detect layer (pruned by its script)
+    graph = linear_graph(tmp_path / "a.onnx", "weight", np.ones(32, np.float32))
+    share_weights([graph], tmp_path / "model.weights")
+    openvino_graphs([graph], tmp_path / "model.weights")
+    site = tmp_path / "python"
+    shutil.copytree(Path(openvino.__file__).parent, site / "openvino")
+    subprocess.run([str(REPO / "layers" / "openvino" / "prune.sh"), str(site)], check=True)
+    assert not list((site / "openvino" / "libs").glob("libopenvino_intel_gpu_plugin*"))
+
+    # WHEN the IR runs with that openvino
+    result = subprocess.run(
+        [sys.executable, "-c", RUN_IR, str(site), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"},
+    )
+
+    # THEN it gives the full openvino's result
+    assert result.returncode == 0, result.stderr
+    expected = openvino_session(tmp_path / "a.xml", tmp_path / "model.weights", 1).run(
+        None, {"x": np.ones((2, 64), np.float32)}
+    )[0]
+    assert np.float32(result.stdout) == expected.sum()
 
 
 WITHOUT_TORCH = """

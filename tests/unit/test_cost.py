@@ -37,13 +37,13 @@ IDLE, STEADY, BURSTS = SCENARIOS
 
 
 def test_a_steady_month_on_lambda_matches_the_hand_computation() -> None:
-    # 510,000 images; per image 4 GB x 2 s + 2.9375 GB x (0.5 + 0.5 + 1) s + 1 GB x 0.3 s = 14.175 GB-s, and a
+    # 510,000 images; per image 6.5 GB x 2 s + 2.9375 GB x (0.5 + 0.5 + 1) s + 1 GB x 0.3 s = 19.175 GB-s, and a
     # tenth of WriteGroupTable's 1 GB-s (groups of 10) and a hundredth of SummarizeBatch's 2 GB-s (batches of 100)
-    compute = 510_000 * (14.175 + 0.1 + 0.02) * 0.0000166667
+    compute = 510_000 * (19.175 + 0.1 + 0.02) * 0.0000166667
     requests = 510_000 * 5.12 * 0.20 / 1e6
     # 10% cold: the four model functions have SnapStart in the template, so their cold starts are restores, and
     # their snapshots' caches are billed all month
-    snapstart = 51_000 * (4 + 2.9375 * 3) * 0.0001397998 + (4 + 2.9375 * 3) * 30 * 24 * 3600 * 0.0000015046
+    snapstart = 51_000 * (6.5 + 2.9375 * 3) * 0.0001397998 + (6.5 + 2.9375 * 3) * 30 * 24 * 3600 * 0.0000015046
     # The parent: 4 states per batch of 100 and a child started per group of 10; a child: one Express request and
     # one image's 4 s at 64 MB
     parent = 510_000 * (4 / 100 + 1 / 10) * 0.025 / 1000
@@ -68,13 +68,13 @@ def test_orchestration_is_at_most_a_tenth_of_the_cost_per_image_at_the_steady_lo
 
 def test_snapstart_trades_init_time_for_restores_and_a_cache_that_costs_when_idle() -> None:
     # As deployed, the four model functions have SnapStart: their caches are the idle month's cost
-    cache = (4 + 2.9375 * 3) * 30 * 24 * 3600 * 0.0000015046
+    cache = (6.5 + 2.9375 * 3) * 30 * 24 * 3600 * 0.0000015046
     assert lambda_month(BENCH, PRICES, IDLE) == pytest.approx(cache)
     assert lambda_month(BENCH, PRICES, IDLE, without_snapstart=True) == pytest.approx(0.0)
     # Without it, each cold start pays import and model load instead of a restore
     deployed = lambda_month(BENCH, PRICES, STEADY)
-    restores = 51_000 * (4 + 2.9375 * 3) * 0.0001397998
-    init = 51_000 * (4 * 4 + 2.9375 * (2 + 2 + 1)) * 0.0000166667
+    restores = 51_000 * (6.5 + 2.9375 * 3) * 0.0001397998
+    init = 51_000 * (6.5 * 4 + 2.9375 * (2 + 2 + 1)) * 0.0000166667
     without = deployed - restores - cache + init
     assert lambda_month(BENCH, PRICES, STEADY, without_snapstart=True) == pytest.approx(without)
 

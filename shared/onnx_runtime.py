@@ -146,11 +146,16 @@ def openvino_session(graph: Path, weights: Path, threads: int) -> Any:
     return OpenVinoSession(compiled)
 
 
-@functools.cache
 def _openvino_weights(path: Path) -> Any:
-    """The weights file as an OpenVINO tensor over its pages, once per process. OpenVINO takes only a writable
-    array: the mapping is private, so that nothing it could write would reach the file, and it copies no page
-    that it only reads."""
+    """The weights file as an OpenVINO tensor over its pages, once per process (as ``mapped_file``)."""
+    status = path.stat()
+    return _openvino_tensor(path, status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+@functools.cache
+def _openvino_tensor(path: Path, inode: int, size: int, modified_ns: int) -> Any:
+    # OpenVINO takes only a writable array: the mapping is private, so that nothing it could write would reach the
+    # file, and it copies no page that it only reads
     import openvino
 
     with path.open("rb") as file:

@@ -25,8 +25,7 @@ DetectorRuntime = Literal["onnxruntime", "openvino"]
 
 def default_detector_runtime() -> DetectorRuntime:
     """The runtime annotate bench measured faster for Grounding DINO on this kind of CPU, at the same boxes:
-    OpenVINO on x86 (2.1x the model card's recipe, ONNX Runtime 1.0x); ONNX Runtime elsewhere (OpenVINO unmeasured
-    on arm64)."""
+    OpenVINO on x86 (about twice ONNX Runtime's speed); ONNX Runtime elsewhere (OpenVINO is unmeasured on arm64)."""
     return "openvino" if platform.machine().lower() in ("x86_64", "amd64") else "onnxruntime"
 
 

@@ -9,11 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import openvino
 import pyarrow
 
 from shared.onnx_runtime import openvino_session
 from shared.settings import Settings
 from tests.conftest import REPO, SAMPLES
+from tests.unit.test_onnx_graphs import linear_graph
+from tools.onnx_graphs import openvino_graphs, share_weights
 
 WRITE_AND_READ = """
 import sys
@@ -30,20 +34,31 @@ print(pq.read_table(uris["images"]).num_rows)
 """
 
 
-def test_the_pruned_pyarrow_of_the_arrow_layer_writes_and_reads_the_tables(tmp_path: Path) -> None:
+def pruned_site(package: Path, layer: str, tmp_path: Path) -> Path:
+    """A copy of an installed package, pruned by its layer's script as the layer ships it."""
     site = tmp_path / "python"
-    shutil.copytree(Path(pyarrow.__file__).parent, site / "pyarrow")
-    subprocess.run([str(REPO / "layers" / "arrow" / "prune.sh"), str(site)], check=True)
-    assert not list((site / "pyarrow").glob("libarrow_flight*"))
+    shutil.copytree(package, site / package.name)
+    subprocess.run([str(REPO / "layers" / layer / "prune.sh"), str(site)], check=True)
+    return site
 
-    result = subprocess.run(
-        [sys.executable, "-c", WRITE_AND_READ, str(site), str(tmp_path / "results")],
+
+def run_with(site: Path, script: str, *arguments: str) -> subprocess.CompletedProcess[str]:
+    """``script`` in a fresh interpreter that imports from ``site`` first."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *arguments],
         capture_output=True,
         text=True,
         check=False,
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"},
     )
+
+
+def test_the_pruned_pyarrow_of_the_arrow_layer_writes_and_reads_the_tables(tmp_path: Path) -> None:
+    site = pruned_site(Path(pyarrow.__file__).parent, "arrow", tmp_path)
+    assert not list((site / "pyarrow").glob("libarrow_flight*"))
+
+    result = run_with(site, WRITE_AND_READ, str(site), str(tmp_path / "results"))
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "1"
@@ -62,37 +77,20 @@ print(session.run(None, {"x": np.ones((2, 64), np.float32)})[0].sum())
 
 
 def test_the_pruned_openvino_of_its_layer_runs_an_exports_ir(tmp_path: Path) -> None:
-    import numpy as np
-    import openvino
-
-    from tests.unit.test_onnx_graphs import linear_graph
-    from tools.onnx_graphs import openvino_graphs, share_weights
-
     # GIVEN an export's graph in OpenVINO's form, and the openvino of the Detect layer (pruned by its script)
     graph = linear_graph(tmp_path / "a.onnx", "weight", np.ones(32, np.float32))
     share_weights([graph], tmp_path / "model.weights")
     openvino_graphs([graph], tmp_path / "model.weights")
-    site = tmp_path / "python"
-    shutil.copytree(Path(openvino.__file__).parent, site / "openvino")
-    subprocess.run([str(REPO / "layers" / "openvino" / "prune.sh"), str(site)], check=True)
+    site = pruned_site(Path(openvino.__file__).parent, "openvino", tmp_path)
     assert not list((site / "openvino" / "libs").glob("libopenvino_intel_gpu_plugin*"))
 
     # WHEN the IR runs with that openvino
-    result = subprocess.run(
-        [sys.executable, "-c", RUN_IR, str(site), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"},
-    )
+    result = run_with(site, RUN_IR, str(site), str(tmp_path))
 
     # THEN it gives the full openvino's result
     assert result.returncode == 0, result.stderr
-    expected = openvino_session(tmp_path / "a.xml", tmp_path / "model.weights", 1).run(
-        None, {"x": np.ones((2, 64), np.float32)}
-    )[0]
-    assert np.float32(result.stdout) == expected.sum()
+    session = openvino_session(tmp_path / "a.xml", tmp_path / "model.weights", 1)
+    assert np.float32(result.stdout) == session.run(None, {"x": np.ones((2, 64), np.float32)})[0].sum()
 
 
 WITHOUT_TORCH = """

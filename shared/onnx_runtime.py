@@ -69,8 +69,9 @@ def openvino_graph_file(graph: Path) -> Path:
 
 
 def mapped_file(path: Path) -> np.ndarray:
-    """The file's bytes, memory-mapped read-only, once per process: pages mapped twice would count twice
-    against a function's memory."""
+    """The file's bytes, memory-mapped once per process: pages mapped twice would count twice against a
+    function's memory. The mapping is private and writable, as OpenVINO takes only writable arrays: nothing
+    written to it would reach the file, and no page is copied unless written (neither runtime writes)."""
     status = path.stat()
     return _mapped(path, status.st_ino, status.st_size, status.st_mtime_ns)
 
@@ -80,7 +81,8 @@ def _mapped(path: Path, inode: int, size: int, modified_ns: int) -> np.ndarray:
     if not size:  # an empty file cannot be mapped (a graph with no large initializer)
         return np.zeros(0, np.uint8)
     with path.open("rb") as file:
-        return np.frombuffer(mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ), np.uint8)
+        mapping = mmap.mmap(file.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        return np.frombuffer(mapping, np.uint8)
 
 
 def ort_session(graph: Path, threads: int, weights: Path | None = None) -> Any:
@@ -125,42 +127,20 @@ def openvino_session(graph: Path, weights: Path, threads: int) -> Any:
     weights, not their paths: an export read from S3 is in memory files, which it cannot open by path.
 
     Raises:
-        ModelUnavailable: OpenVINO is not installed here, or the export has no OpenVINO form (an older one).
+        ModelUnavailable: OpenVINO is not installed here.
     """
     try:
         import openvino
     except ImportError as error:
         raise ModelUnavailable("detector_runtime is openvino, which is not installed here") from error
-    if not graph.is_file():
-        raise ModelUnavailable(
-            f"{graph.parent} lacks {graph.name}: it is an export of an older form; export it again "
-            "(`annotate models export`; `annotate models push` for the stack)"
-        )
     core = openvino.Core()
-    model = core.read_model(graph.read_bytes(), _openvino_weights(weights))
+    model = core.read_model(graph.read_bytes(), openvino.Tensor(mapped_file(weights), shared_memory=True))
     compiled = core.compile_model(
         model,
         "CPU",
         {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"},
     )
     return OpenVinoSession(compiled)
-
-
-def _openvino_weights(path: Path) -> Any:
-    """The weights file as an OpenVINO tensor over its pages, once per process (as ``mapped_file``)."""
-    status = path.stat()
-    return _openvino_tensor(path, status.st_ino, status.st_size, status.st_mtime_ns)
-
-
-@functools.cache
-def _openvino_tensor(path: Path, inode: int, size: int, modified_ns: int) -> Any:
-    # OpenVINO takes only a writable array: the mapping is private, so that nothing it could write would reach the
-    # file, and it copies no page that it only reads
-    import openvino
-
-    with path.open("rb") as file:
-        mapping = mmap.mmap(file.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    return openvino.Tensor(np.frombuffer(mapping, np.uint8), shared_memory=True)
 
 
 class OpenVinoSession:

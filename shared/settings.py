@@ -202,8 +202,8 @@ class Settings(BaseSettings):
     detector_runtime: DetectorRuntime = Field(
         default_factory=default_detector_runtime,
         description="What runs Grounding DINO's export, with the same boxes: openvino (the default on x86, where it "
-        "is the faster; it keeps its own layout of the weights and its buffers per exported size, about 1.4 GB a "
-        "size at 800 px) or onnxruntime (the default elsewhere; less memory); see annotate bench",
+        "is the faster; it keeps its own layout of the weights per exported size, 0.76 GB a size at 800 px, and the "
+        "running size's buffers) or onnxruntime (the default elsewhere; half the memory); see annotate bench",
     )
     detection_short_side: int = Field(
         800, ge=224, le=1333, description="Short side the detector resizes to: the accuracy/speed setting"

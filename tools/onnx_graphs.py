@@ -23,9 +23,9 @@ def finish_graphs(traced: dict[Path, Path], weights_file: Path, openvino: bool =
     for source, graph in traced.items():
         optimize_offline(source, graph)
         source.unlink()
-    share_weights(list(traced.values()), weights_file)
+    stored = share_weights(list(traced.values()), weights_file)
     if openvino:
-        openvino_graphs(list(traced.values()), weights_file)
+        openvino_graphs(list(traced.values()), weights_file, stored)
 
 
 def optimize_offline(graph: Path, optimized: Path) -> None:
@@ -39,9 +39,10 @@ def optimize_offline(graph: Path, optimized: Path) -> None:
     ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
 
 
-def share_weights(graphs: list[Path], weights_file: Path) -> None:
+def share_weights(graphs: list[Path], weights_file: Path) -> dict[bytes, int]:
     """Move the large initializers of ``graphs`` (rewritten in place) into ``weights_file``, each distinct
-    tensor once: the graphs of one model at several input sizes name theirs differently."""
+    tensor once: the graphs of one model at several input sizes name theirs differently. Returns where the file
+    holds each tensor's bytes, by their SHA-256."""
     import onnx
     from onnx import numpy_helper
     from onnx.external_data_helper import set_external_data
@@ -64,30 +65,27 @@ def share_weights(graphs: list[Path], weights_file: Path) -> None:
                 set_external_data(initializer, weights_file.name, offsets[key], len(data))
                 initializer.ClearField("raw_data")
             onnx.save_model(model, graph)
+    stored: dict[bytes, int] = {}
+    for (digest, _, _), offset in offsets.items():  # the same bytes as two dtypes or shapes: the first copy
+        stored.setdefault(digest, offset)
+    return stored
 
 
-def openvino_graphs(graphs: list[Path], weights_file: Path) -> None:
+def openvino_graphs(graphs: list[Path], weights_file: Path, stored: dict[bytes, int]) -> None:
     """Write each ONNX graph of ``graphs`` as OpenVINO reads it (its IR, ``openvino_graph_file``), with every
-    constant read from ``weights_file``: where the ONNX graphs keep the same bytes, else from a few bytes appended
-    to the file. OpenVINO then loads a graph from its text and the weights' bytes, wherever those are (an export
-    read from S3 is in memory files, which it cannot open by path), and no size of the model stores its own
-    copy of the weights (OpenVINO's own IR writes one per graph)."""
+    constant read from ``weights_file``: where it holds the same bytes (``stored``: offsets by SHA-256, as
+    ``share_weights`` returns them), else from a few bytes appended to the file. OpenVINO then loads a graph from
+    its text and the weights' bytes, wherever those are (an export read from S3 is in memory files, which it cannot
+    open by path), and no size of the model stores its own copy of the weights (OpenVINO's own IR writes one per
+    graph)."""
     import tempfile
     import xml.etree.ElementTree as ElementTree
 
-    import onnx
     import openvino
 
-    weights = np.memmap(weights_file, np.uint8, mode="r")
-    offsets: dict[bytes, int] = {}
-    for graph in graphs:
-        for initializer in onnx.load(graph, load_external_data=False).graph.initializer:
-            place = {entry.key: int(entry.value) for entry in initializer.external_data if entry.key != "location"}
-            if place:
-                start = place.get("offset", 0)
-                offsets.setdefault(_digest(weights[start : start + place["length"]]), start)
+    offsets = dict(stored)
     appended = bytearray()
-    end = weights.size
+    end = weights_file.stat().st_size
     core = openvino.Core()
     with tempfile.TemporaryDirectory() as scratch:
         for graph in graphs:
@@ -101,17 +99,12 @@ def openvino_graphs(graphs: list[Path], weights_file: Path) -> None:
                     continue
                 start, size = int(data.get("offset", 0)), int(data.get("size", 0))
                 constant = own_weights[start : start + size]
-                digest = _digest(constant)
+                digest = hashlib.sha256(constant.tobytes()).digest()
                 if digest not in offsets:
                     appended += b"\0" * (-(end + len(appended)) % _ALIGNMENT)
                     offsets[digest] = end + len(appended)
                     appended += constant.tobytes()
                 data.set("offset", str(offsets[digest]))
             tree.write(openvino_graph_file(graph))
-    del weights
     with weights_file.open("ab") as out:
         out.write(appended)
-
-
-def _digest(data: np.ndarray) -> bytes:
-    return hashlib.sha256(data.tobytes()).digest()

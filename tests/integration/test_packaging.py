@@ -79,8 +79,7 @@ print(session.run(None, {"x": np.ones((2, 64), np.float32)})[0].sum())
 def test_the_pruned_openvino_of_its_layer_runs_an_exports_ir(tmp_path: Path) -> None:
     # GIVEN an export's graph in OpenVINO's form, and the openvino of the Detect layer (pruned by its script)
     graph = linear_graph(tmp_path / "a.onnx", "weight", np.ones(32, np.float32))
-    share_weights([graph], tmp_path / "model.weights")
-    openvino_graphs([graph], tmp_path / "model.weights")
+    openvino_graphs([graph], tmp_path / "model.weights", share_weights([graph], tmp_path / "model.weights"))
     site = pruned_site(Path(openvino.__file__).parent, "openvino", tmp_path)
     assert not list((site / "openvino" / "libs").glob("libopenvino_intel_gpu_plugin*"))
 

@@ -69,12 +69,12 @@ def test_openvino_forms_read_their_constants_from_the_shared_weights_file(tmp_pa
     biases = [RNG.standard_normal(32).astype(np.float32) for _ in range(2)]
     graphs = [linear_graph(tmp_path / "a.onnx", "weight", biases[0]), linear_graph(tmp_path / "b.onnx", "w", biases[1])]
     weights = tmp_path / "model.weights"
-    share_weights(graphs, weights)
+    stored = share_weights(graphs, weights)
     inputs = {"x": RNG.standard_normal((3, 64)).astype(np.float32)}
     expected = [ort_session(graph, 1, weights).run(None, inputs)[0] for graph in graphs]
 
     # WHEN their OpenVINO forms are written
-    openvino_graphs(graphs, weights)
+    openvino_graphs(graphs, weights, stored)
 
     # THEN the weights file holds the shared weight still once, and only the small constants are added to it
     assert SHARED.nbytes < weights.stat().st_size < SHARED.nbytes + 2 * 1024

@@ -109,9 +109,9 @@ def phrase_masks(input_ids: np.ndarray, special_token_ids: list[int]) -> tuple[n
 
 @dataclass
 class OnnxGroundingDino:
-    """Detector (shared/detection.py) on the export: one session per exported size, all made at load (before
-    Lambda's snapshot), reading one copy of the weights (OpenVINO also keeps its own layout of the matrices, per
-    size)."""
+    """Detector (shared/detection.py) on the export: one session per exported size, made on the first image of
+    that size (or all at load: ``detector_load_all_sizes``, before Lambda's snapshot), reading one copy of the
+    weights (OpenVINO also keeps its own layout of the matrices, per size)."""
 
     folder: Path
     manifest: ExportManifest
@@ -120,6 +120,7 @@ class OnnxGroundingDino:
     threads: int
     max_detections: int
     nms_iou: float
+    compiled_cache: Path | None = None  # where OpenVINO keeps what it compiled, if anywhere
     _sessions: dict[ImageSize, Any] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _run_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -196,13 +197,19 @@ class OnnxGroundingDino:
             "position_ids": position_ids,
         }
 
+    @property
+    def loaded_sizes(self) -> list[ImageSize]:
+        return list(self._sessions)
+
     def session(self, size: ImageSize) -> Any:
         with self._lock:
             if size not in self._sessions:
                 graph = self.folder / export_file_name(size)
                 if self.runtime == "openvino":
                     graph = openvino_graph_file(graph)
-                    self._sessions[size] = openvino_session(graph, self.folder / WEIGHTS_FILE, self.threads)
+                    self._sessions[size] = openvino_session(
+                        graph, self.folder / WEIGHTS_FILE, self.threads, self.compiled_cache
+                    )
                 else:
                     self._sessions[size] = ort_session(graph, self.threads, self.folder / WEIGHTS_FILE)
                 logger.info("detector session ready", extra={"size": f"{size[0]}x{size[1]}", "runtime": self.runtime})
@@ -210,7 +217,8 @@ class OnnxGroundingDino:
 
 
 def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundingDino:
-    """The exported detector in ``folder``, with a session for every exported size, on ``detector_runtime``.
+    """The exported detector in ``folder`` on ``detector_runtime``, its sizes loaded now or on first use
+    (``detector_load_all_sizes``).
 
     Raises:
         ModelUnavailable: ``folder`` holds no export, or the export's files are incomplete.
@@ -244,7 +252,9 @@ def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundi
         settings.torch_threads,
         settings.max_detections,
         settings.nms_iou,
+        settings.model_cache_dir / "openvino" if settings.detector_compiled_cache else None,
     )
-    for size in manifest.sizes:
-        detector.session(size)
+    if settings.detector_load_all_sizes:
+        for size in manifest.sizes:
+            detector.session(size)
     return detector

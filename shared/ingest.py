@@ -22,9 +22,10 @@ from pydantic import ValidationError
 from shared.batches import plan_batches
 from shared.contracts import AnnotationRequest, BatchInput, PromptMessage, batch_input_uri
 from shared.errors import RequestRejected, TransientError, validation_reason
-from shared.observability import MetricUnit, logger, metrics, tracer
+from shared.observability import MetricUnit, logger, metrics
 from shared.settings import IngestSettings
 from shared.storage import StoreFor, is_s3, join_uri, split_s3
+from shared.tracing import tracer
 
 MAX_MESSAGE_BYTES = 256 * 1024  # SQS's own limit; a local file may not exceed it either
 

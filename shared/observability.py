@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
 
@@ -26,6 +26,5 @@ logger = Logger(service="annotate", logger_handler=_CurrentStderr())
 # Its records are complete as they are; a root handler that a library installs must not print them twice.
 logging.getLogger(logger.name).propagate = False
 metrics = Metrics(namespace="Annotate", service="annotate")
-tracer = Tracer(service="annotate")  # X-Ray in Lambda; Powertools turns it off elsewhere
 
-__all__ = ["MetricUnit", "logger", "metrics", "tracer"]
+__all__ = ["MetricUnit", "logger", "metrics"]

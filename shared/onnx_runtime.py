@@ -120,11 +120,14 @@ def ort_session(graph: Path, threads: int, weights: Path | None = None) -> Any:
     return ort.InferenceSession(graph.read_bytes(), options, providers=["CPUExecutionProvider"])
 
 
-def openvino_session(graph: Path, weights: Path, threads: int) -> Any:
+def openvino_session(graph: Path, weights: Path, threads: int, compiled_cache: Path | None = None) -> Any:
     """An exported graph in OpenVINO's form (``graph``, its IR: tools/onnx_graphs.py), whose constants are in the
     file ``weights``, compiled for this CPU in fp32 (OpenVINO's default on CPUs with bf16 or fp16 is those, which
     change the outputs), run as ONNX Runtime's sessions are. OpenVINO is handed the graph's text and the mapped
     weights, not their paths: an export read from S3 is in memory files, which it cannot open by path.
+
+    With ``compiled_cache``, OpenVINO keeps the compiled model there, keyed by the graph, its weights, this CPU's
+    instruction sets, OpenVINO's version and the options, and loads it from there when all of them match.
 
     Raises:
         ModelUnavailable: OpenVINO is not installed here.
@@ -135,12 +138,14 @@ def openvino_session(graph: Path, weights: Path, threads: int) -> Any:
         raise ModelUnavailable("detector_runtime is openvino, which is not installed here") from error
     core = openvino.Core()
     model = core.read_model(graph.read_bytes(), openvino.Tensor(mapped_file(weights), shared_memory=True))
-    compiled = core.compile_model(
-        model,
-        "CPU",
-        {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"},
-    )
-    return OpenVinoSession(compiled)
+    options: dict[str, Any] = {
+        "INFERENCE_PRECISION_HINT": "f32",
+        "INFERENCE_NUM_THREADS": threads,
+        "PERFORMANCE_HINT": "LATENCY",
+    }
+    if compiled_cache is not None:
+        options["CACHE_DIR"] = str(compiled_cache)
+    return OpenVinoSession(core.compile_model(model, "CPU", options))
 
 
 class OpenVinoSession:
@@ -148,6 +153,10 @@ class OpenVinoSession:
 
     def __init__(self, compiled: Any) -> None:
         self.compiled = compiled
+
+    @property
+    def loaded_from_cache(self) -> bool:
+        return bool(self.compiled.get_property("LOADED_FROM_CACHE"))
 
     def run(self, output_names: None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         results = self.compiled.create_infer_request().infer(feeds)  # a request per run: runs may be concurrent

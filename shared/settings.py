@@ -99,6 +99,8 @@ class DetectionSettings(ModelFiles):
     detector_int8: bool
     detector_max_queries: int
     detector_runtime: DetectorRuntime
+    detector_compiled_cache: bool
+    detector_load_all_sizes: bool
     detector_aspect_ratios: list[float]
     detection_short_side: int
     max_detections: int
@@ -204,6 +206,17 @@ class Settings(BaseSettings):
         description="What runs Grounding DINO's export, with the same boxes: openvino (the default on x86, where it "
         "is the faster; it keeps its own layout of the weights per exported size, 0.76 GB a size at 800 px, and the "
         "running size's buffers) or onnxruntime (the default elsewhere; half the memory); see annotate bench",
+    )
+    detector_compiled_cache: bool = Field(
+        True,
+        description="Keep what OpenVINO compiles for this CPU in the model cache (0.8 GB a size at 800 px), so that "
+        "a later process loads a size in about 1 s instead of compiling it in 3 s; off in Lambda, whose snapshot "
+        "holds the compiled sizes",
+    )
+    detector_load_all_sizes: bool = Field(
+        False,
+        description="Load every exported size when the detector loads (set in Lambda, so that SnapStart's snapshot "
+        "holds them all) instead of each on the first image that needs it",
     )
     detection_short_side: int = Field(
         800, ge=224, le=1333, description="Short side the detector resizes to: the accuracy/speed setting"

@@ -197,8 +197,9 @@ class _Sides:
         self._detection_pipeline(image, candidate_labels=PHRASES)
 
 
-def _cold_start(step: str, settings: Settings) -> dict[str, float]:
-    """Import and model load of one step in a fresh process: what a cold Lambda pays before its first image."""
+def _cold_start(step: str, settings: Settings, image: Path) -> dict[str, float]:
+    """Import and model load of one step in a fresh process, ready for ``image``: what a cold Lambda pays before
+    its first image (Detect loads the size the image runs at, unless it loads every size at start)."""
     loader, section = STEP_LOADERS[step]
     module, function = loader.split(":")
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss across execve, so a child would report its parent's peak.
@@ -207,16 +208,47 @@ def _cold_start(step: str, settings: Settings) -> dict[str, float]:
         "started = time.perf_counter()\n"
         f"from {module} import {function}\n"
         "from shared.settings import Settings\n"
-        f"{function}(Settings.model_validate_json(sys.argv[1]).{section})\n"
-        "seconds = time.perf_counter() - started\n"
+        f"model = {function}(Settings.model_validate_json(sys.argv[1]).{section})\n"
+        + (
+            "from PIL import Image\n"
+            "pixels, _ = model.image_inputs(Image.open(sys.argv[2]))\n"
+            "model.session(pixels.shape[2:])\n"
+            if step == "detect"
+            else ""
+        )
+        + "seconds = time.perf_counter() - started\n"
         "status = open('/proc/self/status').read().split('VmHWM:')[1].split()[0]\n"
         "print(seconds, int(status) / 1024)\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", script, settings.model_dump_json()], capture_output=True, text=True, check=True
+        [sys.executable, "-c", script, settings.model_dump_json(), str(image)],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     seconds, peak_mb = result.stdout.split()[-2:]
     return {"seconds": round(float(seconds), 2), "peak_rss_mb": round(float(peak_mb), 1)}
+
+
+def _cold_starts(steps: list[str], settings: Settings, image: Path) -> dict[str, dict[str, float]]:
+    """Each step's cold start on a machine that has run it before; Detect's also compiling its first size (a new
+    CPU, or a Lambda environment with no snapshot) and loading every size (SnapStart's init, before the snapshot)."""
+    cold = {step: _cold_start(step, settings, image) for step in steps}  # Detect's fills its compiled cache
+    fields = {step: {"cold_start_s": c["seconds"], "cold_peak_rss_mb": c["peak_rss_mb"]} for step, c in cold.items()}
+    if "detect" in steps and settings.detector_runtime == "openvino":
+        cached = _cold_start("detect", settings, image)
+        uncached = settings.model_copy(update={"detector_compiled_cache": False})
+        compiling = _cold_start("detect", uncached, image)
+        all_sizes = _cold_start("detect", uncached.model_copy(update={"detector_load_all_sizes": True}), image)
+        fields["detect"] = {
+            "cold_start_s": cached["seconds"],
+            "cold_peak_rss_mb": cached["peak_rss_mb"],
+            "cold_start_compiling_s": compiling["seconds"],
+            "cold_peak_rss_compiling_mb": compiling["peak_rss_mb"],
+            "cold_start_all_sizes_s": all_sizes["seconds"],
+            "cold_peak_rss_all_sizes_mb": all_sizes["peak_rss_mb"],
+        }
+    return fields
 
 
 def _detection_drift(settings: Settings, images: list[Image.Image], options: BenchOptions) -> dict[str, Any]:
@@ -347,7 +379,7 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     build_named_models(settings, variants=options.variants)
     sides = _Sides(settings)  # before the cold starts, so that they measure loading, not building
     progress("cold starts (a fresh process per step)")
-    cold = {step: _cold_start(step, settings) for step in steps}
+    cold = _cold_starts(steps, settings, options.images[0])
     images = [Image.open(path).convert("RGB") for path in options.images]
     request = AnnotationRequest(prompt="dog. cat.")
     work = []
@@ -377,8 +409,7 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
             "pipeline_median_s": round(statistics.median(sides_["pipeline"]), 4),
             "reference_median_s": round(statistics.median(sides_["reference"]), 4),
             "speedup": round(statistics.median(sides_["reference"]) / statistics.median(sides_["pipeline"]), 2),
-            "cold_start_s": cold[step]["seconds"],
-            "cold_peak_rss_mb": cold[step]["peak_rss_mb"],
+            **cold[step],
         }
         for step, sides_ in timings.items()
     }
@@ -435,6 +466,19 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
+def _detect_cold_starts(detect: dict[str, Any]) -> list[str]:
+    if "cold_start_compiling_s" not in detect:
+        return []
+    return [
+        "",
+        "Detect's cold start column loads its first image's size from OpenVINO's compiled cache (a machine that has "
+        f"compiled it before); compiling that size instead (a new CPU, a Lambda environment with no snapshot) took "
+        f"{detect['cold_start_compiling_s']:.1f} s (peak {detect['cold_peak_rss_compiling_mb']:.0f} MB), and "
+        f"compiling every size (what Detect's SnapStart init does before the snapshot) "
+        f"{detect['cold_start_all_sizes_s']:.1f} s (peak {detect['cold_peak_rss_all_sizes_mb']:.0f} MB).",
+    ]
+
+
 def markdown_report(report: dict[str, Any]) -> str:
     lines = [
         f"Measured {report['measured_at']} on {report['machine']['cores']} cores; medians of "
@@ -464,6 +508,7 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"Images per minute: pipeline {whole['pipeline_images_per_minute']}, reference "
         f"{whole['reference_images_per_minute']}. Peak RSS of the benchmark process (both sides loaded): "
         f"{report['peak_rss_mb']:.0f} MB.",
+        *_detect_cold_starts(report["steps"].get("detect", {})),
         "",
         "",
         "Detector, each way against torch eager fp32 (the model card's) on the same images:",

@@ -152,7 +152,9 @@ def _cold_starts(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenar
             total += cold_starts * function.gb * lam["snapstart_restore_per_gb"]
             total += function.gb * SECONDS_PER_MONTH * lam["snapstart_cache_gb_second"]
         else:
-            init_s = bench["steps"][function.step]["cold_start_s"]
+            step = bench["steps"][function.step]
+            # An environment without a snapshot has no compiled cache: Detect compiles its first image's size
+            init_s = step.get("cold_start_compiling_s", step["cold_start_s"])
             total += cold_starts * function.gb * init_s * function.gb_second_price(prices)
     return total
 

@@ -7,9 +7,10 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from shared.ingest import deployed_starter, ingest_sqs_batch
-from shared.observability import logger, metrics, tracer
+from shared.observability import logger, metrics
 from shared.settings import get_settings
 from shared.storage import store_for
+from shared.tracing import tracer
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -314,6 +314,40 @@ def test_an_export_in_memory_files_runs_on_each_runtime_as_from_disk(
     os.close(memory_file)
 
 
+def test_a_size_loads_on_the_first_image_that_needs_it_unless_every_size_loads_at_start(
+    exported: OnnxGroundingDino, onnx_settings: Settings, cat: Image.Image
+) -> None:
+    # GIVEN the export, loaded as a process outside Lambda loads it
+    lazy = load_onnx_detector(exported.folder, onnx_settings.detection)
+    # THEN no size is loaded until an image needs one, and then only the size that image runs at
+    assert lazy.loaded_sizes == []
+    lazy.detect(cat, ["cat"], 0.3, 0.25)
+    assert lazy.loaded_sizes == [lazy.image_inputs(cat)[0].shape[2:]]
+    # AND loaded as Lambda loads it before its snapshot, every size is loaded at once
+    eager = onnx_settings.detection.model_copy(update={"detector_load_all_sizes": True})
+    assert sorted(load_onnx_detector(exported.folder, eager).loaded_sizes) == sorted(exported.manifest.sizes)
+
+
+def test_openvino_loads_a_size_it_compiled_before_from_its_cache_with_the_same_outputs(
+    exported: OnnxGroundingDino, onnx_settings: Settings, cat: Image.Image, tmp_path
+) -> None:
+    settings = onnx_settings.detection.model_copy(update={"detector_runtime": "openvino"})
+    size = exported.image_inputs(cat)[0].shape[2:]
+    # GIVEN the export compiled without a cache, and with an empty one
+    uncached = load_onnx_detector(exported.folder, settings.model_copy(update={"detector_compiled_cache": False}))
+    assert uncached.compiled_cache is None
+    first = load_onnx_detector(exported.folder, settings)
+    first.compiled_cache = tmp_path
+    # WHEN a size is compiled with the cache, THEN the cache keeps it, and a later detector loads it from there
+    assert not first.session(size).loaded_from_cache and any(tmp_path.iterdir())
+    later = load_onnx_detector(exported.folder, settings)
+    later.compiled_cache = tmp_path
+    assert later.session(size).loaded_from_cache
+    # AND what it loaded gives the outputs of a compile, exactly
+    for name, expected in uncached.forward(cat, ["cat", "remote control"]).items():
+        np.testing.assert_array_equal(later.forward(cat, ["cat", "remote control"])[name], expected)
+
+
 def test_an_input_of_another_size_is_refused(each_runtime: OnnxGroundingDino, cat: Image.Image) -> None:
     pixels, mask = each_runtime.image_inputs(cat)
     text = each_runtime.text_inputs("cat.")

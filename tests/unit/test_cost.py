@@ -77,6 +77,12 @@ def test_snapstart_trades_init_time_for_restores_and_a_cache_that_costs_when_idl
     init = 51_000 * (6.5 * 4 + 2.9375 * (2 + 2 + 1)) * 0.0000166667
     without = deployed - restores - cache + init
     assert lambda_month(BENCH, PRICES, STEADY, without_snapstart=True) == pytest.approx(without)
+    # AND a Detect that compiles its first size at a cold start (no snapshot, no compiled cache) pays the compile
+    compiling = copy.deepcopy(BENCH)
+    compiling["steps"]["detect"]["cold_start_compiling_s"] = 6.0
+    extra = 51_000 * 6.5 * (6.0 - 4.0) * 0.0000166667
+    assert lambda_month(compiling, PRICES, STEADY, without_snapstart=True) == pytest.approx(without + extra)
+    assert lambda_month(compiling, PRICES, STEADY) == pytest.approx(deployed)
 
 
 def test_fargate_runs_enough_always_on_tasks_for_the_peak_day() -> None:

@@ -126,8 +126,9 @@ def openvino_session(graph: Path, weights: Path, threads: int, compiled_cache: P
     change the outputs), run as ONNX Runtime's sessions are. OpenVINO is handed the graph's text and the mapped
     weights, not their paths: an export read from S3 is in memory files, which it cannot open by path.
 
-    With ``compiled_cache``, OpenVINO keeps the compiled model there, keyed by the graph, its weights, this CPU's
-    instruction sets, OpenVINO's version and the options, and loads it from there when all of them match.
+    With ``compiled_cache``, OpenVINO keeps the compiled model there, keyed by the graph, its weights, OpenVINO's
+    version and the options, and marked with the instruction sets it was compiled for; it loads it from there when
+    all of them match.
 
     Raises:
         ModelUnavailable: OpenVINO is not installed here.

@@ -3,6 +3,7 @@ transformers' where it is meant to."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from typing import Any
 
@@ -16,10 +17,12 @@ from shared.grounding_onnx import (
     WEIGHTS_FILE,
     OnnxGroundingDino,
     export_dir,
+    export_file_name,
     load_onnx_detector,
     phrase_masks,
     resized_size,
 )
+from shared.onnx_runtime import openvino_graph_file
 from shared.settings import Settings
 from tests.conftest import SAMPLES
 from tools.detector_export import (
@@ -333,19 +336,31 @@ def test_openvino_loads_a_size_it_compiled_before_from_its_cache_with_the_same_o
 ) -> None:
     settings = onnx_settings.detection.model_copy(update={"detector_runtime": "openvino"})
     size = exported.image_inputs(cat)[0].shape[2:]
+    cache = tmp_path / "compiled"
     # GIVEN the export compiled without a cache, and with an empty one
     uncached = load_onnx_detector(exported.folder, settings.model_copy(update={"detector_compiled_cache": False}))
     assert uncached.compiled_cache is None
     first = load_onnx_detector(exported.folder, settings)
-    first.compiled_cache = tmp_path
+    first.compiled_cache = cache
     # WHEN a size is compiled with the cache, THEN the cache keeps it, and a later detector loads it from there
-    assert not first.session(size).loaded_from_cache and any(tmp_path.iterdir())
+    assert not first.session(size).loaded_from_cache and any(cache.iterdir())
     later = load_onnx_detector(exported.folder, settings)
-    later.compiled_cache = tmp_path
+    later.compiled_cache = cache
     assert later.session(size).loaded_from_cache
     # AND what it loaded gives the outputs of a compile, exactly
     for name, expected in uncached.forward(cat, ["cat", "remote control"]).items():
         np.testing.assert_array_equal(later.forward(cat, ["cat", "remote control"])[name], expected)
+    # AND an export of the same graph with other weights (a re-export of a retrained model) is compiled anew
+    retrained = shutil.copytree(exported.folder, tmp_path / "retrained")
+    weights = np.fromfile(retrained / WEIGHTS_FILE, np.uint8)
+    graph = openvino_graph_file(retrained / export_file_name(size)).read_text()
+    constants = re.findall(r'element_type="f32" shape="[^"]*" offset="(\d+)" size="(\d+)"', graph)
+    offset, length = max(((int(offset), int(length)) for offset, length in constants), key=lambda c: c[1])
+    weights[offset : offset + length] = (weights[offset : offset + length].view(np.float32) * 1.5).view(np.uint8)
+    weights.tofile(retrained / WEIGHTS_FILE)
+    other = load_onnx_detector(retrained, settings)
+    other.compiled_cache = cache
+    assert not other.session(size).loaded_from_cache
 
 
 def test_an_input_of_another_size_is_refused(each_runtime: OnnxGroundingDino, cat: Image.Image) -> None:

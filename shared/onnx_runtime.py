@@ -21,6 +21,7 @@ from PIL import Image
 
 from shared.errors import ModelUnavailable
 from shared.model_sources import resolve_model_dir
+from shared.observability import logger
 from shared.settings import ModelFiles
 
 # Raised whenever the files of an export change form, so that no older export is taken for a current one.
@@ -128,7 +129,7 @@ def openvino_session(graph: Path, weights: Path, threads: int, compiled_cache: P
 
     With ``compiled_cache``, OpenVINO keeps the compiled model there, keyed by the graph, its weights, OpenVINO's
     version and the options, and marked with the instruction sets it was compiled for; it loads it from there when
-    all of them match.
+    all of them match. A folder that cannot be made is said in the log and done without: the cache only saves time.
 
     Raises:
         ModelUnavailable: OpenVINO is not installed here.
@@ -145,7 +146,13 @@ def openvino_session(graph: Path, weights: Path, threads: int, compiled_cache: P
         "PERFORMANCE_HINT": "LATENCY",
     }
     if compiled_cache is not None:
-        options["CACHE_DIR"] = str(compiled_cache)
+        try:
+            compiled_cache.mkdir(parents=True, exist_ok=True)
+            options["CACHE_DIR"] = str(compiled_cache)
+        except OSError as error:  # OpenVINO would refuse to compile at all
+            logger.warning(
+                "compiling without OpenVINO's cache", extra={"cache": str(compiled_cache), "error": str(error)}
+            )
     return OpenVinoSession(core.compile_model(model, "CPU", options))
 
 

@@ -363,6 +363,21 @@ def test_openvino_loads_a_size_it_compiled_before_from_its_cache_with_the_same_o
     assert not other.session(size).loaded_from_cache
 
 
+def test_a_compiled_cache_that_cannot_be_made_is_done_without(
+    exported: OnnxGroundingDino, onnx_settings: Settings, cat: Image.Image, tmp_path
+) -> None:
+    settings = onnx_settings.detection.model_copy(update={"detector_runtime": "openvino"})
+    # GIVEN a cache folder that cannot be made (a file is where its parent should be)
+    (tmp_path / "file").write_text("")
+    detector = load_onnx_detector(exported.folder, settings)
+    detector.compiled_cache = tmp_path / "file" / "compiled"
+    # WHEN it detects, THEN it compiles without the cache and finds what it finds without one
+    found = detector.detect(cat, ["cat"], 0.3, 0.25)
+    assert not detector.session(detector.image_inputs(cat)[0].shape[2:]).loaded_from_cache
+    uncached = load_onnx_detector(exported.folder, settings.model_copy(update={"detector_compiled_cache": False}))
+    assert found == uncached.detect(cat, ["cat"], 0.3, 0.25)
+
+
 def test_an_input_of_another_size_is_refused(each_runtime: OnnxGroundingDino, cat: Image.Image) -> None:
     pixels, mask = each_runtime.image_inputs(cat)
     text = each_runtime.text_inputs("cat.")

@@ -5,7 +5,7 @@ INSTALLED := $(VENV)/.installed
 DATA_DIR ?= annotate-data
 PROMPT ?= dog. cat.
 
-.PHONY: install demo test test-fast lint bench clean rehearse sam-build
+.PHONY: install demo test test-fast lint bench clean rehearse sam-build chaos
 
 $(INSTALLED): pyproject.toml package.json scripts/install.sh scripts/native_wheels.sh
 	scripts/install.sh
@@ -35,12 +35,21 @@ test-fast: install
 rehearse: install
 	$(BIN)/python -m tools.rehearsal
 
+# 200 generated images through the local workflow with AWS faults injected (throttles, SnapStart and service errors,
+# S3 SlowDown and 500s, a step that hangs once); its last line accounts for every image. tests/e2e runs a smaller one.
+chaos: install
+	$(BIN)/annotate chaos --images 200
+
 # `sam validate --lint` and `sam build` of every zip function and layer, without Docker (not part of make test).
 sam-build: install
 	scripts/sam_build.sh
 
 clean:
 	rm -rf $(VENV) .venv-sam .aws-sam node_modules $(DATA_DIR)
+
+# llama.cpp for Lambda: every Lambda CPU (AVX2), and ggml's own thread pool instead of OpenMP, whose libgomp.so.1
+# Lambda's runtime does not have (tools/native_libs.py checks every layer's libraries against the runtime).
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF
 
 # `sam build` (BuildMethod: makefile) calls these with ARTIFACTS_DIR set. pip fetches the wheels for Lambda's
 # Python 3.12 on manylinux x86_64, whatever this machine is; llama-cpp-python has no such wheel, so it is compiled
@@ -65,5 +74,6 @@ build-OpenVinoLayer:
 	layers/openvino/prune.sh "$(ARTIFACTS_DIR)/python"
 
 build-LlamaCppLayer:
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" python3.12 -m pip install --quiet --no-deps --target "$(ARTIFACTS_DIR)/python" \
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" python3.12 -m pip install --quiet --no-deps --target "$(ARTIFACTS_DIR)/python" \
 	  -r layers/llama-cpp/requirements.txt
+	layers/llama-cpp/prune.sh "$(ARTIFACTS_DIR)/python"

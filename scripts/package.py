@@ -22,6 +22,8 @@ sys.path.insert(0, str(REPO))
 
 from tools.sam_template import functions, load_template  # noqa: E402
 
+# As the Makefile's build-LlamaCppLayer: every Lambda CPU, and no OpenMP (Lambda's runtime has no libgomp).
+LLAMA_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF"
 MB = 1_000_000
 ZIP_LIMIT_MB = 250
 # Lambda's python3.12 runtime is Amazon Linux 2023 (glibc 2.34): manylinux_2_28 wheels and older run on it.
@@ -88,9 +90,10 @@ def build_layer(name: str, out: Path) -> Path:
             capture_output=True,
             text=True,
             cwd=REPO,
-            env={**os.environ, "CMAKE_ARGS": "-DGGML_NATIVE=OFF"},
+            env={**os.environ, "CMAKE_ARGS": LLAMA_CMAKE_ARGS},
         ).stdout.strip()
         pip_install(python, "--no-deps", "--find-links", wheels, "llama-cpp-python==0.3.36")
+        subprocess.run(["layers/llama-cpp/prune.sh", str(python)], check=True, cwd=REPO)
         pip_install(python, *LAMBDA_WHEELS, "--no-deps", "diskcache==5.6.3", "jinja2==3.1.6", "markupsafe==3.0.3")
     else:
         raise SystemExit(f"no recipe for layer {name}")
@@ -111,16 +114,27 @@ def zip_function(name: str, resource: dict, out: Path) -> tuple[int, int]:
     return unzipped, zipped
 
 
+def package_problems(name: str, resource: dict, out: Path) -> list[str]:
+    """What would keep one of the function's shared libraries (in its folder or its layers) from loading on Lambda."""
+    from tools.native_libs import problems
+
+    folders = [out / "functions" / name] + [
+        out / "layers" / layer["Ref"] for layer in resource["Properties"].get("Layers", [])
+    ]
+    return [f"{folder.name}/{problem}" for folder in folders for problem in problems(folder)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO / "build" / "package")
     arguments = parser.parse_args()
     out = arguments.out
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, unloadable = [], []
     for name, resource in sorted(functions(load_template()).items()):
         size, zipped = zip_function(name, resource, out)
         rows.append((name, size / MB, zipped, ZIP_LIMIT_MB))
+        unloadable += [f"{name}: {problem}" for problem in package_problems(name, resource, out)]
     lines = [
         "| function | unzipped MB | zipped MB | limit MB | fits |",
         "|---|---:|---:|---:|---|",
@@ -132,8 +146,11 @@ def main() -> None:
     report = "\n".join(lines)
     (out / "report.md").write_text(report + "\n")
     print(report)
+    print("\n".join(unloadable) or "every shared library loads on Lambda's python3.12 runtime")
     if any(size >= limit for _, size, _, limit in rows):
         raise SystemExit("a package is over its limit")
+    if unloadable:
+        raise SystemExit("a shared library would not load on Lambda")
 
 
 if __name__ == "__main__":

@@ -53,8 +53,11 @@ MAX_VARIANTS = 4
 MAX_VARIANT_STEPS = 50
 MAX_VARIANT_SIZE = 768
 MAX_VARIANT_PROMPT_CHARS = 300
-# The image task, this request inside, is the Variants container's job in an ECS override (8,192 bytes in all,
-# with up to 1,024 bytes of source key and the results root).
+# The image task, this request inside, is the Variants container's job in an ECS override: "A total of 8192
+# characters are allowed for overrides. This limit includes the JSON formatting characters of the override
+# structure" (ECS API reference, TaskOverride). The workflow passes it through States.JsonToString, so it arrives
+# as a JSON string inside RunTask's JSON, every quote escaped: the request is measured as that, leaving room for the
+# source key and the results root (up to 1,024 characters each, escaped) and the override's own structure.
 MAX_VARIANTS_REQUEST_CHARS = 6_000
 
 
@@ -150,11 +153,14 @@ class AnnotationRequest(Frozen):
 
     @model_validator(mode="after")
     def _variants_job_fits_ecs(self) -> AnnotationRequest:
-        size = len(self.model_dump_json(include=set(AnnotationRequest.model_fields)))
-        if self.variants is not None and size > MAX_VARIANTS_REQUEST_CHARS:
+        if self.variants is None:
+            return self
+        size = len(json.dumps(self.model_dump_json(include=set(AnnotationRequest.model_fields))))
+        if size > MAX_VARIANTS_REQUEST_CHARS:
             raise ValueError(
-                f"with variants, the request is {size} characters; at most {MAX_VARIANTS_REQUEST_CHARS} fit the "
-                "Variants task's job (ECS passes it in 8 KiB): use fewer or shorter attribute values"
+                f"with variants, the request is {size} characters as ECS receives it (escaped); at most "
+                f"{MAX_VARIANTS_REQUEST_CHARS} fit the Variants task's job (ECS passes it in 8 KiB): use fewer or "
+                "shorter attribute values"
             )
         return self
 
@@ -188,7 +194,7 @@ class ImageRef(Frozen):
     source_uri: str
 
 
-MAX_IMAGES_PER_GROUP = 50
+MAX_IMAGES_PER_GROUP = 40  # a group's images run side by side in an inline Map, which runs at most 40 at once
 MANIFESTS_PREFIX = "manifests"  # under the results root: each batch's input and groups manifest
 MAX_LISTED_GROUPS = 100
 

@@ -278,6 +278,49 @@ def bench_ingest(
 
 
 @app.command()
+def chaos(
+    images: Annotated[int, typer.Option(min=3, max=5000, help="Generated images to annotate")] = 200,
+    throttle: Annotated[float, typer.Option(min=0, max=0.5, help="Lambda TooManyRequests, per invocation")] = 0.05,
+    snapstart_not_ready: Annotated[
+        float, typer.Option(min=0, max=0.5, help="Lambda SnapStartNotReady, per model step invocation")
+    ] = 0.02,
+    service_error: Annotated[
+        float, typer.Option(min=0, max=0.5, help="Lambda ServiceException, per invocation")
+    ] = 0.02,
+    s3_slowdown: Annotated[float, typer.Option(min=0, max=0.5, help="S3 503 SlowDown, per request")] = 0.03,
+    s3_internal_error: Annotated[float, typer.Option(min=0, max=0.5, help="S3 500, per request")] = 0.01,
+    hang: Annotated[str, typer.Option(help="The step that hangs past its timeout once (none: no hang)")] = "detect",
+    seed: Annotated[int, typer.Option(help="Seed of the images and the faults")] = 7,
+) -> None:
+    """Annotate generated images through the local workflow with AWS faults injected; account for every image.
+
+    Exits 1 when an image has no row or more than one.
+    """
+    from tools.chaos import MODEL_STEPS, Faults, run_chaos
+
+    if hang not in {*MODEL_STEPS, "write_result", "none"}:
+        raise _fail(f"--hang must be one of {sorted({*MODEL_STEPS, 'write_result', 'none'})}")
+    _quiet_logs(False)
+    faults = Faults(
+        throttle=throttle,
+        snapstart_not_ready=snapstart_not_ready,
+        service_error=service_error,
+        s3_slowdown=s3_slowdown,
+        s3_internal_error=s3_internal_error,
+        hang_step=None if hang == "none" else hang,
+        seed=seed,
+    )
+    out.print(faults.describe(), highlight=False)
+    report = run_chaos(images, faults)
+    for row in report.failed:
+        out.print(f"recorded as failed: {row['source_uri']} ({row['failed_step']}): {row['error']}", highlight=False)
+    out.print("injected: " + ", ".join(f"{name} {n}" for name, n in sorted(report.injected.items())), highlight=False)
+    out.print(report.line, highlight=False)
+    if report.lost or report.duplicated:
+        raise typer.Exit(1)
+
+
+@app.command()
 def cost(
     bench_file: Annotated[Path, typer.Option("--bench", help="A bench.json written by annotate bench")] = Path(
         "bench/bench.json"

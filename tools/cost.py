@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from tools.sam_template import load_template
+from tools.sam_template import by_default, load_template
 
 SECONDS_PER_MONTH = 30 * 24 * 3600
 HOURS_PER_MONTH = 30 * 24
@@ -68,19 +68,16 @@ class BilledFunction:
         return float(prices["lambda"]["arm64_gb_second" if self.arm64 else "x86_gb_second"])
 
 
-def billed_functions(template: dict[str, Any]) -> dict[str, BilledFunction]:
+def billed_functions(template: dict[str, Any], parameters: dict[str, str] | None = None) -> dict[str, BilledFunction]:
     """Each billed function's memory (its MemorySize, or the default of the parameter it names), architecture and
-    SnapStart, from the function or the template's Globals, as ``template.yaml`` deploys them by default."""
-    parameters = template.get("Parameters", {})
+    SnapStart, from the function or the template's Globals, as ``template.yaml`` deploys them by default (or with
+    ``parameters`` given)."""
     defaults = template.get("Globals", {}).get("Function", {})
     billed = {}
     for logical_id, step in BILLED_FUNCTIONS.items():
-        properties = defaults | template["Resources"][logical_id]["Properties"]
-        memory = properties["MemorySize"]
-        if isinstance(memory, dict):
-            memory = parameters[memory["Ref"]]["Default"]
+        properties = by_default(template, defaults | template["Resources"][logical_id]["Properties"], parameters)
         billed[logical_id] = BilledFunction(
-            memory_mb=int(memory),
+            memory_mb=int(properties["MemorySize"]),
             step=step,
             arm64=properties.get("Architectures", ["x86_64"]) == ["arm64"],
             snapstart=properties.get("SnapStart", {}).get("ApplyOn") == "PublishedVersions",
@@ -95,6 +92,7 @@ def images_per_group(template: dict[str, Any]) -> int:
 
 TEMPLATE = load_template()
 FUNCTIONS = billed_functions(TEMPLATE)
+FUNCTIONS_WITH_SNAPSTART = billed_functions(TEMPLATE, {"EnableSnapStart": "true"})
 IMAGES_PER_GROUP = images_per_group(TEMPLATE)
 WRITE_RESULT_SECONDS = 0.3  # drawing and writing one result; not benchmarked
 GROUP_TABLE_GB_SECONDS = 1.0 * 1.0  # WriteGroupTable per group: about a second at 1 GB; not benchmarked
@@ -139,16 +137,16 @@ def lambda_compute_per_image(bench: dict[str, Any], prices: dict[str, Any]) -> f
     return per_image + shared_gb_s * prices["lambda"]["x86_gb_second"]
 
 
-def _cold_starts(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, without_snapstart: bool) -> float:
+def _cold_starts(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart: bool) -> float:
     """A month's cold starts of the model functions: a restore for those with SnapStart (and their snapshot's cache,
     which is billed idle or not), the import and model load for the others."""
     lam = prices["lambda"]
     cold_starts = scenario.images_per_month * scenario.cold_start_fraction
     total = 0.0
-    for function in FUNCTIONS.values():
+    for function in (FUNCTIONS_WITH_SNAPSTART if snapstart else FUNCTIONS).values():
         if function.step is None:
             continue
-        if function.snapstart and not without_snapstart:
+        if function.snapstart:
             total += cold_starts * function.gb * lam["snapstart_restore_per_gb"]
             total += function.gb * SECONDS_PER_MONTH * lam["snapstart_cache_gb_second"]
         else:
@@ -174,10 +172,10 @@ def orchestration_per_image(bench: dict[str, Any], prices: dict[str, Any], expre
 
 
 def lambda_month_parts(
-    bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, without_snapstart: bool = False
+    bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart: bool = False
 ) -> dict[str, float]:
     """Lambda, Step Functions (Express children), SQS and S3 for a month of ``scenario``, by part: as the template
-    deploys the functions, or with SnapStart off everywhere."""
+    deploys the functions, or with SnapStart on (EnableSnapStart=true)."""
     images = scenario.images_per_month
     invocations = len(FUNCTIONS) + 1 / IMAGES_PER_GROUP + 2 / BATCH_SIZE  # + WriteGroupTable, ingest, summary
     requests = images * invocations * prices["lambda"]["per_million_requests"] / 1e6
@@ -188,17 +186,15 @@ def lambda_month_parts(
         / 1000
     )
     return {
-        "compute": compute + requests + _cold_starts(bench, prices, scenario, without_snapstart),
+        "compute": compute + requests + _cold_starts(bench, prices, scenario, snapstart),
         "orchestration": images * orchestration_per_image(bench, prices),
         "queues_and_storage": images * SQS_REQUESTS_PER_IMAGE * prices["sqs"]["per_million_requests"] / 1e6 + storage,
     }
 
 
-def lambda_month(
-    bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, without_snapstart: bool = False
-) -> float:
+def lambda_month(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart: bool = False) -> float:
     """Lambda + Step Functions + SQS + S3 for a month of ``scenario``."""
-    return sum(lambda_month_parts(bench, prices, scenario, without_snapstart).values())
+    return sum(lambda_month_parts(bench, prices, scenario, snapstart).values())
 
 
 def orchestration_share(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario) -> float:
@@ -227,7 +223,7 @@ def cost_table(bench: dict[str, Any], prices: dict[str, Any]) -> list[dict[str, 
     for scenario in SCENARIOS:
         options = {
             "Lambda (as deployed)": lambda_month(bench, prices, scenario),
-            "Lambda, without SnapStart": lambda_month(bench, prices, scenario, without_snapstart=True),
+            "Lambda, with SnapStart (EnableSnapStart=true)": lambda_month(bench, prices, scenario, snapstart=True),
             "Fargate always-on": fargate_month(bench, prices, scenario),
             "Rekognition (labels + properties)": rekognition_month(prices, scenario),
         }

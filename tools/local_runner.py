@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import threading
 import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,8 @@ from shared.contracts import BatchInput, BatchSummary, groups_manifest_uri
 from shared.dependencies import Step, dependencies_of
 from shared.observability import logger, metrics
 from shared.storage import split_s3
-from tools.workflow import FUNCTION_PLACEHOLDERS, for_moto, substitute
+from tools.step_functions import FunctionTimedOut, LambdaServiceError, aws_task_errors, express_children_limited
+from tools.workflow import FUNCTION_PLACEHOLDERS, for_moto, step_timeouts, substitute, without_function_timeouts
 
 if TYPE_CHECKING:
     from moto.core.config import DefaultConfig
@@ -48,6 +50,9 @@ MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, 
 
 # (function name, payload, error or None), after each invocation: the CLI's progress display listens.
 InvocationListener = Callable[[str, dict[str, Any], BaseException | None], None]
+# (function name, payload), before the Lambda service runs an invocation: it may refuse it (LambdaServiceError) or
+# delay it, as `annotate chaos` does, without holding the function's environment.
+InvocationGate = Callable[[str, dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -76,32 +81,51 @@ class ExecutionResult:
     error: str | None
 
 
-class HandlerDispatcher:
-    """Stands in for the Lambda service: runs ``functions/<name>/app.handler`` in this process."""
+def _error_payload(error: BaseException, error_type: str | None = None) -> dict[str, Any]:
+    return {
+        "errorType": error_type or type(error).__name__,
+        "errorMessage": str(error),
+        "stackTrace": traceback.format_tb(error.__traceback__),
+    }
 
-    def __init__(self, listener: InvocationListener | None = None) -> None:
+
+class HandlerDispatcher:
+    """Stands in for the Lambda service: runs ``functions/<name>/app.handler`` in this process, one invocation at a
+    time per function, and ends an invocation that ran past the function's timeout with Lambda's timeout error
+    (the timeout is the workflow's TimeoutSeconds for the step, which the function's equals: a test holds them)."""
+
+    def __init__(self, listener: InvocationListener | None = None, gate: InvocationGate | None = None) -> None:
         self._listener = listener
+        self._gate = gate
         self._locks = {name: threading.Lock() for name in FUNCTION_PLACEHOLDERS.values()}
+        self._timeouts = step_timeouts()
 
     def invoke(self, function: str, payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """(response payload, whether it is an error payload), as the Lambda Invoke API returns them."""
         name = function.rsplit(":function:", 1)[-1].split(":", 1)[0].removeprefix(FUNCTION_PREFIX)
-        handler = importlib.import_module(f"functions.{name}.app").handler
-        error: BaseException | None = None
-        with self._locks[name]:
-            try:
-                response = handler(payload, LocalContext(function_name=name, aws_request_id=str(uuid.uuid4())))
-            except Exception as caught:  # a handler's exception is the task's error, as in Lambda
-                error = caught
-                response = {
-                    "errorType": type(caught).__name__,
-                    "errorMessage": str(caught),
-                    "stackTrace": traceback.format_tb(caught.__traceback__),
-                }
-            metrics.clear_metrics()  # disabled locally (see local_workflow), so nothing else clears them
+        try:
+            if self._gate:
+                self._gate(name, payload)  # may refuse the invocation: LambdaServiceError reaches the caller
+            response, error = self._run(name, payload)
+        except FunctionTimedOut as timed_out:  # Lambda ended it at the function's timeout: its work is lost
+            response, error = _error_payload(timed_out, "Sandbox.Timedout"), timed_out
         if self._listener:
             self._listener(name, payload, error)
         return response, error is not None
+
+    def _run(self, name: str, payload: dict[str, Any]) -> tuple[dict[str, Any], BaseException | None]:
+        handler = importlib.import_module(f"functions.{name}.app").handler
+        with self._locks[name]:
+            started = time.monotonic()
+            try:
+                response = handler(payload, LocalContext(function_name=name, aws_request_id=str(uuid.uuid4())))
+            except Exception as caught:  # a handler's exception is the task's error, as in Lambda
+                return _error_payload(caught), caught
+            finally:
+                metrics.clear_metrics()  # disabled locally (see local_workflow), so nothing else clears them
+        if time.monotonic() - started > self._timeouts.get(name, float("inf")):
+            raise FunctionTimedOut(self._timeouts[name])
+        return response, None
 
 
 # Runs one ECS task's container to its end from RunTask's parameters and the task's ARN; raises when it would
@@ -152,8 +176,9 @@ def _task_failed(service: Any, env: Any, cause: str) -> Exception:
 
 
 @contextmanager
-def services_in_process(invoke: Invoker, run_container: ContainerRunner) -> Iterator[None]:
-    """Inside an active ``mock_aws``: the interpreter's Lambda invocations and ECS tasks (.sync) run here."""
+def services_in_process(invoke: Invoker, run_container: ContainerRunner, express_limit: bool = True) -> Iterator[None]:
+    """Inside an active ``mock_aws``: the interpreter's Lambda invocations and ECS tasks (.sync) run here, a Lambda
+    service error fails a Task as on AWS, and (``express_limit``) Express children end at the Express limit."""
     from moto.awslambda_simple.models import LambdaSimpleBackend
     from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
     from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_ecs import (
@@ -173,9 +198,12 @@ def services_in_process(invoke: Invoker, run_container: ContainerRunner) -> Iter
         if function.startswith("arn:") and function.count(":") == 7:  # an alias or version ARN
             function, qualifier = function.rsplit(":", 1)
         payload = parameters.get("Payload") or b"{}"
-        response, failed = invoke(
-            function, qualifier, json.loads(payload) if isinstance(payload, str | bytes) else payload
-        )
+        try:
+            response, failed = invoke(
+                function, qualifier, json.loads(payload) if isinstance(payload, str | bytes) else payload
+            )
+        except LambdaServiceError as refused:  # the Invoke call itself failed, as botocore raises it
+            raise refused.as_client_error() from refused
         return {"StatusCode": 200, "Payload": response} | ({"FunctionError": "Unhandled"} if failed else {})
 
     # moto calls this with keywords: the parameter names are its own.
@@ -197,6 +225,8 @@ def services_in_process(invoke: Invoker, run_container: ContainerRunner) -> Iter
         return lambda: task
 
     with (
+        aws_task_errors(),
+        express_children_limited() if express_limit else nullcontext(),
         mock.patch.object(LambdaSimpleBackend, "invoke", lambda_invoke),
         mock.patch.object(lambda_eval_utils, "_invoke_lambda_function", interpreter_invoke),
         mock.patch.object(StateTaskServiceEcs, "_eval_service_task", run_task),
@@ -218,20 +248,26 @@ def create_idempotency_table(name: str, region: str = REGION) -> None:
 
 
 def local_definition() -> str:
-    """The definition as the local runner creates it: placeholders filled with local values (the children run as
-    Standard executions: see :func:`~tools.workflow.for_moto`)."""
-    return for_moto(
-        substitute(
-            {
-                placeholder: f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{FUNCTION_PREFIX}{name}"
-                for placeholder, name in FUNCTION_PLACEHOLDERS.items()
-            }
-            | LOCAL_FARGATE
-            | {
-                "ResultsBucket": LOCAL_BUCKET,
-                "GroupExecutionType": "STANDARD",
-                "VariantsResource": "arn:aws:states:::ecs:runTask.sync",
-            }
+    """The definition as the local runner creates it: placeholders filled with local values; the children run as
+    Standard executions, marked for the Express limit unless the request asks for variants (see
+    :func:`~tools.workflow.for_moto`); no Task has TimeoutSeconds, since here each function is one environment that
+    a Task may wait for, so the dispatcher times each invocation from its start, as Lambda does."""
+    return without_function_timeouts(
+        for_moto(
+            substitute(
+                {
+                    placeholder: f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{FUNCTION_PREFIX}{name}"
+                    for placeholder, name in FUNCTION_PLACEHOLDERS.items()
+                }
+                | LOCAL_FARGATE
+                | {
+                    "ResultsBucket": LOCAL_BUCKET,
+                    "Partition": "aws",
+                    "GroupExecutionType": "EXPRESS",
+                    "VariantsResource": "arn:aws:states:::ecs:runTask.sync",
+                }
+            ),
+            variants_run_standard=True,
         )
     )
 
@@ -244,17 +280,36 @@ def _run_variants_container(run_task_parameters: dict[str, Any], task_arn: str) 
 
 
 @contextmanager
+def _interpreter_quiet() -> Iterator[None]:
+    """moto's interpreter logs what it does not apply (ToleratedFailurePercentage) and each optional path a state
+    finds absent (NoSuchJsonPathError) as warnings and errors, on runs that succeed; how an execution ended is in
+    its status and error, which the runner reports."""
+    interpreter = logging.getLogger("moto.stepfunctions.parser")
+    level = interpreter.level
+    interpreter.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        interpreter.setLevel(level)
+
+
+@contextmanager
 def local_workflow(
-    listener: InvocationListener | None = None,
+    listener: InvocationListener | None = None, gate: InvocationGate | None = None, express_limit: bool = False
 ) -> Iterator[Callable[..., ExecutionResult]]:
-    """Inside: a function that runs one batch through the workflow and waits for it to end."""
+    """Inside: a function that runs one batch through the workflow and waits for it to end. ``express_limit``: end
+    each child (but those of a request with variants) at the Express limit, as AWS does. Off by default: here every
+    function is one environment, so a group's images queue behind other groups' and its clock counts the wait."""
     import boto3
     from moto import mock_aws
 
-    dispatcher = HandlerDispatcher(listener)
+    dispatcher = HandlerDispatcher(listener, gate)
     with (
+        _interpreter_quiet(),
         mock_aws(config=MOTO_CONFIG),
-        services_in_process(lambda function, _, payload: dispatcher.invoke(function, payload), _run_variants_container),
+        services_in_process(
+            lambda function, _, payload: dispatcher.invoke(function, payload), _run_variants_container, express_limit
+        ),
         # Locally the measurements are in the image rows; EMF is for CloudWatch and would flood the terminal.
         mock.patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"}),
     ):

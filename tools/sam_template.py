@@ -34,3 +34,38 @@ def load_template(path: Path = TEMPLATE_PATH) -> dict[str, Any]:
 
 def functions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {name: r for name, r in template["Resources"].items() if r["Type"] == "AWS::Serverless::Function"}
+
+
+def by_default(template: dict[str, Any], value: Any, overrides: dict[str, str] | None = None) -> Any:
+    """``value`` as a deployment with every parameter at its default (or as ``overrides`` gives it) has it:
+    parameter Refs and ``Fn::If`` on the template's conditions resolved (other intrinsics are left as they are)."""
+    parameters = {
+        name: (overrides or {}).get(name, declared.get("Default"))
+        for name, declared in template.get("Parameters", {}).items()
+    }
+
+    def resolve(item: Any) -> Any:
+        if isinstance(item, list):
+            return [resolve(element) for element in item]
+        if not isinstance(item, dict):
+            return item
+        if set(item) == {"Ref"} and item["Ref"] in parameters:
+            return parameters[item["Ref"]]
+        if set(item) == {"Fn::If"}:
+            condition, when_true, when_false = item["Fn::If"]
+            return resolve(when_true if holds(template["Conditions"][condition]) else when_false)
+        return {key: resolve(element) for key, element in item.items()}
+
+    def holds(condition: Any) -> bool:
+        [(function, arguments)] = condition.items()
+        if function == "Fn::Equals":
+            left, right = (resolve(argument) for argument in arguments)
+            return str(left) == str(right)
+        if function == "Fn::Not":
+            return not holds(arguments[0])
+        if function == "Condition":
+            return holds(template["Conditions"][arguments])
+        combine = {"Fn::And": all, "Fn::Or": any}[function]
+        return combine(holds(argument) for argument in arguments)
+
+    return resolve(value)

@@ -34,9 +34,9 @@ FARGATE_PLACEHOLDERS = (
 
 
 # The stack's own: the bucket the Distributed Map reads its groups from and writes its run's manifest to, whether the
-# children run as Express or (with variants, whose Fargate task needs .sync) Standard executions, and the Variants
-# task's integration (.sync only where it can run).
-STACK_PLACEHOLDERS = ("ResultsBucket", "GroupExecutionType", "VariantsResource")
+# children run as Express or (with variants, whose Fargate task needs .sync) Standard executions, the Variants
+# task's integration (.sync only where it can run), and the partition of the service integrations' ARNs.
+STACK_PLACEHOLDERS = ("ResultsBucket", "GroupExecutionType", "VariantsResource", "Partition")
 
 
 def placeholders(definition: str | None = None) -> set[str]:
@@ -53,17 +53,22 @@ def substitute(substitutions: dict[str, str], definition: str | None = None) -> 
     return _PLACEHOLDER.sub(lambda match: substitutions[match.group(1)], text)
 
 
-def for_moto(definition: str) -> str:
+def for_moto(definition: str, variants_run_standard: bool = False) -> str:
     """``definition`` as moto's interpreter accepts it: its parser rejects Express children and an integer
-    ToleratedFailurePercentage, so children run as Standard executions and the percentage becomes a float (which
-    moto then ignores: a failed child does not fail the Map there). AWS gets the file as it is."""
+    ToleratedFailurePercentage, so children run as Standard executions, marked so that tools.step_functions holds
+    them to the Express limit (``variants_run_standard``: not those of a request with variants, as the local runner
+    serves both kinds of stack), and the percentage becomes a float (which moto then ignores: a failed child does
+    not fail the Map there). AWS gets the file as it is."""
+    from tools.step_functions import EXPRESS_CHILDREN, EXPRESS_UNLESS_VARIANTS
+
     document = json.loads(definition)
     for _, state in all_states(document):
         if "ToleratedFailurePercentage" in state:
             state["ToleratedFailurePercentage"] = float(state["ToleratedFailurePercentage"])
-        processor = state.get("ItemProcessor", {}).get("ProcessorConfig", {})
-        if processor.get("ExecutionType") == "EXPRESS":
-            processor["ExecutionType"] = "STANDARD"
+        processor = state.get("ItemProcessor", {})
+        if processor.get("ProcessorConfig", {}).get("ExecutionType") == "EXPRESS":
+            processor["ProcessorConfig"]["ExecutionType"] = "STANDARD"
+            processor["Comment"] = EXPRESS_UNLESS_VARIANTS if variants_run_standard else EXPRESS_CHILDREN
     return json.dumps(document)
 
 
@@ -73,3 +78,69 @@ def all_states(definition: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]
         yield name, state
         for nested in [state.get("ItemProcessor") or {}, *state.get("Branches", [])]:
             yield from all_states(nested)
+
+
+def step_timeouts(definition: str | None = None) -> dict[str, int]:
+    """Each function folder's TimeoutSeconds in the workflow (a test keeps each function's own timeout equal)."""
+    document = json.loads(definition if definition is not None else DEFINITION_PATH.read_text())
+    by_placeholder = {
+        state["Resource"][2:-1]: state["TimeoutSeconds"]
+        for _, state in all_states(document)
+        if state.get("Type") == "Task" and state.get("Resource", "")[2:-1] in FUNCTION_PLACEHOLDERS
+    }
+    return {FUNCTION_PLACEHOLDERS[placeholder]: seconds for placeholder, seconds in by_placeholder.items()}
+
+
+def without_function_timeouts(definition: str) -> str:
+    """``definition`` (substituted) with no Lambda Task's TimeoutSeconds: for a runner whose functions time
+    themselves, from when each invocation starts, as Lambda does."""
+    document = json.loads(definition)
+    for _, state in all_states(document):
+        if state.get("Type") == "Task" and ":function:" in state.get("Resource", ""):
+            state.pop("TimeoutSeconds", None)
+    return json.dumps(document)
+
+
+# "Express workflows can run for up to five minutes" (Step Functions developer guide, Choosing workflow type): a
+# group's child execution ends there, with every image still in it unwritten.
+EXPRESS_LIMIT_S = 300
+
+
+def retry_wait_s(retrier: dict[str, Any]) -> float:
+    """The longest a retrier waits in all: before retry n, IntervalSeconds x BackoffRate^(n-1), capped at
+    MaxDelaySeconds (jitter only shortens it), for MaxAttempts retries (the defaults are AWS's: 1 s, 2.0, 3)."""
+    interval, rate = retrier.get("IntervalSeconds", 1), retrier.get("BackoffRate", 2.0)
+    cap = retrier.get("MaxDelaySeconds", float("inf"))
+    return float(sum(min(interval * rate**n, cap) for n in range(retrier.get("MaxAttempts", 3))))
+
+
+def worst_case_s(definition: dict[str, Any], skip: frozenset[str] = frozenset()) -> float:
+    """The longest ``definition`` (a workflow or a Map's processor) can run through its Task states' time-outs and
+    retries, along its slowest path: each Task for its TimeoutSeconds once (a time-out is caught, not retried) and
+    each of its retriers' full waits, a retried error counting as immediate (a throttle or a service error fails
+    the invocation before the function runs). Parallel branches and an inline Map's iterations run side by side.
+    States in ``skip`` are taken as unreachable (Variants, which an Express stack never runs)."""
+    states = definition["States"]
+    memo: dict[str, float] = {}
+
+    def own_time(state: dict[str, Any]) -> float:
+        if state["Type"] == "Task":
+            if "TimeoutSeconds" not in state:
+                return float("inf")
+            return state["TimeoutSeconds"] + sum(retry_wait_s(r) for r in state.get("Retry", []))
+        if state["Type"] == "Parallel":
+            return max(worst_case_s(branch, skip) for branch in state["Branches"])
+        processor = state.get("ItemProcessor", {})
+        if state["Type"] == "Map" and processor.get("ProcessorConfig", {}).get("Mode") != "DISTRIBUTED":
+            return worst_case_s(processor, skip)
+        return 0.0
+
+    def from_state(name: str) -> float:
+        if name not in memo:
+            state = states[name]
+            following = [state.get("Next"), state.get("Default")]
+            following += [c["Next"] for c in state.get("Catch", []) + state.get("Choices", [])]
+            memo[name] = own_time(state) + max([from_state(n) for n in following if n and n not in skip] or [0.0])
+        return memo[name]
+
+    return from_state(definition["StartAt"])

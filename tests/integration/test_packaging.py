@@ -12,12 +12,15 @@ from pathlib import Path
 import numpy as np
 import openvino
 import pyarrow
+import pytest
 
 from shared.onnx_runtime import openvino_session
 from shared.settings import Settings
 from tests.conftest import REPO, SAMPLES
 from tests.unit.test_onnx_graphs import linear_graph
+from tools.native_libs import Runtime, lambda_python_runtime, problems
 from tools.onnx_graphs import openvino_graphs, share_weights
+from tools.sam_template import functions, load_template
 
 WRITE_AND_READ = """
 import sys
@@ -129,3 +132,57 @@ def test_detect_classify_and_tag_run_with_torch_unavailable(tiny_settings: Setti
     # THEN they give boxes, classes and tags, and nothing of torch was imported
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-4:] == ["20", "3", "3", "[]"]
+
+
+def _built_shared_library(folder: Path, name: str, source: str, *flags: str) -> Path:
+    """A shared library compiled here from C ``source``, in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "source.c").write_text(source)
+    library = folder / name
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(folder / "source.c"), *flags], check=True)
+    return library
+
+
+OPENMP_SOURCE = "#include <omp.h>\nint threads(void) { return omp_get_max_threads(); }\n"
+THREAD_SOURCE = (
+    "#include <pthread.h>\nint start(pthread_t *t, void *(*f)(void *)) { return pthread_create(t, 0, f, 0); }\n"
+)
+
+
+def test_a_library_needing_openmp_or_a_newer_glibc_than_lambdas_is_named(tmp_path: Path) -> None:
+    # GIVEN a package with a library that needs libgomp (as llama.cpp's ggml did), and one built against glibc 2.34
+    _built_shared_library(tmp_path / "package", "libneedsgomp.so", OPENMP_SOURCE, "-fopenmp")
+    _built_shared_library(tmp_path / "package" / "sub", "libthreads.so", THREAD_SOURCE, "-pthread")
+    # WHEN it is checked against Lambda's runtime, and against one whose glibc stops at 2.33
+    found = problems(tmp_path / "package")
+    runtime = lambda_python_runtime()
+    older = Runtime(
+        runtime.libraries, runtime.versions | {"GLIBC": frozenset(v for v in runtime.versions["GLIBC"] if v != "2.34")}
+    )
+    # THEN the OpenMP library is named, with what it needs; and the glibc 2.34 symbol only fails the older runtime
+    assert found == ["libneedsgomp.so needs libgomp.so.1, which is neither in the package nor in the runtime"]
+    assert (
+        problems(tmp_path / "package", older)[-1]
+        == "sub/libthreads.so needs GLIBC_2.34, newer than the runtime's GLIBC_2.33"
+    )
+    # AND a library the package ships itself is found there
+    _built_shared_library(
+        tmp_path / "package" / "libs", "libgomp.so.1", "int omp_get_max_threads(void) { return 1; }\n"
+    )
+    assert problems(tmp_path / "package") == []
+
+
+@pytest.mark.slow
+def test_every_shared_library_of_every_layer_loads_on_lambdas_python_runtime(tmp_path: Path) -> None:
+    # GIVEN every layer as scripts/package.py builds it: Lambda's Python 3.12 wheels, llama.cpp compiled portably
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("package_script", REPO / "scripts" / "package.py")
+    assert spec and spec.loader
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    layers = {layer["Ref"] for f in functions(load_template()).values() for layer in f["Properties"]["Layers"]}
+    # WHEN each layer's libraries are checked against the runtime's (auditwheel's manylinux_2_34 policy)
+    found = {layer: problems(script.build_layer(layer, tmp_path)) for layer in sorted(layers)}
+    # THEN every one loads: each needed library is in the layer or the runtime, no symbol is newer than its
+    assert found == {layer: [] for layer in layers}

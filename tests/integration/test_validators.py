@@ -27,6 +27,7 @@ def test_asl_validator_passes_on_the_workflow_as_each_deployment_fills_it(varian
     filled = {name: f"arn:aws:lambda:eu-central-1:123456789012:function:{name}" for name in placeholders()}
     filled |= {
         "ResultsBucket": "annotate-results",
+        "Partition": "aws",
         "GroupExecutionType": "STANDARD" if variants else "EXPRESS",
         "VariantsResource": "arn:aws:states:::ecs:runTask" + (".sync" if variants else ""),
     }

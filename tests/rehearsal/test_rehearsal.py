@@ -71,9 +71,31 @@ def test_every_principal_acted_and_each_template_statement_a_call_used_is_needed
                 assert denied, f"{principal}: {statement.name} is not needed by any request on its own"
 
 
-def _without_statement(tmp_path: Path, function: str, sid: str) -> Path:
-    """template.yaml with one statement (by Sid) taken out of one function's policies."""
-    lines = TEMPLATE_PATH.read_text().splitlines(keepends=True)
+def test_a_first_deploy_with_snapstart_fails_as_on_aws_naming_the_function_and_what_to_do() -> None:
+    # GIVEN the template deployed with EnableSnapStart=true where there is no stack yet: its models bucket is empty
+    report = rehearse(replace(BARE, stack_name="annotate-snapstart", parameters={"EnableSnapStart": "true"}), False)
+    # THEN publishing Detect's version runs its init, which finds no model: the deployment fails, saying so
+    assert not report.ok
+    [failure] = report.failures
+    assert failure.startswith("the deployment failed: PublishVersion of DetectFunction failed"), failure
+    assert "Push the models before deploying with EnableSnapStart=true" in failure
+
+
+def test_with_snapstart_the_readmes_order_deploys_and_publishes_each_model_function_with_its_model() -> None:
+    # GIVEN the README's order: deploy (SnapStart off), push the models, deploy again with EnableSnapStart=true
+    deployment = replace(BARE, stack_name="annotate-ordered", redeploy_with={"EnableSnapStart": "true"})
+    # WHEN it is rehearsed
+    report = rehearse(deployment, False)
+    # THEN the second deployment publishes the four model functions, whose init loads each model, and the story runs
+    assert report.ok, report.render()
+    [published] = [step for step in report.steps if step.startswith("SnapStart versions published")]
+    for function in ("DetectFunction", "ClassifyFunction", "TagFunction", "CaptionFunction"):
+        assert function in published
+
+
+def _without_statement(tmp_path: Path, function: str, sid: str, template: Path = TEMPLATE_PATH) -> Path:
+    """``template`` with one statement (by Sid) taken out of one function's policies."""
+    lines = template.read_text().splitlines(keepends=True)
     begin = lines.index(f"  {function}:\n")
     first = next(i for i in range(begin, len(lines)) if lines[i].strip() == f"- Sid: {sid}")
     depth = len(lines[first]) - len(lines[first].lstrip())
@@ -93,9 +115,10 @@ def _sids(template: Path, function: str) -> list[str]:
 def test_a_missing_statement_and_a_client_for_another_region_each_fail_the_rehearsal_by_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # One rehearsal for both mistakes (each costs a minute): they are told apart by their messages.
-    # GIVEN a template whose Detect role may not list its model folder, all else equal
+    # One rehearsal for the three mistakes (each costs a minute): they are told apart by their messages.
+    # GIVEN a template whose Detect role may not list its model folder, nor the input bucket, all else equal
     template = _without_statement(tmp_path, "DetectFunction", "ListModel")
+    template = _without_statement(tmp_path, "DetectFunction", "TellMissingImages", template)
     assert _sids(template, "DetectFunction") == ["ReadImages", "ReadModel"]
     assert _sids(template, "ClassifyFunction") == _sids(TEMPLATE_PATH, "ClassifyFunction")
 
@@ -112,6 +135,10 @@ def test_a_missing_statement_and_a_client_for_another_region_each_fail_the_rehea
     # THEN it fails naming the function, the action and the resource that was denied
     denied = [f for f in report.failures if f.startswith("DENIED DetectFunction: s3:ListBucket on arn:aws:s3:::")]
     assert denied, report.render()
+    # AND, S3 answering a missing image with 403 to a role that may not list the bucket, Detect says access denied
+    missing = "DetectFunction on a deleted image did not say it does not exist"
+    assert any(f.startswith(missing) and "AccessDenied" in f for f in report.failures), report.render()
+    assert not any(f.startswith(("ClassifyFunction on a deleted image", "TagFunction on a")) for f in report.failures)
     # AND naming each function and action that used a client for the wrong region
     wrong = {
         f.split(" from ")[0] for f in report.failures if f.endswith("from a client for us-east-1, not eu-central-1")

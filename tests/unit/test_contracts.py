@@ -88,3 +88,39 @@ def test_requests_default_to_color_and_pattern_vocabularies() -> None:
 def test_bad_vocabularies_are_rejected_before_any_model_runs(attributes: dict, reason: str) -> None:
     with pytest.raises(ValidationError, match=reason):
         AnnotationRequest(prompt="dog.", attributes=attributes)
+
+
+def test_with_variants_a_request_is_measured_as_ecs_receives_it_and_the_largest_fits_its_overrides() -> None:
+    from shared.contracts import MAX_ATTRIBUTE_VALUES, ImageRef, ImageTask, VariantsRequest
+
+    variants = VariantsRequest(prompt="a watercolor")
+    # GIVEN attribute values of quotes, each one escaped in the override's JSON (States.JsonToString, then RunTask)
+    values = [f"{index:02d}" + '"' * 38 for index in range(MAX_ATTRIBUTE_VALUES)]
+    # WHEN a request with variants grows by a vocabulary at a time THEN it is refused once its escaped size is over,
+    # though unescaped (as the check measured it before) the refused one was still under the cap
+    admitted = None
+    for count in range(1, 9):
+        attributes = {f"v{n}": values for n in range(count)}
+        try:
+            admitted = AnnotationRequest(prompt="cat.", attributes=attributes, variants=variants)
+        except ValidationError as error:
+            assert "as ECS receives it" in str(error)
+            unchecked = AnnotationRequest(prompt="cat.", attributes=attributes).model_copy(
+                update={"variants": variants}
+            )
+            assert len(unchecked.model_dump_json()) < 6_000
+            break
+    else:
+        raise AssertionError("no request was refused")
+    assert admitted is not None
+    # AND the largest admitted, in an image task with the longest key S3 allows, fits ECS's 8,192 characters
+    image = ImageRef(image_id="0" * 16, source_uri=f"s3://{'b' * 63}/{'k' * 1024}")
+    task = ImageTask(
+        batch_id="b-" + "0" * 20, request=admitted, image=image, results_uri=f"s3://{'r' * 63}/{'p' * 200}"
+    )
+    overrides = {
+        "containerOverrides": [
+            {"name": "variants", "environment": [{"name": "ANNOTATE_VARIANT_JOB", "value": task.model_dump_json()}]}
+        ]
+    }
+    assert len(json.dumps(overrides, separators=(",", ":"), ensure_ascii=False)) <= 8_192

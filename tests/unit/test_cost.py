@@ -41,16 +41,16 @@ def test_a_steady_month_on_lambda_matches_the_hand_computation() -> None:
     # tenth of WriteGroupTable's 1 GB-s (groups of 10) and a hundredth of SummarizeBatch's 2 GB-s (batches of 100)
     compute = 510_000 * (19.175 + 0.1 + 0.02) * 0.0000166667
     requests = 510_000 * 5.12 * 0.20 / 1e6
-    # 10% cold: the four model functions have SnapStart in the template, so their cold starts are restores, and
-    # their snapshots' caches are billed all month
-    snapstart = 51_000 * (6.5 + 2.9375 * 3) * 0.0001397998 + (6.5 + 2.9375 * 3) * 30 * 24 * 3600 * 0.0000015046
+    # 10% cold: without SnapStart (the template's default) each cold start of a model function pays its import and
+    # model load: Detect 4 s at 6.5 GB, Classify and Tag 2 s and Caption 1 s at 2.9375 GB
+    cold = 51_000 * (6.5 * 4 + 2.9375 * (2 + 2 + 1)) * 0.0000166667
     # The parent: 4 states per batch of 100 and a child started per group of 10; a child: one Express request and
     # one image's 4 s at 64 MB
     parent = 510_000 * (4 / 100 + 1 / 10) * 0.025 / 1000
     children = 51_000 * (1.00 / 1e6 + 4.0 * 0.0625 * 0.00001667)
     queues = 510_000 * 3 * 0.40 / 1e6
     storage = 510_000 * (4 * 0.0004 + 2 * 0.005) / 1000
-    expected = compute + requests + snapstart + parent + children + queues + storage
+    expected = compute + requests + cold + parent + children + queues + storage
     assert lambda_month(BENCH, PRICES, STEADY) == pytest.approx(expected, rel=1e-9)
     assert orchestration_share(BENCH, PRICES, STEADY) == pytest.approx((parent + children) / expected)
 
@@ -67,22 +67,23 @@ def test_orchestration_is_at_most_a_tenth_of_the_cost_per_image_at_the_steady_lo
 
 
 def test_snapstart_trades_init_time_for_restores_and_a_cache_that_costs_when_idle() -> None:
-    # As deployed, the four model functions have SnapStart: their caches are the idle month's cost
+    # As deployed, no function has SnapStart: an idle month costs nothing
+    assert lambda_month(BENCH, PRICES, IDLE) == pytest.approx(0.0)
+    # With EnableSnapStart=true, the four model functions' caches are the idle month's cost
     cache = (6.5 + 2.9375 * 3) * 30 * 24 * 3600 * 0.0000015046
-    assert lambda_month(BENCH, PRICES, IDLE) == pytest.approx(cache)
-    assert lambda_month(BENCH, PRICES, IDLE, without_snapstart=True) == pytest.approx(0.0)
-    # Without it, each cold start pays import and model load instead of a restore
+    assert lambda_month(BENCH, PRICES, IDLE, snapstart=True) == pytest.approx(cache)
+    # and each cold start pays a restore instead of import and model load
     deployed = lambda_month(BENCH, PRICES, STEADY)
     restores = 51_000 * (6.5 + 2.9375 * 3) * 0.0001397998
     init = 51_000 * (6.5 * 4 + 2.9375 * (2 + 2 + 1)) * 0.0000166667
-    without = deployed - restores - cache + init
-    assert lambda_month(BENCH, PRICES, STEADY, without_snapstart=True) == pytest.approx(without)
+    with_snapstart = deployed - init + restores + cache
+    assert lambda_month(BENCH, PRICES, STEADY, snapstart=True) == pytest.approx(with_snapstart)
     # AND a Detect that compiles its first size at a cold start (no snapshot, no compiled cache) pays the compile
     compiling = copy.deepcopy(BENCH)
     compiling["steps"]["detect"]["cold_start_compiling_s"] = 6.0
     extra = 51_000 * 6.5 * (6.0 - 4.0) * 0.0000166667
-    assert lambda_month(compiling, PRICES, STEADY, without_snapstart=True) == pytest.approx(without + extra)
-    assert lambda_month(compiling, PRICES, STEADY) == pytest.approx(deployed)
+    assert lambda_month(compiling, PRICES, STEADY) == pytest.approx(deployed + extra)
+    assert lambda_month(compiling, PRICES, STEADY, snapstart=True) == pytest.approx(with_snapstart)
 
 
 def test_fargate_runs_enough_always_on_tasks_for_the_peak_day() -> None:
@@ -147,12 +148,14 @@ def test_the_functions_memory_architecture_and_snapstart_are_what_the_template_d
     detect["Architectures"] = ["arm64"]
 
     # THEN the cost model bills each function as the template deploys it: Detect's memory from its parameter,
-    # the architecture from Globals unless the function names its own, SnapStart where the function has it
+    # the architecture from Globals unless the function names its own, SnapStart where EnableSnapStart puts it
     assert billed_functions(template) == FUNCTIONS
     assert billed_functions(changed)["DetectFunction"].memory_mb == 2 * FUNCTIONS["DetectFunction"].memory_mb
     assert billed_functions(changed)["DetectFunction"].arm64 and not FUNCTIONS["DetectFunction"].arm64
     assert billed_functions(changed)["DetectFunction"].gb_second_price(PRICES) == 0.0000133334
-    assert {name for name, function in FUNCTIONS.items() if function.snapstart} == {
+    assert not any(function.snapstart for function in FUNCTIONS.values())
+    snapstart = billed_functions(template, {"EnableSnapStart": "true"})
+    assert {name for name, function in snapstart.items() if function.snapstart} == {
         "DetectFunction",
         "ClassifyFunction",
         "TagFunction",

@@ -169,3 +169,53 @@ def test_images_latest_gives_each_source_image_its_newest_row(tmp_path: Path) ->
         {"source_uri": "s3://in/b", "status": "failed"},
     ]
     assert run_local_query("SELECT count(*) AS n FROM images", tmp_path).to_pylist() == [{"n": 3}]
+
+
+# --- Versions and SnapStart ---------------------------------------------------------------------------------------
+PARAMETERS = set(template()["Parameters"])
+CONDITIONS = template()["Conditions"]
+VERSIONED = {
+    name: resource["Properties"]
+    for name, resource in RESOURCES.items()
+    if resource["Type"] == "AWS::Serverless::Function" and "AutoPublishAlias" in resource["Properties"]
+}
+
+
+def _parameters_in(value: Any) -> set[str]:
+    """The template parameters ``value`` depends on: Refs, ${Name} in Subs, and those of the conditions it names."""
+    if isinstance(value, list):
+        return set().union(*(_parameters_in(item) for item in value)) if value else set()
+    if isinstance(value, str):
+        return set(re.findall(r"\$\{(\w+)\}", value)) & PARAMETERS
+    if not isinstance(value, dict):
+        return set()
+    found = set().union(*(_parameters_in(item) for item in value.values())) if value else set()
+    if value.get("Ref") in PARAMETERS:
+        found.add(value["Ref"])
+    if "Fn::If" in value:
+        found |= _parameters_in(CONDITIONS[value["Fn::If"][0]])
+    return found
+
+
+def test_snapstart_is_off_unless_asked_and_then_switches_every_model_function_and_its_preload() -> None:
+    assert template()["Parameters"]["EnableSnapStart"]["Default"] == "false"
+    assert set(VERSIONED) == {"DetectFunction", "ClassifyFunction", "TagFunction", "CaptionFunction"}
+    for properties in VERSIONED.values():
+        assert properties["SnapStart"]["ApplyOn"] == {"Fn::If": ["SnapStartEnabled", "PublishedVersions", "None"]}
+    preload = template()["Globals"]["Function"]["Environment"]["Variables"]["ANNOTATE_PRELOAD_MODELS"]
+    assert preload == {"Fn::If": ["SnapStartEnabled", "true", "false"]}
+
+
+def test_a_new_layer_or_parameter_value_publishes_a_new_version_and_the_old_one_is_deleted() -> None:
+    # SAM hashes the properties into the version's logical id with parameters unresolved (aws-sam-translator's
+    # _construct_version); a changed VersionDescription replaces the version instead.
+    globals_ = template()["Globals"]["Function"]
+    for name, properties in VERSIONED.items():
+        assert properties["AutoPublishAliasAllProperties"] is True, name
+        assert properties["VersionDeletionPolicy"] == "Delete", name
+        used = _parameters_in({k: v for k, v in properties.items() if k != "VersionDescription"})
+        used |= _parameters_in(globals_)
+        missing = used - _parameters_in(properties["VersionDescription"])
+        assert not missing, f"{name}: a new value of {sorted(missing)} would publish no version"
+        for layer in properties["Layers"]:
+            assert RESOURCES[layer["Ref"]]["Properties"]["PublishLambdaVersion"] is True, (name, layer)

@@ -40,11 +40,13 @@ from shared.contracts import (
 from tools.sam_template import load_template
 from tools.workflow import (
     DEFINITION_PATH,
+    EXPRESS_LIMIT_S,
     FARGATE_PLACEHOLDERS,
     FUNCTION_PLACEHOLDERS,
     STACK_PLACEHOLDERS,
     placeholders,
     substitute,
+    worst_case_s,
 )
 
 
@@ -85,6 +87,56 @@ def test_every_task_has_retry_and_catch() -> None:
     for name, state in tasks.items():
         assert state.get("Retry") and state.get("Catch"), name
         assert "States.ALL" not in {e for r in state["Retry"] for e in r["ErrorEquals"]}, f"{name} retries all"
+
+
+# Step Functions' names for a Lambda invocation that failed before or around the function (the developer guide's
+# "Handling transient Lambda service exceptions"), and SnapStart's: "SnapStartNotReadyException ... Wait until the
+# function version reaches the Active state, and then invoke it again" and SnapStartTimeoutException (Lambda's
+# "Troubleshooting SnapStart errors"). TransientError is the code's own (S3 throttling, 5xx).
+TRANSIENT = {
+    "Lambda.TooManyRequestsException",
+    "Lambda.ServiceException",
+    "Lambda.AWSLambdaException",
+    "Lambda.SdkClientException",
+    "TransientError",
+}
+SNAPSTART = {"Lambda.SnapStartNotReadyException", "Lambda.SnapStartTimeoutException"}
+LAMBDA_TASKS = {name: s for name, s in STATES.items() if s["Type"] == "Task" and "FunctionArn}" in s["Resource"]}
+
+
+def test_every_lambda_task_retries_throttles_and_service_errors_and_each_model_step_snapstarts() -> None:
+    snapstart_functions = {"DetectFunctionArn", "ClassifyFunctionArn", "TagFunctionArn", "CaptionFunctionArn"}
+    assert len(LAMBDA_TASKS) == len(FUNCTION_PLACEHOLDERS)
+    for name, state in LAMBDA_TASKS.items():
+        retried = {error for retrier in state["Retry"] for error in retrier["ErrorEquals"]}
+        assert retried >= TRANSIENT, name
+        assert (retried >= SNAPSTART) is (state["Resource"][2:-1] in snapstart_functions), name
+
+
+def test_a_group_fits_in_an_express_execution_at_its_worst() -> None:
+    # GIVEN every task timing out or exhausting its retries along the slowest path of a child (no variants)
+    child = STATES["AnnotateGroups"]["ItemProcessor"]
+    worst = worst_case_s(child, skip=frozenset({"Variants"}))
+    # THEN the child still ends within the Express limit, with time to spare for the transitions themselves
+    assert worst <= EXPRESS_LIMIT_S - 30, worst
+    # and a task without a timeout would make it unbounded
+    untimed = json.loads(json.dumps(child))
+    del untimed["States"]["AnnotateImages"]["ItemProcessor"]["States"]["Caption"]["TimeoutSeconds"]
+    assert worst_case_s(untimed, skip=frozenset({"Variants"})) == float("inf")
+
+
+def test_each_lambda_task_stops_waiting_when_its_function_would_time_out() -> None:
+    resources = template()["Resources"]
+    default = template()["Globals"]["Function"]["Timeout"]
+    for name, state in LAMBDA_TASKS.items():
+        function = state["Resource"][2:-1].removesuffix("Arn")
+        assert resources[function]["Properties"].get("Timeout", default) == state["TimeoutSeconds"], name
+
+
+def test_a_group_is_no_larger_than_an_inline_map_runs_at_once() -> None:
+    # "In this mode, the Map state supports up to 40 concurrent iterations" (Using Map state in Inline mode)
+    assert template()["Parameters"]["ImagesPerGroup"]["MaxValue"] <= 40
+    assert "MaxConcurrency" not in STATES["AnnotateImages"]
 
 
 def test_unfilled_placeholders_are_refused() -> None:

@@ -49,7 +49,7 @@ class Poll:
 
 
 @contextmanager
-def _settings_of(variables: dict[str, str]) -> Iterator[None]:
+def settings_of(variables: dict[str, str]) -> Iterator[None]:
     """Exactly ``variables`` as the settings' environment, as a fresh process would read them; none of this
     machine's ANNOTATE_* leak in. ``os.environ`` itself is left alone: changing it while other threads run
     native code (torch, OpenSSL) can crash the process."""
@@ -71,7 +71,7 @@ class InProcessServices:
 
     def invoke(self, function: DeployedFunction, event: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """(response, whether it is an error payload), as the Invoke API returns them."""
-        with self._turn, _settings_of(function.environment), acting_as(function.logical_id):
+        with self._turn, settings_of(function.environment), acting_as(function.logical_id):
             handler = getattr(importlib.import_module(function.code.module), function.code.function)
             started = time.monotonic()
             context = LambdaContext(
@@ -99,7 +99,8 @@ class InProcessServices:
                 )
             return response, failed
 
-    def _invoked_by_state_machine(self, function: str, qualifier: str | None, payload: dict[str, Any]):
+    def invoked_by_state_machine(self, function: str, qualifier: str | None, payload: dict[str, Any]):
+        """An invocation as the state machine's Lambda task makes it, as its role."""
         deployed = self.stack.function_by_arn(function)
         arn = function if function.startswith("arn:") else deployed.arn
         if qualifier and not arn.endswith(f":{qualifier}"):
@@ -134,7 +135,7 @@ class InProcessServices:
         task_role = self.stack.logical_id_of_role(definition["taskRoleArn"])
         from shared.variants_task import main
 
-        with self._turn, _settings_of(variables), acting_as(task_role):
+        with self._turn, settings_of(variables), acting_as(task_role):
             if main() != 0:
                 raise RuntimeError("the Variants container exited with status 1 (its log says why)")
 
@@ -150,7 +151,7 @@ class InProcessServices:
         try:
             for queue in mappings:
                 queue.lambda_event_source_mappings = {}
-            with services_in_process(self._invoked_by_state_machine, self._run_task), self._distributed_map_calls():
+            with services_in_process(self.invoked_by_state_machine, self._run_task), self._distributed_map_calls():
                 yield
         finally:
             for queue, mapping in mappings.items():

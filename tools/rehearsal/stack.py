@@ -16,7 +16,7 @@ import json
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
@@ -24,7 +24,7 @@ from unittest import mock
 from tools.local_runner import MOTO_CONFIG as LOCAL_MOTO_CONFIG
 from tools.rehearsal.iam import Statement, statements
 from tools.sam_template import TEMPLATE_PATH
-from tools.workflow import for_moto, substitute
+from tools.workflow import for_moto, substitute, without_function_timeouts
 
 if TYPE_CHECKING:
     from moto.core.config import DefaultConfig
@@ -38,12 +38,14 @@ MOTO_CONFIG: DefaultConfig = {**LOCAL_MOTO_CONFIG, "iam": {"load_aws_managed_pol
 
 @dataclass(frozen=True)
 class Deployment:
-    """What a user passes to `sam deploy`: a stack name, a region, parameter overrides (and the template)."""
+    """What a user passes to `sam deploy`: a stack name, a region, parameter overrides (and the template); and the
+    overrides of a second `sam deploy` after `annotate models push`, if any (the README's order for SnapStart)."""
 
     stack_name: str
     region: str
     parameters: dict[str, str] = field(default_factory=dict)
     template_file: Path = TEMPLATE_PATH
+    redeploy_with: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -523,6 +525,28 @@ def deploy(deployment: Deployment) -> DeployedStack:
     )
 
 
+def redeploy(stack: DeployedStack) -> DeployedStack:
+    """The second `sam deploy` (``redeploy_with``): a parameter change, which CloudFormation applies to each function
+    whose environment the template derives from it (UpdateFunctionConfiguration). The state machine keeps the
+    first deployment's substitutions (moto's CloudFormation cannot update it): the handlers it invokes are the same.
+    """
+    import boto3
+
+    from tools.sam_template import by_default
+
+    deployment = replace(stack.deployment, parameters=stack.deployment.parameters | stack.deployment.redeploy_with)
+    client = boto3.client("lambda", region_name=stack.region)
+    functions = {}
+    for logical_id, function in stack.functions.items():
+        variables = stack.template["Resources"][logical_id]["Properties"].get("Environment", {}).get("Variables", {})
+        resolved = by_default(stack.template, variables, deployment.parameters)
+        environment = function.environment | {k: str(v) for k, v in resolved.items() if isinstance(v, str | int)}
+        if environment != function.environment:
+            client.update_function_configuration(FunctionName=function.name, Environment={"Variables": environment})
+        functions[logical_id] = replace(function, environment=environment)
+    return replace(stack, deployment=deployment, functions=functions)
+
+
 def _create_state_machine(
     template: dict[str, Any], resource_map: Any, created: dict[str, str], clients: Clients
 ) -> tuple[str, str, str]:
@@ -540,7 +564,10 @@ def _create_state_machine(
     name = created[logical_id].rsplit(":", 1)[-1]
     arn = clients("stepfunctions").create_state_machine(
         name=name,
-        definition=for_moto(substituted),
+        # Invocations take turns here (one settings override per process), so a Task would wait for its function
+        # on the state's clock: each invocation is held to its function's deployed timeout from its start instead
+        # (services.py), which the workflow's TimeoutSeconds equal (a test holds them).
+        definition=without_function_timeouts(for_moto(substituted)),
         roleArn=properties["RoleArn"],
         type=properties.get("StateMachineType", "STANDARD"),
     )["stateMachineArn"]

@@ -21,19 +21,21 @@ from typing import Any
 from unittest import mock
 
 from shared.settings import Profile, Settings
+from tools.rehearsal.aws_behaviours import PublishFailed, missing_keys_answer_403, publish_versions
 from tools.rehearsal.calls import Call, record_calls
 from tools.rehearsal.iam import Statement, evaluate
 from tools.rehearsal.operable import check_operable
-from tools.rehearsal.stack import ACCOUNT, MOTO_CONFIG, REPO, DeployedStack, Deployment, deploy, policies
+from tools.rehearsal.stack import ACCOUNT, MOTO_CONFIG, REPO, DeployedStack, Deployment, deploy, policies, redeploy
 
 REGION = "eu-central-1"  # anything but us-east-1, boto3's and many tools' silent default
 SAMPLES = REPO / "samples"
 MAX_WAIT_S = 900
 NEVER_REHEARSED = (
     "the layers' and images' contents: handlers run with this environment's packages (make sam-build builds "
-    "the layers; the images need a Docker engine)",
+    "the layers, scripts/package.py checks their native libraries against Lambda's runtime; the images need a "
+    "Docker engine)",
     "calls AWS services make on their own behalf: Step Functions' log delivery, the ECS agent's image pull and logs",
-    "quotas, throttling and cold starts of the real services",
+    "quotas and cold starts of the real services (their throttles and errors are injected by make chaos)",
 )
 
 
@@ -125,14 +127,32 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
         stack = deploy(deployment)
         report.completed, report.not_rehearsed = stack.completed, stack.not_rehearsed
         report.step(f"deployed: {len(stack.resources)} resources, {len(stack.functions)} functions", started)
-        check_operable(stack, report)
-        _story(stack, report, with_variants, settings or Settings(profile=Profile.TINY), log)
+        settings = settings or Settings(profile=Profile.TINY)
+        if _published(stack, report, settings):
+            check_operable(stack, report)
+            _story(stack, report, with_variants, settings, log)
         report.calls = list(log.calls)
         report.failures += log.problems
         _check_iam(stack, report)
     storage.refresh_clients()
     ingest.refresh_clients()
     return report
+
+
+def _published(stack: DeployedStack, report: Report, settings: Settings) -> bool:
+    """CloudFormation publishes each SnapStart function's version while it creates the stack, and Lambda runs the
+    function's init for its snapshot then (aws_behaviours): a failure there fails the deployment."""
+    from tools.rehearsal.services import settings_of
+
+    started = time.monotonic()
+    try:
+        published = publish_versions(stack, lambda function: settings_of(function.environment))
+    except PublishFailed as error:
+        report.failures.append(f"the deployment failed: {error}")
+        return False
+    if published:
+        report.step(f"SnapStart versions published, their init run: {', '.join(published)}", started)
+    return True
 
 
 def _check_iam(stack: DeployedStack, report: Report) -> None:
@@ -188,13 +208,21 @@ def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: 
     from tools.rehearsal.services import InProcessServices
 
     _push_models(stack, report, with_variants, settings)
+    if stack.deployment.redeploy_with:
+        stack = redeploy(stack)
+        overrides = ", ".join(f"{k}={v}" for k, v in stack.deployment.redeploy_with.items())
+        report.steps.append(f"deployed again with {overrides}")
+        if not _published(stack, report, settings):
+            return
     services = InProcessServices(stack, log)
-    with services.serving():
+    with services.serving(), missing_keys_answer_403(stack, log):
         dropped = _dropped_images_are_annotated(services, stack, report)
         if dropped and _a_prompt_message_is_annotated(services, stack, report, with_variants):
             _refused_messages_reach_the_dead_letter_queue(services, stack, report)
     if dropped:
         _results_where_athena_reads_them(stack, report, images=2 * dropped, with_variants=with_variants)
+    with services.serving(), missing_keys_answer_403(stack, log):  # after the rows are counted: it writes one
+        _missing_objects_read_as_missing(services, stack, report)
     report.failures += services.problems
 
 
@@ -281,6 +309,57 @@ def _a_prompt_message_is_annotated(services: Any, stack: DeployedStack, report: 
         report.check(execution["status"] == "SUCCEEDED", f"execution {execution['name']}: {execution['status']}")
     report.step("a prompt message naming incoming/ (variants: %s) ran" % ("yes" if with_variants else "no"), started)
     return True
+
+
+def _missing_objects_read_as_missing(services: Any, stack: DeployedStack, report: Report) -> None:
+    """An image deleted after it was planned, and a result document that was never written, are each told as missing
+    (a failure that says so, a failure row), not as access denied: S3's 403 to a role that may not list the bucket
+    is rehearsed (aws_behaviours)."""
+    from shared.contracts import (
+        AnnotationRequest,
+        Box,
+        DescribeInput,
+        Detection,
+        ImageOutcome,
+        ImageRef,
+        ImageTask,
+        Status,
+        WriteGroupTableInput,
+    )
+
+    started = time.monotonic()
+    request = AnnotationRequest(prompt="cat.")
+    results = f"s3://{stack.outputs['ResultsBucketName']}"
+    image = ImageRef(image_id="0" * 16, source_uri=f"s3://{stack.outputs['InputBucketName']}/incoming/deleted.jpg")
+    task = ImageTask(batch_id="b-missing", request=request, image=image, results_uri=results)
+    box = Detection(label="cat", score=0.9, box=Box(x0=0, y0=0, x1=10, y1=10))
+    described = DescribeInput(task=task, detections=[box]).model_dump(mode="json")
+    for function, payload in (
+        ("DetectFunction", task.model_dump(mode="json")),
+        ("ClassifyFunction", described),
+        ("TagFunction", described),
+    ):
+        response, failed = services.invoked_by_state_machine(stack.functions[function].arn, None, payload)
+        report.check(
+            failed and "does not exist" in response.get("errorMessage", ""),
+            f"{function} on a deleted image did not say it does not exist: {response.get('errorMessage', response)}",
+        )
+    outcome = ImageOutcome(image=image, status=Status.SUCCEEDED, result_uri=f"{results}/results/never-written.json")
+    group = WriteGroupTableInput(
+        batch_id="b-missing",
+        group_id="g-000000",
+        request=request,
+        results_uri=results,
+        planned_at=datetime.now(UTC),
+        outcomes=[outcome],
+    )
+    table = stack.functions["WriteGroupTableFunction"].arn
+    response, failed = services.invoked_by_state_machine(table, None, group.model_dump(mode="json"))
+    report.check(
+        not failed and response.get("failed") == 1,
+        f"WriteGroupTable did not record a missing result document as a failure row: {response}",
+    )
+    report.step("a deleted image and an unwritten result document were each told as missing, not as denied", started)
 
 
 def _queued_bodies(sqs: Any, queue_url: str) -> list[str]:

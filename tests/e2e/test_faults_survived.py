@@ -1,0 +1,115 @@
+"""What AWS does that moto does not, on the local workflow: faults at the Lambda service and S3, a step that hangs,
+the Express limit. Real tiny models, the real definition on moto's interpreter."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from shared.contracts import PromptMessage
+from shared.ingest import start_batches
+from shared.settings import Settings, use_settings
+from shared.storage import store_for
+from tests.conftest import SAMPLES
+from tools import workflow
+from tools.chaos import Faults, run_chaos
+from tools.cli import app
+from tools.local_runner import LocalStarter, local_workflow
+from tools.query import run_local_query
+from tools.step_functions import LambdaServiceError
+
+pytestmark = pytest.mark.slow
+
+
+def test_under_faults_every_image_ends_as_one_row_and_only_the_hung_one_failed(tiny_settings: Settings) -> None:
+    # GIVEN 24 images, throttles, SnapStart and service errors at the Lambda service, S3 SlowDown and 500s, and
+    # WriteResult hanging once past its timeout (15 s) for the third image
+    faults = Faults(
+        throttle=0.08,
+        snapstart_not_ready=0.03,
+        service_error=0.02,
+        s3_slowdown=0.05,
+        s3_internal_error=0.02,
+        hang_step="write_result",
+        hang_image=2,
+        seed=11,
+    )
+
+    # WHEN they are annotated through the local workflow
+    report = run_chaos(24, faults)
+
+    # THEN every image has exactly one row
+    assert (report.images, report.rows, report.lost, report.duplicated) == (24, 24, 0, 0), report.line
+    # AND faults of each kind were injected, and every one but the hang was tried again
+    assert {"Lambda TooManyRequestsException", "S3 SlowDown", "write_result hung past its timeout"} <= set(
+        report.injected
+    ), report.injected
+    assert report.retried == sum(report.injected.values()) - 1, report.line
+    # AND only the hung image is recorded as failed, saying that it timed out; its group-mates succeeded
+    [failed] = report.failed
+    assert failed["source_uri"].endswith("/00002.jpg")
+    assert failed["failed_step"] == "write_result" and "timed out after 15" in failed["error"]
+    assert report.line == f"24 images, 24 rows, 0 lost, {sum(report.injected.values())} faults injected, " + (
+        f"{report.retried} retried, 1 recorded as failed"
+    )
+
+
+def test_annotate_chaos_prints_its_rates_and_ends_with_the_account(tiny_settings: Settings) -> None:
+    result = CliRunner().invoke(app, ["chaos", "--images", "4", "--hang", "none", "--throttle", "0.3"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[0].startswith("faults: Lambda throttle 30%")
+    assert lines[-1].startswith("4 images, 4 rows, 0 lost, ") and lines[-1].endswith(", 0 recorded as failed")
+
+
+def test_a_group_over_the_express_limit_fails_as_a_whole_and_its_images_become_failure_rows(
+    tmp_path: Path, tiny_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN groups of two, an Express limit of 8 s, and one image whose Detect takes 12 s (within its own timeout)
+    monkeypatch.setattr(workflow, "EXPRESS_LIMIT_S", 8)
+    settings = use_settings(tiny_settings.model_copy(update={"data_dir": tmp_path / "data", "images_per_group": 2}))
+    slow = str(SAMPLES / "chelsea-the-cat.jpg")  # in the first group, with chelsea-rotated-exif.jpg
+
+    def gate(function: str, payload: dict[str, Any]) -> None:
+        if function == "detect" and payload["image"]["source_uri"] == slow:
+            time.sleep(12)
+
+    # WHEN the three samples are annotated with the limit in force
+    with local_workflow(gate=gate, express_limit=True) as run:
+        starter = LocalStarter(run, settings.data_dir, "express-limit")
+        message = PromptMessage(prompt="cat.", images=[str(SAMPLES)], caption=False)
+        start_batches(message, "express-limit", settings.ingest, starter, store_for)
+
+    # THEN the slow image's group ended unfinished: both its images are failure rows saying so; the other group's
+    # image succeeded
+    rows = run_local_query("SELECT source_uri, status, error FROM images ORDER BY source_uri", settings.data_dir)
+    by_source = {Path(row["source_uri"]).name: row for row in rows.to_pylist()}
+    assert len(by_source) == 3
+    for name in ("chelsea-the-cat.jpg", "chelsea-rotated-exif.jpg"):
+        assert by_source[name]["status"] == "failed" and "did not finish" in by_source[name]["error"], by_source
+    assert by_source["coffee.webp"]["status"] == "succeeded"
+
+
+def test_a_function_refused_by_the_lambda_service_fails_its_task_under_aws_error_name(
+    tmp_path: Path, tiny_settings: Settings
+) -> None:
+    # GIVEN a Lambda service that throttles every Caption invocation
+    settings = use_settings(tiny_settings.model_copy(update={"data_dir": tmp_path / "data"}))
+
+    def gate(function: str, payload: dict[str, Any]) -> None:
+        if function == "caption":
+            raise LambdaServiceError("TooManyRequestsException", "Rate Exceeded.")
+
+    # WHEN an image is annotated with a caption
+    with local_workflow(gate=gate) as run:
+        starter = LocalStarter(run, settings.data_dir, "throttled")
+        message = PromptMessage(prompt="cat.", images=[str(SAMPLES / "chelsea-the-cat.jpg")])
+        start_batches(message, "throttled", settings.ingest, starter, store_for)
+
+    # THEN Caption was retried as Lambda.TooManyRequestsException until its retries ran out, and its failure says so
+    [row] = run_local_query("SELECT status, failed_step, error FROM images", settings.data_dir).to_pylist()
+    assert row["failed_step"] == "caption" and "Lambda.TooManyRequestsException" in row["error"], row

@@ -1,0 +1,77 @@
+"""Which deployments publish a new version of the SnapStart functions, as aws-sam-translator (the transform
+CloudFormation and the SAM CLI run) decides it: the version's logical id is a hash of what it sees."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tools.rehearsal.stack import MOTO_CONFIG, TEMPLATE_PATH, Deployment, transform
+
+VERSIONED = ("DetectFunction", "ClassifyFunction", "TagFunction", "CaptionFunction")
+
+
+def _packaged(template: dict[str, Any], changed_layer: str | None) -> dict[str, Any]:
+    """What `sam package` uploads: every local path replaced by its S3 object, named by its content's hash, so a
+    changed layer (``changed_layer``) has another key."""
+    packaged = copy.deepcopy(template)
+    for logical_id, resource in packaged["Resources"].items():
+        properties = resource.get("Properties", {})
+        digest = "b2" if logical_id == changed_layer else "a1"
+        for key in ("CodeUri", "ContentUri", "DefinitionUri"):
+            if key in properties:
+                properties[key] = f"s3://artifacts/{logical_id}-{digest}"
+    return packaged
+
+
+def _versions(template_file: Path, changed_layer: str | None = None) -> dict[str, str]:
+    """Each function's version resource (logical id) once transformed."""
+    from moto import mock_aws
+    from samtranslator.yaml_helper import yaml_parse
+
+    deployment = Deployment("annotate", "eu-central-1", template_file=template_file)
+    with mock_aws(config=MOTO_CONFIG):
+        import boto3
+
+        iam = boto3.client("iam", region_name=deployment.region)
+        transformed = transform(_packaged(yaml_parse(template_file.read_text()), changed_layer), deployment, iam)
+    resources = transformed["Resources"]
+    return {
+        resource["Properties"]["FunctionName"]["Ref"]: logical_id
+        for logical_id, resource in resources.items()
+        if resource["Type"] == "AWS::Lambda::Version"
+    }
+
+
+@pytest.fixture(scope="module")
+def as_deployed() -> dict[str, str]:
+    return _versions(TEMPLATE_PATH)
+
+
+@pytest.mark.parametrize("layer", ["SharedLayer", "OpenVinoLayer", "OnnxLayer", "LlamaCppLayer"])
+def test_a_new_layer_publishes_a_new_version_of_each_function_that_uses_it(
+    as_deployed: dict[str, str], layer: str
+) -> None:
+    # GIVEN the stack as deployed, WHEN only the layer's content changes (shared/ is in SharedLayer)
+    after = _versions(TEMPLATE_PATH, changed_layer=layer)
+    # THEN each SnapStart function on that layer gets a new version (its alias moves), and no other one does
+    from tools.sam_template import load_template
+
+    resources = load_template()["Resources"]
+    on_layer = {f for f in VERSIONED if {"Ref": layer} in resources[f]["Properties"]["Layers"]}
+    assert on_layer
+    assert {f for f in VERSIONED if after[f] != as_deployed[f]} == on_layer
+    assert set(as_deployed) == set(VERSIONED)
+
+
+def test_without_every_property_hashed_a_new_layer_would_leave_the_old_version(tmp_path: Path) -> None:
+    # GIVEN the template as it was: versions hashed from code, environment and memory only
+    text = TEMPLATE_PATH.read_text().replace("      AutoPublishAliasAllProperties: true\n", "")
+    old = tmp_path / "template.yaml"
+    old.write_text(text)
+    # WHEN the shared layer changes, THEN no SnapStart function gets a new version: they would keep the old code
+    before, after = _versions(old), _versions(old, changed_layer="SharedLayer")
+    assert all(after[f] == before[f] for f in VERSIONED)

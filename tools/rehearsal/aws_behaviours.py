@@ -1,0 +1,133 @@
+"""What AWS does that moto does not, taught to the rehearsal: each behaviour with the documentation line it follows.
+
+- S3 answers a missing key with 403 to a principal that may not list the bucket: "If you don't have the
+  s3:ListBucket permission, Amazon S3 returns an HTTP status code 403 Access Denied error" (S3 API reference,
+  GetObject and HeadObject, Permissions). moto answers 404 to everyone.
+- Lambda runs a SnapStart function's init, and its before-snapshot hooks, when a version is published: "Publish a
+  function version. Lambda initializes your code, creates a snapshot of the initialized execution environment"
+  (Lambda developer guide, Activating and managing Lambda SnapStart). CloudFormation publishes the stack's versions
+  while it creates or updates the stack, so an init that raises fails the deployment. moto publishes without
+  running anything.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from tools.rehearsal.calls import CallLog, acting_as, current_principal
+from tools.rehearsal.iam import Request, evaluate
+from tools.sam_template import by_default
+
+if TYPE_CHECKING:
+    from tools.rehearsal.stack import DeployedFunction, DeployedStack
+
+
+@contextmanager
+def missing_keys_answer_403(stack: DeployedStack, log: CallLog) -> Iterator[None]:
+    """Inside: a deployed principal's GetObject or HeadObject of a missing key fails with 403 AccessDenied unless its
+    role allows s3:ListBucket on the bucket (which is then recorded as a request it made use of)."""
+    import boto3
+
+    from shared import storage
+    from tools.rehearsal.stack import policies
+
+    # read now, as nobody: a lookup made while a function acts would be recorded as that function's request
+    statements = {principal: policies(stack, role) for principal, role in stack.principals.items()}
+
+    def note_bucket(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        context["rehearsal_bucket"] = params["Bucket"]  # the request's context reaches its after-call event
+
+    def answer(http_response: Any, parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        principal = current_principal()
+        if principal is None or http_response.status_code != 404:
+            return
+        bucket = f"arn:aws:s3:::{context['rehearsal_bucket']}"
+        # No s3:prefix: a GetObject has none, so a ListBucket allowed only under a prefix does not count
+        listing = Request(principal, "s3:ListBucket", bucket, {"aws:SecureTransport": "true"})
+        if evaluate(statements[principal], listing).allowed:
+            log.add(listing, stack.region)
+            return
+        parsed["Error"] = {"Code": "AccessDenied", "Message": "Access Denied"}
+        parsed.setdefault("ResponseMetadata", {})["HTTPStatusCode"] = 403
+
+    session = boto3.DEFAULT_SESSION
+    assert session is not None, "start record_calls first: its session is the one every client is made from"
+    hooks = [
+        (f"{event}.s3.{operation}", handler, f"rehearsal-403-{event}-{operation}")
+        for operation in ("GetObject", "HeadObject")
+        for event, handler in (("provide-client-params", note_bucket), ("after-call", answer))
+    ]
+    for event, handler, unique_id in hooks:
+        session.events.register(event, handler, unique_id=unique_id)
+    storage.refresh_clients()  # a client copies the session's hooks when it is made: the code's are made anew
+    try:
+        yield
+    finally:
+        for event, _, unique_id in hooks:
+            session.events.unregister(event, unique_id=unique_id)
+        storage.refresh_clients()
+
+
+class PublishFailed(RuntimeError):
+    """What CloudFormation reports when a SnapStart version's init or before-snapshot hook raised: the stack rolls
+    back."""
+
+
+@contextmanager
+def _snapstart_runtime() -> Iterator[list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]]]:
+    """The Lambda Python runtime's ``snapshot_restore_py`` (present under SnapStart only), as a module whose
+    before-snapshot registry this yields."""
+    before: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
+    module = types.ModuleType("snapshot_restore_py")
+
+    def register_before_snapshot(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        before.append((func, args, kwargs))
+        return func
+
+    def register_after_restore(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        return func  # a restore is not rehearsed: the handlers run in the process that published
+
+    module.register_before_snapshot = register_before_snapshot  # type: ignore[attr-defined]
+    module.register_after_restore = register_after_restore  # type: ignore[attr-defined]
+    saved = sys.modules.get("snapshot_restore_py")
+    sys.modules["snapshot_restore_py"] = module
+    try:
+        yield before
+    finally:
+        if saved is None:
+            sys.modules.pop("snapshot_restore_py", None)
+        else:
+            sys.modules["snapshot_restore_py"] = saved
+
+
+def publish_versions(stack: DeployedStack, run_as: Callable[[DeployedFunction], Any]) -> list[str]:
+    """PublishVersion of every function deployed with SnapStart on published versions: its module's init (as a new
+    environment runs it) and then its before-snapshot hooks, with its deployed settings and as its role (``run_as``
+    gives that context). Returns the functions published; raises :class:`PublishFailed` naming the first that
+    raised, as the stack would fail."""
+    published = []
+    for function in stack.functions.values():
+        # moto keeps no SnapStart setting: read it from the template as the stack's parameters resolve it
+        properties = stack.template["Resources"][function.logical_id]["Properties"]
+        snapstart = by_default(stack.template, properties.get("SnapStart", {}), stack.deployment.parameters)
+        if snapstart.get("ApplyOn") != "PublishedVersions":
+            continue
+        with run_as(function), _snapstart_runtime() as before_snapshot, acting_as(function.logical_id):
+            try:
+                module = importlib.import_module(function.code.module)
+                importlib.reload(module)  # init runs anew in the environment Lambda snapshots
+                for hook, args, kwargs in before_snapshot:
+                    hook(*args, **kwargs)
+            except Exception as error:
+                raise PublishFailed(
+                    f"PublishVersion of {function.logical_id} failed: SnapStart ran its init at deploy time and it "
+                    f"raised {type(error).__name__}: {error}. Push the models before deploying with "
+                    "EnableSnapStart=true (docs/deploy.md)"
+                ) from error
+        published.append(function.logical_id)
+    return published

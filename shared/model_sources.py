@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -178,15 +180,21 @@ def _s3_prefix_in_memory(prefix_uri: str, files: ModelFiles) -> Path:
         uris = list(store.list_uris(f"s3://{bucket}/{folder_prefix}"))
         if not uris:
             raise ModelUnavailable(f"no model files under {prefix_uri}; upload them first (annotate models push)")
-        for uri in uris:
-            relative = uri.removeprefix(f"s3://{bucket}/{folder_prefix}")
-            link = folder / relative
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.unlink(missing_ok=True)
-            fd = os.memfd_create(relative.replace("/", "_"))
-            with os.fdopen(fd, "wb", closefd=False) as memory_file:
-                memory_file.write(store.read_bytes(uri))
-            link.symlink_to(f"/proc/self/fd/{fd}")
+        readers = {uri.removeprefix(f"s3://{bucket}/{folder_prefix}"): partial(store.read_bytes, uri) for uri in uris}
+        in_memory_files(folder, readers)
         _in_memory[prefix_uri] = folder
         logger.info("model read into memory", extra={"source": prefix_uri, "files": len(uris)})
         return folder
+
+
+def in_memory_files(folder: Path, contents: Mapping[str, Callable[[], bytes]]) -> Path:
+    """Each file (relative name -> what reads its bytes) in a memory file, linked from ``folder``, one at a time."""
+    for relative, read in contents.items():
+        link = folder / relative
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)
+        fd = os.memfd_create(relative.replace("/", "_"))
+        with os.fdopen(fd, "wb", closefd=False) as memory_file:
+            memory_file.write(read())
+        link.symlink_to(f"/proc/self/fd/{fd}")
+    return folder

@@ -277,6 +277,19 @@ def bench_ingest(
     out.print((out_dir / "ingest.md").read_text(), highlight=False, soft_wrap=True)
 
 
+@app.command("bench-lambda-detect")
+def bench_lambda_detect(
+    image: Annotated[Path, typer.Option(exists=True, dir_okay=False)] = Path("samples/chelsea-the-cat.jpg"),
+    out_dir: Annotated[Path, typer.Option(help="Where lambda-detect.json and lambda-detect.md go")] = Path("bench"),
+) -> None:
+    """Time Detect and measure its peak memory as a Lambda environment without SnapStart runs it, on OpenVINO and
+    ONNX Runtime (the full-size model, random weights); write the report."""
+    from tools.lambda_detect import write_report
+
+    _quiet_logs(False)
+    out.print(write_report(image, out_dir), highlight=False, soft_wrap=True)
+
+
 @app.command()
 def chaos(
     images: Annotated[int, typer.Option(min=3, max=5000, help="Generated images to annotate")] = 200,

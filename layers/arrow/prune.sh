@@ -6,4 +6,4 @@ set -euo pipefail
 site=${1:?usage: prune.sh SITE_PACKAGES_DIR}
 cd "$site/pyarrow"
 rm -rf tests include src
-rm -f libarrow_flight.so* _flight.*.so libarrow_s3.so* _s3fs.*.so ./*.pyx ./*.pxd ./*.pxi
+rm -f libarrow_flight.so* libarrow_python_flight.so* _flight.*.so libarrow_s3.so* _s3fs.*.so ./*.pyx ./*.pxd ./*.pxi

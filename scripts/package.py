@@ -20,7 +20,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tools.sam_template import functions, load_template  # noqa: E402
+from tools.sam_template import by_default, functions, layer_ids, load_template  # noqa: E402
+
+TEMPLATE = load_template()
 
 # As the Makefile's build-LlamaCppLayer: every Lambda CPU, and no OpenMP (Lambda's runtime has no libgomp).
 LLAMA_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF"
@@ -100,13 +102,18 @@ def build_layer(name: str, out: Path) -> Path:
     return folder
 
 
+def deployed_layers(resource: dict) -> list:
+    """The function's layers as the template deploys them by default."""
+    return by_default(TEMPLATE, resource["Properties"].get("Layers", []))
+
+
 def zip_function(name: str, resource: dict, out: Path) -> tuple[int, int]:
     properties = resource["Properties"]
     code = REPO / properties["CodeUri"]
     function_dir = out / "functions" / name
     shutil.rmtree(function_dir, ignore_errors=True)
     shutil.copytree(code, function_dir, ignore=shutil.ignore_patterns("__pycache__", "__init__.py"))
-    layers = [build_layer(layer["Ref"], out) for layer in properties.get("Layers", [])]
+    layers = [build_layer(layer, out) for layer in layer_ids(deployed_layers(resource))]
     unzipped = tree_size(function_dir) + sum(tree_size(layer) for layer in layers)
     zipped = zipped_size(function_dir, out / f"{name}.zip") + sum(
         zipped_size(layer, out / f"{layer.name}.zip") for layer in layers
@@ -118,9 +125,7 @@ def package_problems(name: str, resource: dict, out: Path) -> list[str]:
     """What would keep one of the function's shared libraries (in its folder or its layers) from loading on Lambda."""
     from tools.native_libs import problems
 
-    folders = [out / "functions" / name] + [
-        out / "layers" / layer["Ref"] for layer in resource["Properties"].get("Layers", [])
-    ]
+    folders = [out / "functions" / name] + [out / "layers" / layer for layer in layer_ids(deployed_layers(resource))]
     return [f"{folder.name}/{problem}" for folder in folders for problem in problems(folder)]
 
 
@@ -131,7 +136,7 @@ def main() -> None:
     out = arguments.out
     out.mkdir(parents=True, exist_ok=True)
     rows, unloadable = [], []
-    for name, resource in sorted(functions(load_template()).items()):
+    for name, resource in sorted(functions(TEMPLATE).items()):
         size, zipped = zip_function(name, resource, out)
         rows.append((name, size / MB, zipped, ZIP_LIMIT_MB))
         unloadable += [f"{name}: {problem}" for problem in package_problems(name, resource, out)]

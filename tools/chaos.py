@@ -9,6 +9,8 @@ Faults, each at a rate given on the command line (and printed):
   them; what it gives up on, the code raises as TransientError and the workflow retries.
 - one step hangs past its TimeoutSeconds, once: Lambda would end it at the function's timeout, the workflow catches
   the Task's States.Timeout, and only that image is recorded as failed.
+- one Fargate task (Variants, for a second, small batch with variants) stops before its container ends, as a host
+  or capacity failure stops it: the workflow runs it again.
 
 Everything runs in moto (S3 holds the images and the results, as in AWS mode); the last line printed is
 ``N images, N rows, 0 lost, F faults injected, R retried, X recorded as failed``.
@@ -35,6 +37,9 @@ from tools.workflow import step_timeouts
 INPUT_BUCKET, RESULTS_BUCKET = "chaos-input", "chaos-results"
 BUCKETS = (INPUT_BUCKET, RESULTS_BUCKET)
 MODEL_STEPS = frozenset({"detect", "classify", "tag", "caption"})
+# Fewer than any retry policy allows (the workflow's retriers 2 and 4, botocore's legacy mode 4): what an image meets
+# is recovered from, unless it is the hang.
+MAX_FAULTS_IN_A_ROW = 2
 # What a function reads and writes; ingest's own requests (listing, the manifests) are not faulted.
 FAULTED_PREFIXES = ("images/", "results/", "tables/", "batches/")
 
@@ -48,10 +53,13 @@ class Faults:
     s3_internal_error: float = 0.01  # S3 500 InternalError, per request
     hang_step: str | None = "detect"  # the step that hangs once, past its timeout (None: no hang)
     hang_image: int = 2  # the index of the image whose step hangs
+    variants_images: int = 2  # images of the second batch, with variants, whose first Fargate task stops (0: none)
     seed: int = 7
 
     def describe(self) -> str:
         hang = f"{self.hang_step} of image {self.hang_image} hangs once" if self.hang_step else "no hang"
+        if self.variants_images:
+            hang += f"; a Fargate task of {self.variants_images} images with variants stops once"
         return (
             f"faults: Lambda throttle {self.throttle:.0%}, SnapStart not ready {self.snapstart_not_ready:.0%} "
             f"(model steps), service error {self.service_error:.0%} per invocation; S3 SlowDown "
@@ -67,30 +75,38 @@ class Injector:
     hang_source: str = ""  # the source URI of the image whose step hangs
     injected: Counter[str] = field(default_factory=Counter)
     retried: int = 0
-    _faulted: set[str] = field(default_factory=set)
+    _faulted: dict[str, int] = field(default_factory=dict)  # call -> the faults it met in a row
     _hung: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _task_stopped: bool = False
+    _lock: threading.RLock = field(default_factory=threading.RLock)
 
     def __post_init__(self) -> None:
         self._random = random.Random(self.faults.seed)
 
     def _draw(self, key: str, choices: list[tuple[str, float]]) -> str | None:
-        """The fault to inject into the call ``key`` (None: none); a call again after a fault counts as a retry."""
+        """The fault to inject into the call ``key`` (None: none); a call again after a fault counts as a retry. A
+        call meets at most MAX_FAULTS_IN_A_ROW: the faults are transient, as throttles and service errors are."""
         with self._lock:
-            if key in self._faulted:
-                self._faulted.discard(key)
-                self.retried += 1
+            in_a_row = self._faulted.pop(key, 0)
+            self.retried += in_a_row > 0
+            if in_a_row >= MAX_FAULTS_IN_A_ROW:
+                return None
             roll, threshold = self._random.random(), 0.0
             for name, rate in choices:
                 threshold += rate
                 if roll < threshold:
                     self.injected[name] += 1
-                    self._faulted.add(key)
+                    self._faulted[key] = in_a_row + 1
                     return name
             return None
 
     def gate(self, function: str, payload: dict[str, Any]) -> None:
-        """Before the Lambda service runs ``function``: refuse it, or let its one hang begin."""
+        """Before the Lambda service runs ``function`` (or Fargate the Variants container): refuse it, let its one
+        hang begin, or stop the one task."""
+        key = f"{function}:{hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()}"
+        if function == "variants":
+            self._stop_once(key)
+            return
         source = (payload.get("image") or payload.get("task", {}).get("image") or {}).get("source_uri", "")
         with self._lock:
             hang = function == self.faults.hang_step and source == self.hang_source and not self._hung
@@ -105,10 +121,16 @@ class Injector:
         if function in MODEL_STEPS:
             choices.append(("Lambda SnapStartNotReadyException", self.faults.snapstart_not_ready))
         choices.append(("Lambda ServiceException", self.faults.service_error))
-        key = f"{function}:{hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()}"
         fault = self._draw(key, choices)
         if fault:
             raise LambdaServiceError(fault.removeprefix("Lambda "), "injected by annotate chaos")
+
+    def _stop_once(self, key: str) -> None:
+        with self._lock:
+            stopped = self._draw(key, [("Fargate task stopped", 0.0 if self._task_stopped else 1.0)])
+            self._task_stopped |= stopped is not None
+        if stopped:
+            raise RuntimeError("Task stopped: host capacity was reclaimed (injected by annotate chaos)")
 
     def s3_answer(self, request: Any, **_: Any) -> Any:
         """Before an S3 request is sent: an error answer from S3, or None to send it."""
@@ -183,32 +205,40 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.") -> ChaosRep
 
     with tempfile.TemporaryDirectory(prefix="annotate-chaos-") as folder:
         settings = use_settings(profile=Profile.TINY, data_dir=Path(folder), results_uri=f"s3://{RESULTS_BUCKET}")
-        build_named_models(settings, variants=False)
+        build_named_models(settings, variants=faults.variants_images > 0)
         images = generate_images(count, faults.seed)
+        with_variants = {
+            key.replace("images/", "variants/"): body
+            for key, body in generate_images(faults.variants_images, faults.seed + 1).items()
+        }
         injector = Injector(faults, hang_source=f"s3://{INPUT_BUCKET}/{sorted(images)[faults.hang_image]}")
         with local_workflow(gate=injector.gate, express_limit=True) as run_batch:
             s3 = boto3.client("s3", region_name=REGION)
             for bucket in (INPUT_BUCKET, RESULTS_BUCKET):
                 s3.create_bucket(Bucket=bucket)
-            for key, body in images.items():
+            for key, body in (images | with_variants).items():
                 s3.put_object(Bucket=INPUT_BUCKET, Key=key, Body=body)
             session = boto3.DEFAULT_SESSION
             assert session is not None
             storage.refresh_clients()  # the functions' S3 client is made anew, from the session that injects
             session.events.register_first("before-send.s3", injector.s3_answer, unique_id="annotate-chaos")
             try:
-                message = PromptMessage(prompt=prompt, images=[f"s3://{INPUT_BUCKET}/images/"], caption=True)
                 starter = LocalStarter(run_batch, Path(folder), "annotate-chaos")
+                message = PromptMessage(prompt=prompt, images=[f"s3://{INPUT_BUCKET}/images/"], caption=True)
                 start_batches(message, "annotate-chaos", settings.ingest, starter, storage.store_for)
+                if with_variants:
+                    variants = {"prompt": "a watercolor", "steps": 1, "size": 128}
+                    message = PromptMessage(prompt=prompt, images=[f"s3://{INPUT_BUCKET}/variants/"], variants=variants)
+                    start_batches(message, "annotate-chaos-variants", settings.ingest, starter, storage.store_for)
             finally:
                 session.events.unregister("before-send.s3", unique_id="annotate-chaos")
             rows = _image_rows(s3, Path(folder) / "tables")
         storage.refresh_clients()
     sources = Counter(row["source_uri"] for row in rows)
     return ChaosReport(
-        images=count,
+        images=len(images) + len(with_variants),
         rows=len(rows),
-        lost=sum(1 for key in images if f"s3://{INPUT_BUCKET}/{key}" not in sources),
+        lost=sum(1 for key in images | with_variants if f"s3://{INPUT_BUCKET}/{key}" not in sources),
         duplicated=sum(n - 1 for n in sources.values()),
         injected=dict(injector.injected),
         retried=injector.retried,

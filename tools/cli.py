@@ -303,6 +303,9 @@ def chaos(
     s3_slowdown: Annotated[float, typer.Option(min=0, max=0.5, help="S3 503 SlowDown, per request")] = 0.03,
     s3_internal_error: Annotated[float, typer.Option(min=0, max=0.5, help="S3 500, per request")] = 0.01,
     hang: Annotated[str, typer.Option(help="The step that hangs past its timeout once (none: no hang)")] = "detect",
+    variants_images: Annotated[
+        int, typer.Option(min=0, max=20, help="Images of a second batch with variants, whose first Fargate task stops")
+    ] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the images and the faults")] = 7,
 ) -> None:
     """Annotate generated images through the local workflow with AWS faults injected; account for every image.
@@ -321,6 +324,7 @@ def chaos(
         s3_slowdown=s3_slowdown,
         s3_internal_error=s3_internal_error,
         hang_step=None if hang == "none" else hang,
+        variants_images=variants_images,
         seed=seed,
     )
     out.print(faults.describe(), highlight=False)
@@ -344,13 +348,16 @@ def cost(
     """Cost per 1,000 images and per month for the original study's scenarios, from measured seconds."""
     import json
 
-    from tools.cost import cost_table, load_prices, markdown_table, write_chart
+    from tools.cost import cost_table, load_prices, markdown_table, with_lambda_cold_start, write_chart
 
     if not bench_file.is_file():
         raise _fail(f"{bench_file} does not exist: run annotate bench first")
+    lambda_detect = bench_file.with_name("lambda-detect.json")  # annotate bench-lambda-detect's, where it ran
     try:
         prices = load_prices(prices_file)
         bench = json.loads(bench_file.read_text())
+        if lambda_detect.is_file():
+            bench = with_lambda_cold_start(bench, json.loads(lambda_detect.read_text()))
         rows = cost_table(bench, prices)
         report = markdown_table(rows, prices, bench)
     except (KeyError, TypeError, ValueError) as error:

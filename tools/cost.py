@@ -9,6 +9,7 @@ days a month.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import dataclass
@@ -93,6 +94,10 @@ def images_per_group(template: dict[str, Any]) -> int:
 TEMPLATE = load_template()
 FUNCTIONS = billed_functions(TEMPLATE)
 FUNCTIONS_WITH_SNAPSTART = billed_functions(TEMPLATE, {"EnableSnapStart": "true"})
+DETECT_RUNTIME = by_default(
+    TEMPLATE,
+    TEMPLATE["Resources"]["DetectFunction"]["Properties"]["Environment"]["Variables"]["ANNOTATE_DETECTOR_RUNTIME"],
+)
 IMAGES_PER_GROUP = images_per_group(TEMPLATE)
 WRITE_RESULT_SECONDS = 0.3  # drawing and writing one result; not benchmarked
 GROUP_TABLE_GB_SECONDS = 1.0 * 1.0  # WriteGroupTable per group: about a second at 1 GB; not benchmarked
@@ -151,10 +156,20 @@ def _cold_starts(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenar
             total += function.gb * SECONDS_PER_MONTH * lam["snapstart_cache_gb_second"]
         else:
             step = bench["steps"][function.step]
-            # An environment without a snapshot has no compiled cache: Detect compiles its first image's size
-            init_s = step.get("cold_start_compiling_s", step["cold_start_s"])
+            # An environment without a snapshot has no compiled cache: Detect reads its export and compiles its first
+            # image's size (measured as Lambda runs it where annotate bench-lambda-detect has run, else from disk)
+            init_s = step.get("cold_start_without_snapshot_s", step.get("cold_start_compiling_s", step["cold_start_s"]))
             total += cold_starts * function.gb * init_s * function.gb_second_price(prices)
     return total
+
+
+def with_lambda_cold_start(bench: dict[str, Any], lambda_detect: dict[str, Any]) -> dict[str, Any]:
+    """``bench`` with Detect's cold start as a Lambda environment without a snapshot pays it: from the report of
+    ``annotate bench-lambda-detect``, the first answer less a warm one, on the runtime the template deploys."""
+    row = lambda_detect["runtimes"][DETECT_RUNTIME]
+    updated = copy.deepcopy(bench)
+    updated["steps"]["detect"]["cold_start_without_snapshot_s"] = round(row["first_answer_s"] - row["warm_answer_s"], 2)
+    return updated
 
 
 def orchestration_per_image(bench: dict[str, Any], prices: dict[str, Any], express: bool = True) -> float:

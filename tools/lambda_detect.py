@@ -44,7 +44,7 @@ again = time.perf_counter()
 detector.detect(image, phrases, 0.35, 0.25)
 warm = time.perf_counter() - again
 peak = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
-print(first, warm, peak, detector.loaded_sizes())
+print(first, warm, peak)
 """
 
 

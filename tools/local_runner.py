@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
@@ -51,7 +52,8 @@ MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, 
 # (function name, payload, error or None), after each invocation: the CLI's progress display listens.
 InvocationListener = Callable[[str, dict[str, Any], BaseException | None], None]
 # (function name, payload), before the Lambda service runs an invocation: it may refuse it (LambdaServiceError) or
-# delay it, as `annotate chaos` does, without holding the function's environment.
+# delay it, as `annotate chaos` does, without holding the function's environment; and ("variants", {"task": job})
+# before a Variants task's container runs: it may stop the task (any exception).
 InvocationGate = Callable[[str, dict[str, Any]], None]
 
 
@@ -272,11 +274,15 @@ def local_definition() -> str:
     )
 
 
-def _run_variants_container(run_task_parameters: dict[str, Any], task_arn: str) -> None:
-    """Locally the Variants container is this process, with the settings in force."""
+def _run_variants_container(gate: InvocationGate | None, run_task_parameters: dict[str, Any], task_arn: str) -> None:
+    """Locally the Variants container is this process, with the settings in force; ``gate`` may stop the task
+    first, as Fargate may (an exception is a stopped task)."""
     from shared.variants_task import run
 
-    run(container_environment(run_task_parameters).get("ANNOTATE_VARIANT_JOB", ""))
+    job = container_environment(run_task_parameters).get("ANNOTATE_VARIANT_JOB", "")
+    if gate:
+        gate("variants", {"task": json.loads(job or "{}")})
+    run(job)
 
 
 @contextmanager
@@ -308,7 +314,9 @@ def local_workflow(
         _interpreter_quiet(),
         mock_aws(config=MOTO_CONFIG),
         services_in_process(
-            lambda function, _, payload: dispatcher.invoke(function, payload), _run_variants_container, express_limit
+            lambda function, _, payload: dispatcher.invoke(function, payload),
+            partial(_run_variants_container, gate),
+            express_limit,
         ),
         # Locally the measurements are in the image rows; EMF is for CloudWatch and would flood the terminal.
         mock.patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"}),

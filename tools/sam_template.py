@@ -69,3 +69,12 @@ def by_default(template: dict[str, Any], value: Any, overrides: dict[str, str] |
         return combine(holds(argument) for argument in arguments)
 
     return resolve(value)
+
+
+def layer_ids(layers: Any) -> list[str]:
+    """The logical ids a function's ``Layers`` name, in either branch of an ``Fn::If``."""
+    if isinstance(layers, list):
+        return [layer for item in layers for layer in layer_ids(item)]
+    if isinstance(layers, dict):
+        return [layers["Ref"]] if "Ref" in layers else layer_ids(list(layers.values()))
+    return []

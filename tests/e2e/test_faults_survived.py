@@ -27,7 +27,8 @@ pytestmark = pytest.mark.slow
 
 def test_under_faults_every_image_ends_as_one_row_and_only_the_hung_one_failed(tiny_settings: Settings) -> None:
     # GIVEN 24 images, throttles, SnapStart and service errors at the Lambda service, S3 SlowDown and 500s, and
-    # WriteResult hanging once past its timeout (15 s) for the third image
+    # WriteResult hanging once past its timeout (15 s) for the third image; then 2 images with variants, whose first
+    # Fargate task stops
     faults = Faults(
         throttle=0.08,
         snapstart_not_ready=0.03,
@@ -43,23 +44,24 @@ def test_under_faults_every_image_ends_as_one_row_and_only_the_hung_one_failed(t
     report = run_chaos(24, faults)
 
     # THEN every image has exactly one row
-    assert (report.images, report.rows, report.lost, report.duplicated) == (24, 24, 0, 0), report.line
+    assert (report.images, report.rows, report.lost, report.duplicated) == (26, 26, 0, 0), report.line
     # AND faults of each kind were injected, and every one but the hang was tried again
-    assert {"Lambda TooManyRequestsException", "S3 SlowDown", "write_result hung past its timeout"} <= set(
-        report.injected
-    ), report.injected
+    kinds = {"Lambda TooManyRequestsException", "S3 SlowDown", "write_result hung past its timeout"}
+    assert kinds | {"Fargate task stopped"} <= set(report.injected), report.injected
     assert report.retried == sum(report.injected.values()) - 1, report.line
     # AND only the hung image is recorded as failed, saying that it timed out; its group-mates succeeded
     [failed] = report.failed
     assert failed["source_uri"].endswith("/00002.jpg")
     assert failed["failed_step"] == "write_result" and "timed out after 15" in failed["error"]
-    assert report.line == f"24 images, 24 rows, 0 lost, {sum(report.injected.values())} faults injected, " + (
+    assert report.line == f"26 images, 26 rows, 0 lost, {sum(report.injected.values())} faults injected, " + (
         f"{report.retried} retried, 1 recorded as failed"
     )
 
 
 def test_annotate_chaos_prints_its_rates_and_ends_with_the_account(tiny_settings: Settings) -> None:
-    result = CliRunner().invoke(app, ["chaos", "--images", "4", "--hang", "none", "--throttle", "0.3"])
+    result = CliRunner().invoke(
+        app, ["chaos", "--images", "4", "--hang", "none", "--variants-images", "0", "--throttle", "0.3"]
+    )
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
     assert lines[0].startswith("faults: Lambda throttle 30%")

@@ -20,7 +20,7 @@ from tests.conftest import REPO, SAMPLES
 from tests.unit.test_onnx_graphs import linear_graph
 from tools.native_libs import Runtime, lambda_python_runtime, problems
 from tools.onnx_graphs import openvino_graphs, share_weights
-from tools.sam_template import functions, load_template
+from tools.sam_template import functions, layer_ids, load_template
 
 WRITE_AND_READ = """
 import sys
@@ -181,7 +181,7 @@ def test_every_shared_library_of_every_layer_loads_on_lambdas_python_runtime(tmp
     assert spec and spec.loader
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    layers = {layer["Ref"] for f in functions(load_template()).values() for layer in f["Properties"]["Layers"]}
+    layers = {layer for f in functions(load_template()).values() for layer in layer_ids(f["Properties"]["Layers"])}
     # WHEN each layer's libraries are checked against the runtime's (auditwheel's manylinux_2_34 policy)
     found = {layer: problems(script.build_layer(layer, tmp_path)) for layer in sorted(layers)}
     # THEN every one loads: each needed library is in the layer or the runtime, no symbol is newer than its

@@ -161,3 +161,19 @@ def test_the_functions_memory_architecture_and_snapstart_are_what_the_template_d
         "TagFunction",
         "CaptionFunction",
     }
+
+
+def test_detects_cold_start_without_a_snapshot_is_the_one_measured_as_lambda_runs_it_where_there_is_one() -> None:
+    from tools.cost import with_lambda_cold_start
+
+    # GIVEN annotate bench-lambda-detect's report: OpenVINO (the template's runtime) answers first in 9 s, warm in 4 s
+    measured = {"runtimes": {"openvino": {"first_answer_s": 9.0, "warm_answer_s": 4.0}}}
+    # WHEN the cost model takes it
+    bench = with_lambda_cold_start(BENCH, measured)
+    # THEN Detect's cold start without a snapshot costs those 5 s instead of the bench's 4 s from disk
+    assert (
+        bench["steps"]["detect"]["cold_start_without_snapshot_s"] == 5.0
+        and "cold_start_without_snapshot_s" not in (BENCH["steps"]["detect"])
+    )
+    extra = 51_000 * 6.5 * (5.0 - 4.0) * 0.0000166667
+    assert lambda_month(bench, PRICES, STEADY) == pytest.approx(lambda_month(BENCH, PRICES, STEADY) + extra)

@@ -16,6 +16,7 @@ from shared.tables import SCHEMAS, TABLES_PREFIX
 from tests.conftest import REPO
 from tests.unit.test_workflow_definition import template
 from tools.query import IMAGES_LATEST_SQL, glue_type, images_latest_view, run_local_query
+from tools.sam_template import layer_ids
 
 TEMPLATE_TEXT = (REPO / "template.yaml").read_text()
 RESOURCES = template()["Resources"]
@@ -217,5 +218,5 @@ def test_a_new_layer_or_parameter_value_publishes_a_new_version_and_the_old_one_
         used |= _parameters_in(globals_)
         missing = used - _parameters_in(properties["VersionDescription"])
         assert not missing, f"{name}: a new value of {sorted(missing)} would publish no version"
-        for layer in properties["Layers"]:
-            assert RESOURCES[layer["Ref"]]["Properties"]["PublishLambdaVersion"] is True, (name, layer)
+        for layer in layer_ids(properties["Layers"]):
+            assert RESOURCES[layer]["Properties"]["PublishLambdaVersion"] is True, (name, layer)

@@ -205,6 +205,16 @@ def _novalue_removes_list_items() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def _layer_versions_ref_to_their_arn() -> Iterator[None]:
+    """CloudFormation's Ref of an AWS::Lambda::LayerVersion is the layer version's ARN; moto 5.2.5 answers the
+    object itself, which an Fn::Split of it (Detect's version description) cannot take."""
+    from moto.awslambda.models import LayerVersion
+
+    with mock.patch.object(LayerVersion, "physical_resource_id", property(lambda layer: layer.arn), create=True):
+        yield
+
+
 Clients = Callable[[str], Any]  # service name -> a boto3 client in the stack's region
 
 
@@ -494,7 +504,7 @@ def deploy(deployment: Deployment) -> DeployedStack:
             name = f"{deployment.stack_name}-{logical_id}".lower()
             resource.setdefault("Properties", {})["RepositoryName"] = name
     cloudformation = clients("cloudformation")
-    with _novalue_removes_list_items():
+    with _novalue_removes_list_items(), _layer_versions_ref_to_their_arn():
         stack_id = cloudformation.create_stack(
             StackName=deployment.stack_name,
             TemplateBody=json.dumps(template),

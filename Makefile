@@ -60,6 +60,7 @@ LAYER_PIP := python3 -m pip install --quiet --platform manylinux_2_28_x86_64 --p
 
 build-SharedLayer:
 	$(LAYER_PIP) --target "$(ARTIFACTS_DIR)/python" -r layers/shared/requirements.txt
+	layers/shared/prune.sh "$(ARTIFACTS_DIR)/python"
 	cp -r shared "$(ARTIFACTS_DIR)/python/shared"
 
 build-ArrowLayer:

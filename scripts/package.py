@@ -76,6 +76,7 @@ def build_layer(name: str, out: Path) -> Path:
     python = folder / "python"
     if name == "SharedLayer":
         pip_install(python, *LAMBDA_WHEELS, "-r", "layers/shared/requirements.txt")
+        subprocess.run(["layers/shared/prune.sh", str(python)], check=True, cwd=REPO)
         shutil.copytree(REPO / "shared", python / "shared", ignore=shutil.ignore_patterns("__pycache__"))
     elif name == "ArrowLayer":
         pip_install(python, *LAMBDA_WHEELS, "-r", "layers/arrow/requirements.txt")

@@ -5,7 +5,7 @@
   Lambda.TooManyRequestsException" (Step Functions developer guide, Handling transient Lambda service exceptions;
   SnapStart's SnapStartNotReadyException and SnapStartTimeoutException likewise). moto names them all
   ``Exception``, which no Retry of the workflow matches.
-- An Express execution ends after five minutes: "Express workflows can run for up to five minutes" (Choosing
+- An Express execution ends after five minutes, its maximum duration (Step Functions developer guide, Choosing
   workflow type). A Distributed Map's Express child that runs longer times out as a whole; the states it had not
   reached never run. moto runs every child as a Standard one (its parser refuses Express children), without limit.
 """

@@ -101,8 +101,8 @@ def without_function_timeouts(definition: str) -> str:
     return json.dumps(document)
 
 
-# "Express workflows can run for up to five minutes" (Step Functions developer guide, Choosing workflow type): a
-# group's child execution ends there, with every image still in it unwritten.
+# An Express execution lasts at most five minutes (Step Functions developer guide, Choosing workflow type, its
+# maximum duration): a group's child execution ends there, with every image still in it unwritten.
 EXPRESS_LIMIT_S = 300
 
 

@@ -87,10 +87,13 @@ def test_with_snapstart_the_readmes_order_deploys_and_publishes_each_model_funct
     # WHEN it is rehearsed
     report = rehearse(deployment, False)
     # THEN the second deployment publishes the four model functions, whose init loads each model, and the story runs
+    # through their aliases (the workflow's substitutions with SnapStart)
     assert report.ok, report.render()
     [published] = [step for step in report.steps if step.startswith("SnapStart versions published")]
+    invoked = {call.request.resource for call in report.calls if call.request.action == "lambda:InvokeFunction"}
     for function in ("DetectFunction", "ClassifyFunction", "TagFunction", "CaptionFunction"):
         assert function in published
+        assert any(f"-{function}-" in arn and arn.endswith(":live") for arn in invoked), invoked
 
 
 def _without_statement(tmp_path: Path, function: str, sid: str, template: Path = TEMPLATE_PATH) -> Path:

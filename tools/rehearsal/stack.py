@@ -537,15 +537,23 @@ def deploy(deployment: Deployment) -> DeployedStack:
 
 def redeploy(stack: DeployedStack) -> DeployedStack:
     """The second `sam deploy` (``redeploy_with``): a parameter change, which CloudFormation applies to each function
-    whose environment the template derives from it (UpdateFunctionConfiguration). The state machine keeps the
-    first deployment's substitutions (moto's CloudFormation cannot update it): the handlers it invokes are the same.
-    """
+    whose environment the template derives from it (UpdateFunctionConfiguration) and to the state machine's
+    substitutions (UpdateStateMachine: with SnapStart, the functions' aliases)."""
     import boto3
+    from moto.cloudformation.models import cloudformation_backends
 
     from tools.sam_template import by_default
 
     deployment = replace(stack.deployment, parameters=stack.deployment.parameters | stack.deployment.redeploy_with)
-    client = boto3.client("lambda", region_name=stack.region)
+
+    def clients(service: str) -> Any:
+        return boto3.client(service, region_name=stack.region)
+
+    [described] = clients("cloudformation").describe_stacks(StackName=deployment.stack_name)["Stacks"]
+    resource_map = cloudformation_backends[ACCOUNT][stack.region].get_stack(described["StackId"]).resource_map
+    _, definition, _ = _machine_definition(stack.template, resource_map, clients, deployment.parameters)
+    clients("stepfunctions").update_state_machine(stateMachineArn=stack.state_machine_arn, definition=definition)
+    client = clients("lambda")
     functions = {}
     for logical_id, function in stack.functions.items():
         variables = stack.template["Resources"][logical_id]["Properties"].get("Environment", {}).get("Variables", {})
@@ -557,27 +565,39 @@ def redeploy(stack: DeployedStack) -> DeployedStack:
     return replace(stack, deployment=deployment, functions=functions)
 
 
-def _create_state_machine(
-    template: dict[str, Any], resource_map: Any, created: dict[str, str], clients: Clients
-) -> tuple[str, str, str]:
-    """The deployed machine, in moto's interpreter: its definition from the artifacts bucket, substituted as
-    CloudFormation would from DefinitionSubstitutions resolved against the stack's resources."""
+def _machine_definition(
+    template: dict[str, Any], resource_map: Any, clients: Clients, parameters: dict[str, str] | None = None
+) -> tuple[str, str, dict[str, Any]]:
+    """The state machine's logical id, its definition as the interpreter runs it, substituted as CloudFormation
+    would from DefinitionSubstitutions resolved against the stack's resources (its conditions with ``parameters``,
+    when given: an update's), and its resolved properties."""
     from moto.cloudformation.parsing import clean_json
+
+    from tools.sam_template import by_default
 
     [(logical_id, resource)] = [
         (k, r) for k, r in template["Resources"].items() if r["Type"] == "AWS::StepFunctions::StateMachine"
     ]
-    properties = clean_json(resource["Properties"], resource_map)
+    declared = by_default(template, resource["Properties"], parameters) if parameters else resource["Properties"]
+    properties = clean_json(declared, resource_map)
     location = properties["DefinitionS3Location"]
     definition = clients("s3").get_object(Bucket=location["Bucket"], Key=location["Key"])["Body"].read().decode()
     substituted = substitute({k: str(v) for k, v in properties["DefinitionSubstitutions"].items()}, definition)
+    # Invocations take turns here (one settings override per process), so a Task would wait for its function on
+    # the state's clock: each invocation is held to its function's deployed timeout from its start instead
+    # (services.py), which the workflow's TimeoutSeconds equal (a test holds them).
+    return logical_id, without_function_timeouts(for_moto(substituted)), properties
+
+
+def _create_state_machine(
+    template: dict[str, Any], resource_map: Any, created: dict[str, str], clients: Clients
+) -> tuple[str, str, str]:
+    """The deployed machine, in moto's interpreter (moto's CloudFormation does not substitute its definition)."""
+    logical_id, definition, properties = _machine_definition(template, resource_map, clients)
     name = created[logical_id].rsplit(":", 1)[-1]
     arn = clients("stepfunctions").create_state_machine(
         name=name,
-        # Invocations take turns here (one settings override per process), so a Task would wait for its function
-        # on the state's clock: each invocation is held to its function's deployed timeout from its start instead
-        # (services.py), which the workflow's TimeoutSeconds equal (a test holds them).
-        definition=without_function_timeouts(for_moto(substituted)),
+        definition=definition,
         roleArn=properties["RoleArn"],
         type=properties.get("StateMachineType", "STANDARD"),
     )["stateMachineArn"]

@@ -48,6 +48,8 @@ def parse_body(body: str) -> PromptMessage | S3EventNotificationEventBridgeModel
         document = json.loads(body)
     except ValueError as error:
         raise RequestRejected(f"message is not JSON: {error}") from error
+    except RecursionError as error:  # a message of thousands of nested brackets: the parser's stack runs out
+        raise RequestRejected("message is not a valid message: its JSON is nested too deeply") from error
     try:
         if isinstance(document, dict) and document.get("source") == "aws.s3":
             event = S3EventNotificationEventBridgeModel.model_validate(document)

@@ -620,6 +620,8 @@ def _print_table(rows, title: str | None = None) -> None:
 
 
 def _quiet_logs(verbose: bool) -> None:
+    """The structured logs are Lambda's: a command says what happened in its own lines, and shows the logs when
+    asked (--verbose), or an error's record."""
     from shared.observability import logger
 
-    logger.setLevel("INFO" if verbose else "WARNING")
+    logger.setLevel("INFO" if verbose else "ERROR")

@@ -130,8 +130,10 @@ def _write_yolo(kept: list[tuple[AnnotatedImage, str]], out_dir: Path) -> None:
         lines = [f"{names.index(box.label)} {_yolo_box(box, image.width, image.height)}\n" for box in image.boxes]
         (labels / f"{Path(file_name).stem}.txt").write_text("".join(lines))
     data = ["path: .", f"train: {IMAGES_FOLDER}", f"val: {IMAGES_FOLDER}", f"nc: {len(names)}", "names:"]
-    data += [f"  {index}: {json.dumps(name)}" for index, name in enumerate(names)]
-    (out_dir / "data.yaml").write_text("\n".join(data) + "\n")
+    # YAML's double-quoted escapes are JSON's but for characters past U+FFFF, which JSON writes as two surrogates
+    # that a YAML reader keeps apart: such characters are written as they are
+    data += [f"  {index}: {json.dumps(name, ensure_ascii=False)}" for index, name in enumerate(names)]
+    (out_dir / "data.yaml").write_text("\n".join(data) + "\n", encoding="utf-8")
 
 
 def _yolo_box(box: LabelledBox, width: int, height: int) -> str:

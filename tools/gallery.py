@@ -50,7 +50,7 @@ _PAGE = """<!doctype html>
 <main>
 {% for card in cards %}
   <article class="card{% if card.image.status != 'succeeded' %} failed{% endif %}"
-    data-labels="{{ card.image.labels | join('|') }}" data-status="{{ card.image.status }}">
+    data-labels="{{ card.image.labels | tojson | forceescape }}" data-status="{{ card.image.status }}">
     {% if card.picture %}<img src="{{ card.picture }}" alt="{{ card.name }} with its boxes" loading="lazy">{% endif %}
     <div class="source" title="{{ card.image.source_uri }}">{{ card.name }}</div>
     {% if card.image.caption %}<p class="caption">{{ card.image.caption }}</p>{% endif %}
@@ -70,7 +70,7 @@ _PAGE = """<!doctype html>
       const label = button.dataset.label;
       for (const card of document.querySelectorAll(".card")) {
         const shown = button.dataset.failed ? card.dataset.status !== "succeeded"
-          : label === "" || card.dataset.labels.split("|").includes(label);
+          : label === "" || JSON.parse(card.dataset.labels).includes(label);
         card.hidden = !shown;
       }
     });

@@ -173,7 +173,11 @@ def test_annotate_send_runs_a_prompt_message_through_the_ingest_code(tmp_path: P
 
 @pytest.mark.parametrize(
     ("body", "reason"),
-    [("{not json", "not JSON"), (json.dumps({"prompt": "cat.", "images": []}), "at least 1 item")],
+    [
+        ("{not json", "not JSON"),
+        (json.dumps({"prompt": "cat.", "images": []}), "at least 1 item"),
+        ("[" * 100_000, "nested too deeply"),  # deeper than the JSON parser's stack
+    ],
 )
 def test_annotate_send_keeps_a_malformed_message_with_its_reason(tmp_path: Path, body: str, reason: str) -> None:
     message = tmp_path / "message.json"
@@ -181,10 +185,21 @@ def test_annotate_send_keeps_a_malformed_message_with_its_reason(tmp_path: Path,
 
     code, output = annotate("send", str(message), "--data-dir", str(tmp_path / "data"))
 
+    # THEN one line says why (no log record, no traceback), and the message is kept
     assert code == 2 and reason in output
+    assert not any(line.startswith(("{", "Traceback")) for line in output.splitlines()), output
     [kept] = (tmp_path / "data" / "dead-letter").iterdir()
     record = json.loads(kept.read_text())
     assert record["body"] == body and reason in record["reason"] and record["source"] == str(message)
+
+
+def test_annotate_status_refuses_a_message_nested_too_deeply_in_one_line(tmp_path: Path) -> None:
+    message = tmp_path / "message.json"
+    message.write_text("[" * 100_000)
+
+    code, output = annotate("status", str(message), "--data-dir", str(tmp_path / "data"))
+
+    assert code == 2 and "nested too deeply" in " ".join(output.split()) and "Traceback" not in output
 
 
 def test_variants_run_through_the_fargate_state_and_land_in_the_row(tmp_path: Path, tiny_settings: Settings) -> None:

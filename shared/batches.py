@@ -6,6 +6,7 @@ import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from shared.contracts import AnnotationRequest, BatchInput, ImageGroup, ImageRef, PromptMessage
 from shared.settings import IngestSettings
@@ -22,6 +23,8 @@ def expand_locations(locations: list[str], store_for: StoreFor) -> dict[str, str
     """
     found: dict[str, str] = {}
     for location in locations:
+        if location.startswith("file://"):  # a local file's URI: its path
+            location = unquote(urlparse(location).path)
         if not is_s3(location):
             location = str(Path(location).expanduser().resolve())
         store = store_for(location)

@@ -112,6 +112,15 @@ def send(
     _annotate(message, f"annotate-send:{message_file.resolve()}", settings)
 
 
+def _refuse_remote_locations(locations: list[str]) -> None:
+    elsewhere = [location for location in locations if "://" in location and not location.startswith("file://")]
+    if elsewhere:
+        raise _fail(
+            f"{elsewhere[0]}: the local mode reads files and folders (or file:// URIs); s3:// locations are the "
+            "deployed stack's: send the message to its prompts queue"
+        )
+
+
 def _annotate(message: Any, delivery: str, settings: Settings) -> None:
     """Start the message's batches on the local workflow, show progress, print the summary and exit."""
     from shared.errors import ModelUnavailable, RequestRejected
@@ -119,6 +128,8 @@ def _annotate(message: Any, delivery: str, settings: Settings) -> None:
     from shared.storage import store_for
     from tools.local_runner import ExecutionResult, LocalStarter, local_workflow
     from tools.tiny_models import build_named_models
+
+    _refuse_remote_locations(message.images)
 
     try:
         build_named_models(settings, variants=message.variants is not None)

@@ -224,3 +224,34 @@ def test_variants_run_through_the_fargate_state_and_land_in_the_row(tmp_path: Pa
     assert row["variant_seeds"] == [7, 8] and row["variants_model"] == "tiny:sdxs"
     assert all(Path(uri).read_bytes().startswith(b"\x89PNG") for uri in row["variant_uris"])
     assert "variant-0.png" in output  # shown in the local results output
+
+
+@pytest.mark.parametrize("location", ["s3://someone-elses-bucket/x.jpg", "https://example.com/cat.jpg"])
+def test_a_location_the_local_mode_cannot_read_is_refused_in_one_line(location: str, tmp_path: Path) -> None:
+    code, output = annotate(
+        "run", location, "--prompt", "cat.", "--profile", "tiny", "--data-dir", str(tmp_path / "data")
+    )
+
+    assert code == 2 and "the local mode reads files and folders" in " ".join(output.split())
+    assert "Traceback" not in output and not (tmp_path / "data").exists()
+
+
+def test_a_file_uri_is_read_as_the_file_it_names(tmp_path: Path, tiny_settings: Settings) -> None:
+    image = SAMPLES / "chelsea-the-cat.jpg"
+
+    code, output = annotate(
+        "run",
+        image.as_uri(),
+        "--prompt",
+        "cat.",
+        "--profile",
+        "tiny",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--no-caption",
+    )
+
+    assert code == 0, output
+    assert rows("SELECT source_uri, status FROM images", tmp_path / "data") == [
+        {"source_uri": str(image), "status": "succeeded"}
+    ]

@@ -5,12 +5,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from shared.contracts import AnnotationRequest, BatchInput, ImageGroup, ImageRef, PromptMessage
 from shared.settings import IngestSettings
-from shared.storage import StoreFor, is_s3
+from shared.storage import StoreFor, is_s3, local_path, local_uri
 
 
 def expand_locations(locations: list[str], store_for: StoreFor) -> dict[str, str]:
@@ -23,12 +21,10 @@ def expand_locations(locations: list[str], store_for: StoreFor) -> dict[str, str
     """
     found: dict[str, str] = {}
     for location in locations:
-        if location.startswith("file://"):  # a local file's URI: its path
-            location = unquote(urlparse(location).path)
         if not is_s3(location):
-            location = str(Path(location).expanduser().resolve())
+            location = local_uri(local_path(location).expanduser().resolve())
         store = store_for(location)
-        folder = location.endswith("/") if is_s3(location) else Path(location).is_dir()
+        folder = location.endswith("/") if is_s3(location) else local_path(location).is_dir()
         listed = store.list_fingerprinted(location) if folder else [(location, store.fingerprint(location))]
         for uri, fingerprint in listed:
             found.setdefault(uri, fingerprint)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlparse
+from urllib.parse import quote, unquote_to_bytes, urlparse
 
 from shared.errors import ImageRejected, TransientError
 
@@ -49,12 +50,27 @@ def _too_large(uri: str, size: int, max_bytes: int) -> ImageRejected:
     return ImageRejected(f"{uri} is {size:,} bytes, over the limit of {max_bytes:,} bytes")
 
 
+def local_path(uri: str) -> Path:
+    """The path a plain path or a file:// URI names (its percent-escapes decoded to the file name's bytes)."""
+    return Path(os.fsdecode(unquote_to_bytes(urlparse(uri).path))) if uri.startswith("file://") else Path(uri)
+
+
+def local_uri(path: Path) -> str:
+    """How a local file is named in messages, rows and JSON: its path, or, where the name is not valid UTF-8 (a
+    file system allows any bytes), a file:// URI with those bytes percent-escaped."""
+    try:
+        str(path).encode()
+    except UnicodeEncodeError:
+        return "file://" + quote(os.fsencode(path))
+    return str(path)
+
+
 class LocalStore:
     """Plain paths and file:// URIs."""
 
     @staticmethod
     def _path(uri: str) -> Path:
-        return Path(urlparse(uri).path if uri.startswith("file://") else uri)
+        return local_path(uri)
 
     def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes:
         path = self._path(uri)
@@ -75,9 +91,9 @@ class LocalStore:
     def list_uris(self, prefix_uri: str) -> Iterator[str]:
         root = self._path(prefix_uri)
         if root.is_file():
-            yield str(root)
+            yield local_uri(root)
         elif root.is_dir():
-            yield from (str(p) for p in sorted(root.rglob("*")) if p.is_file() and not p.name.startswith("."))
+            yield from (local_uri(p) for p in sorted(root.rglob("*")) if p.is_file() and not p.name.startswith("."))
 
     def list_fingerprinted(self, prefix_uri: str) -> Iterator[tuple[str, str]]:
         """Each file under ``prefix_uri`` with :meth:`fingerprint`'s digest (a read of each file)."""

@@ -4,6 +4,8 @@ interpreter, the real handlers. Failure paths are covered with fakes in tests/fu
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -254,4 +256,22 @@ def test_a_file_uri_is_read_as_the_file_it_names(tmp_path: Path, tiny_settings: 
     assert code == 0, output
     assert rows("SELECT source_uri, status FROM images", tmp_path / "data") == [
         {"source_uri": str(image), "status": "succeeded"}
+    ]
+
+
+def test_a_file_whose_name_is_not_utf8_is_annotated_beside_the_others(tmp_path: Path, tiny_settings: Settings) -> None:
+    # GIVEN a folder with a picture whose name is not valid UTF-8 (a file system allows any bytes) and a good one
+    folder = tmp_path / "images"
+    folder.mkdir()
+    shutil.copy(SAMPLES / "chelsea-the-cat.jpg", folder / "good.jpg")
+    shutil.copy(SAMPLES / "coffee.webp", os.fsdecode(os.fsencode(folder) + b"/bad\xff.webp"))
+
+    # WHEN the folder is annotated
+    code, output = annotate_tiny(folder, "cat.", tmp_path / "data", "--no-caption")
+
+    # THEN both are, the odd one named by a file:// URI that keeps its bytes
+    assert code == 0, output
+    assert rows("SELECT source_uri, status FROM images ORDER BY source_uri", tmp_path / "data") == [
+        {"source_uri": str(folder / "good.jpg"), "status": "succeeded"},
+        {"source_uri": f"file://{folder}/bad%FF.webp", "status": "succeeded"},
     ]

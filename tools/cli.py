@@ -494,14 +494,15 @@ def status(
     for batch in statuses:
         out.print(
             f"batch {batch.batch_id}: {batch.state} ({batch.execution or 'no execution'}): {batch.images} images, "
-            f"{batch.done} done, {batch.failed} failed, {batch.still_running} still running; results in "
-            f"{batch.results}",
+            f"{batch.done} done, {batch.failed} failed, {batch.still_running} still running"
+            + (f", {batch.missing} without a result" if batch.missing else "")
+            + f"; results in {batch.results}",
             highlight=False,
             soft_wrap=True,
         )
         for failure in batch.failures:
             out.print(f"  failed {failure.source_uri}: {failure.reason}", highlight=False, soft_wrap=True)
-    raise typer.Exit(0 if all(b.state == "SUCCEEDED" and not b.failed for b in statuses) else 1)
+    raise typer.Exit(0 if all(batch.all_done for batch in statuses) else 1)
 
 
 def _statuses(what: str | None, data_dir: Path, stack: str | None) -> list[Any]:

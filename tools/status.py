@@ -73,8 +73,17 @@ class BatchStatus(BaseModel):
 
     @property
     def still_running(self) -> int:
-        """Images without a result yet, while the execution runs (after it, they would be missing)."""
+        """Images without a result yet, while the execution runs (after it, they are missing)."""
         return self.images - self.done - self.failed if self.state == "RUNNING" else 0
+
+    @property
+    def missing(self) -> int:
+        """Images without a result document once the execution is over: not done, whatever the execution says."""
+        return 0 if self.state == "RUNNING" else self.images - self.done - self.failed
+
+    @property
+    def all_done(self) -> bool:
+        return self.state == "SUCCEEDED" and not self.failed and not self.missing
 
 
 def batch_status(

@@ -275,3 +275,18 @@ def test_a_file_whose_name_is_not_utf8_is_annotated_beside_the_others(tmp_path: 
         {"source_uri": str(folder / "good.jpg"), "status": "succeeded"},
         {"source_uri": f"file://{folder}/bad%FF.webp", "status": "succeeded"},
     ]
+
+
+def test_status_is_not_done_when_a_result_document_is_missing(tmp_path: Path, tiny_settings: Settings) -> None:
+    # GIVEN an image annotated, and then its result document gone
+    data_dir = tmp_path / "data"
+    code, output = annotate_tiny(SAMPLES / "chelsea-the-cat.jpg", "cat.", data_dir, "--no-caption")
+    assert code == 0, output
+    [document] = (data_dir / "results").glob("b-*/*.json")
+    document.unlink()
+
+    # WHEN its status is asked for
+    code, output = annotate("status", "--last", "--data-dir", str(data_dir))
+
+    # THEN it is not done: exit 1, saying an image has no result
+    assert code == 1 and "1 images, 0 done, 0 failed, 0 still running, 1 without a result" in " ".join(output.split())

@@ -28,6 +28,9 @@ DEFAULT_ATTRIBUTES: dict[str, list[str]] = {
     "pattern": ["solid", "striped", "spotted", "plaid", "checkered", "floral", "patchy"],
 }
 _ATTRIBUTE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+# The names the exports give their own fields beside a box's attributes: COCO's attribute "class" (the classifier's),
+# Label Studio's controls "image", "label", "class" and "caption". A vocabulary of the same name would overwrite one.
+RESERVED_ATTRIBUTE_NAMES = frozenset({"image", "label", "class", "caption"})
 _PHRASE_SEPARATOR = re.compile(r"\s*\.\s*")
 _PRINTABLE_TEXT = re.compile(r"^[^\x00-\x1f\x7f]*$")
 
@@ -91,6 +94,16 @@ class VariantsRequest(Frozen):
         return text
 
 
+def _check_attribute_name(name: str) -> None:
+    if not _ATTRIBUTE_NAME.match(name):
+        raise ValueError(f"attribute name {name[:40]!r} must be lower-case letters, digits or _ (<= 32)")
+    if name in RESERVED_ATTRIBUTE_NAMES:
+        raise ValueError(
+            f"attribute name {name!r} is one the exports use for their own fields "
+            f"({', '.join(sorted(RESERVED_ATTRIBUTE_NAMES))}): name the vocabulary otherwise"
+        )
+
+
 class AnnotationRequest(Frozen):
     """What to look for in every image of a batch, and how."""
 
@@ -136,8 +149,7 @@ class AnnotationRequest(Frozen):
         if len(attributes) > MAX_ATTRIBUTES:
             raise ValueError(f"{len(attributes)} attributes; at most {MAX_ATTRIBUTES} are accepted")
         for name, values in attributes.items():
-            if not _ATTRIBUTE_NAME.match(name):
-                raise ValueError(f"attribute name {name[:40]!r} must be lower-case letters, digits or _ (<= 32)")
+            _check_attribute_name(name)
             if not values:
                 raise ValueError(f"attribute {name!r} has an empty vocabulary")
             if len(values) > MAX_ATTRIBUTE_VALUES:

@@ -290,3 +290,15 @@ def test_status_is_not_done_when_a_result_document_is_missing(tmp_path: Path, ti
 
     # THEN it is not done: exit 1, saying an image has no result
     assert code == 1 and "1 images, 0 done, 0 failed, 0 still running, 1 without a result" in " ".join(output.split())
+
+
+@pytest.mark.parametrize("name", ["class", "label", "image", "caption"])
+def test_an_attribute_named_like_an_exports_own_field_is_refused_in_one_line(name: str, tmp_path: Path) -> None:
+    # GIVEN a vocabulary named as COCO's class attribute or a Label Studio control is named
+    from tools.export import LS_BOXES, LS_CLASS, LS_IMAGE
+
+    assert name in {LS_IMAGE, LS_BOXES, LS_CLASS, "caption"}
+    # WHEN it is asked for THEN it is refused before anything runs, saying why
+    code, output = annotate_tiny(SAMPLES, "cat.", tmp_path / "data", "--attribute", f"{name}=red,green")
+    assert code == 2 and "the exports use for their own fields" in " ".join(output.split()), output
+    assert not (tmp_path / "data").exists()

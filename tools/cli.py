@@ -112,6 +112,11 @@ def send(
     _annotate(message, f"annotate-send:{message_file.resolve()}", settings)
 
 
+def _refuse_file_as_folder(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise _fail(f"--out {out_dir} is a file: name a folder to write into")
+
+
 def _refuse_remote_locations(locations: list[str]) -> None:
     elsewhere = [location for location in locations if "://" in location and not location.startswith("file://")]
     if elsewhere:
@@ -437,6 +442,7 @@ def export_command(
         chosen = ExportFormat(export_format)
     except ValueError:
         raise _fail(f"--format must be one of {[f.value for f in ExportFormat]}") from None
+    _refuse_file_as_folder(out_dir)
     report = export(_annotated_images(where, data_dir, stack), chosen, out_dir, store_for)
     for source, reason in report.skipped.items():
         err.print(f"[yellow]skipped[/yellow] {source}: {reason}", highlight=False)
@@ -467,6 +473,7 @@ def gallery(
             bucket, key = split_s3(uri)
             return str(s3.generate_presigned_url("get_object", {"Bucket": bucket, "Key": key}, ExpiresIn=expires))
 
+    _refuse_file_as_folder(out_dir)
     images = _annotated_images(where, data_dir, stack)
     index = write_gallery(images, out_dir, store_for, presign)
     out.print(f"{len(images)} images: open {index}", highlight=False)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -17,6 +19,7 @@ from typing import Any
 
 from PIL import Image
 
+from shared.batches import image_ref
 from shared.errors import ImageRejected
 from shared.images import decode_image
 from shared.storage import StoreFor
@@ -44,26 +47,61 @@ class ExportReport:
 def export(
     images: list[AnnotatedImage], export_format: ExportFormat, out_dir: Path, store_for: StoreFor
 ) -> ExportReport:
-    """Write ``images`` in ``export_format`` under ``out_dir``. A failed image (no boxes to give) or a source that
-    cannot be read any more is skipped, with the reason, and the rest is exported."""
+    """Write ``images`` in ``export_format`` under ``out_dir``. A failed image (no boxes to give), a source that
+    cannot be read any more, is no longer a picture, or is not the one annotated (its content changed) is skipped,
+    with the reason, and the rest is exported. The export is written beside ``out_dir`` and moved into it at the
+    end, so a failure leaves no half-written folder."""
     report = ExportReport()
-    kept: list[tuple[AnnotatedImage, str]] = []
-    for image in images:
-        if image.status != "succeeded" or not image.width or not image.height:
-            report.skipped[image.source_uri] = f"not annotated: {image.error or image.status}"
-            continue
-        try:
-            file_name = "" if export_format is ExportFormat.LABEL_STUDIO else _copy_picture(image, out_dir, store_for)
-        except ImageRejected as error:
-            report.skipped[image.source_uri] = str(error)
-            continue
-        kept.append((image, file_name))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    {ExportFormat.COCO: _write_coco, ExportFormat.YOLO: _write_yolo, ExportFormat.LABEL_STUDIO: _write_label_studio}[
-        export_format
-    ](kept, out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:
+        kept: list[tuple[AnnotatedImage, str]] = []
+        for image in images:
+            reason = _why_not_exported(image, store_for)
+            try:
+                if reason is None and export_format is not ExportFormat.LABEL_STUDIO:
+                    kept.append((image, _copy_picture(image, staging, store_for)))
+                elif reason is None:
+                    kept.append((image, ""))
+            except (ImageRejected, OSError) as error:  # PIL's UnidentifiedImageError is an OSError
+                reason = f"its source is not a picture any more: {error}"
+            if reason is not None:
+                report.skipped[image.source_uri] = reason
+        writers = {
+            ExportFormat.COCO: _write_coco,
+            ExportFormat.YOLO: _write_yolo,
+            ExportFormat.LABEL_STUDIO: _write_label_studio,
+        }
+        writers[export_format](kept, staging)
+        _move_into(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     report.images, report.boxes = len(kept), sum(len(image.boxes) for image, _ in kept)
     return report
+
+
+def _why_not_exported(image: AnnotatedImage, store_for: StoreFor) -> str | None:
+    """Why ``image`` has no place in an export (None: it has): not annotated, or its source is gone or changed."""
+    if image.status != "succeeded" or not image.width or not image.height:
+        return f"not annotated: {image.error or image.status}"
+    fingerprint = store_for(image.source_uri).fingerprint(image.source_uri)
+    if fingerprint == "missing":
+        return f"{image.source_uri} does not exist any more"
+    if image_ref(image.source_uri, fingerprint).image_id != image.image_id:
+        return "its source changed since it was annotated (the image id holds its content's digest): annotate it again"
+    return None
+
+
+def _move_into(staging: Path, out_dir: Path) -> None:
+    """Each entry written aside replaces its namesake in ``out_dir``; nothing else there is touched."""
+    out_dir.mkdir(exist_ok=True)
+    for entry in staging.iterdir():
+        target = out_dir / entry.name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+        entry.replace(target)
 
 
 def categories(images: list[AnnotatedImage]) -> list[str]:

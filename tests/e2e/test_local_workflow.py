@@ -302,3 +302,50 @@ def test_an_attribute_named_like_an_exports_own_field_is_refused_in_one_line(nam
     code, output = annotate_tiny(SAMPLES, "cat.", tmp_path / "data", "--attribute", f"{name}=red,green")
     assert code == 2 and "the exports use for their own fields" in " ".join(output.split()), output
     assert not (tmp_path / "data").exists()
+
+
+def test_an_export_skips_sources_gone_changed_or_no_longer_pictures_and_leaves_nothing_half_written(
+    tmp_path: Path, tiny_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN three pictures annotated, then one replaced by another picture, one by text, one left as it was
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for sample in ("chelsea-the-cat.jpg", "coffee.webp", "chelsea-rotated-exif.jpg"):
+        shutil.copy(SAMPLES / sample, folder / sample)
+    data_dir = tmp_path / "data"
+    code, output = annotate_tiny(folder, "cat.", data_dir, "--no-caption", "--box-threshold", "0")
+    assert code == 0, output
+    shutil.copy(SAMPLES / "coffee.webp", folder / "chelsea-the-cat.jpg")
+    (folder / "coffee.webp").write_text("not a picture any more")
+
+    # WHEN they are exported
+    out = tmp_path / "coco"
+    code, output = annotate("export", "--format", "coco", "--out", str(out), "--data-dir", str(data_dir))
+
+    # THEN the changed and the broken sources are skipped with their reasons, the unchanged one exported
+    said = "".join(output.split())  # the console wraps long lines, at spaces and hyphens
+    assert code == 0 and "1images" in said, output
+    assert "chelsea-the-cat.jpg:itssourcechangedsinceitwasannotated" in said
+    assert "coffee.webp:itssourcechangedsinceitwasannotated" in said  # text now: changed, before it is opened
+    assert [image["file_name"] for image in json.loads((out / "annotations.json").read_text())["images"]] == [
+        path.name for path in (out / "images").iterdir()
+    ]
+    # AND an export that fails part-way leaves the folder as it was, and nothing beside it
+    from tools import export
+
+    def broken(*_: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export, "_write_yolo", broken)
+    with pytest.raises(OSError, match="disk full"):
+        export.export([], export.ExportFormat.YOLO, tmp_path / "yolo", store_for)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["coco", "data", "images"]
+
+
+def test_an_export_or_gallery_into_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    existing = tmp_path / "a-file"
+    existing.write_text("mine")
+    for command in (["export", "--format", "coco"], ["gallery"]):
+        code, output = annotate(*command, "--out", str(existing), "--data-dir", str(tmp_path / "data"))
+        assert code == 2 and "is a file: name a folder" in " ".join(output.split()), output
+    assert existing.read_text() == "mine"

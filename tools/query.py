@@ -32,15 +32,24 @@ def connect_local(data_dir: Path) -> duckdb.DuckDBPyConnection:
 
     A table with no files yet is an empty view of the right schema, so queries work before the first run.
     """
+    import pyarrow.dataset as ds
+
     connection = duckdb.connect()
     for name, schema in SCHEMAS.items():
         table_root = data_dir.resolve() / TABLES_PREFIX / name
-        if any(table_root.glob(f"{PARTITION_COLUMN}=*/*.parquet")):
-            pattern = str(table_root / f"{PARTITION_COLUMN}=*" / "*.parquet").replace("'", "''")
-            connection.execute(
-                f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{pattern}', hive_partitioning = true, "
-                f"hive_types = {{'{PARTITION_COLUMN}': VARCHAR}}, union_by_name = true)"
+        # The files are listed here and handed over by name: DuckDB would read a folder's *, ?, [ or { as a pattern
+        files = sorted(str(path) for path in table_root.glob(f"{PARTITION_COLUMN}=*/*.parquet"))
+        if files:
+            partitioning = ds.partitioning(pa.schema([(PARTITION_COLUMN, pa.string())]), flavor="hive")
+            dataset = ds.dataset(
+                files,
+                schema=schema.append(pa.field(PARTITION_COLUMN, pa.string())),  # older files: missing columns null
+                format="parquet",
+                partitioning=partitioning,
+                partition_base_dir=str(table_root),
             )
+            connection.register(f"{name}_files", dataset)
+            connection.execute(f"CREATE VIEW {name} AS SELECT * FROM {name}_files")
         else:
             empty = schema.append(pa.field(PARTITION_COLUMN, pa.string())).empty_table()
             connection.register(f"{name}_empty", empty)

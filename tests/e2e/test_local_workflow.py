@@ -349,3 +349,26 @@ def test_an_export_or_gallery_into_a_file_is_refused_in_one_line(tmp_path: Path)
         code, output = annotate(*command, "--out", str(existing), "--data-dir", str(tmp_path / "data"))
         assert code == 2 and "is a file: name a folder" in " ".join(output.split()), output
     assert existing.read_text() == "mine"
+
+
+def test_a_data_folder_named_with_pattern_characters_works_everywhere(tmp_path: Path, tiny_settings: Settings) -> None:
+    # GIVEN a data folder whose name holds what a file pattern reads as its own ([, ], *, ?, {, }, ')
+    data_dir = tmp_path / "run [1] *{a,b}? it's"
+    folder = tmp_path / "images"
+    folder.mkdir()
+    shutil.copy(SAMPLES / "chelsea-the-cat.jpg", folder / "cat.jpg")
+    (folder / "empty.jpg").write_bytes(b"")
+
+    # WHEN a run with a failure writes there, and the results are queried, exported and shown
+    code, output = annotate_tiny(folder, "cat.", data_dir, "--no-caption")
+    assert code == 1 and "1 succeeded, 1 failed" in output and "Traceback" not in output, output
+    exported = annotate("export", "--format", "yolo", "--out", str(tmp_path / "yolo"), "--data-dir", str(data_dir))
+    shown = annotate("gallery", "--out", str(tmp_path / "gallery"), "--data-dir", str(data_dir))
+
+    # THEN every command finds both rows
+    assert rows("SELECT status FROM images ORDER BY status", data_dir) == [
+        {"status": "failed"},
+        {"status": "succeeded"},
+    ]
+    assert exported[0] == 0 and "1 images" in exported[1]
+    assert shown[0] == 0 and "2 images" in shown[1]

@@ -19,7 +19,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 out = Console()
 err = Console(stderr=True)
 
-DataDir = Annotated[Path, typer.Option("--data-dir", help="Local results folder")]
+DataDir = Annotated[Path, typer.Option("--data-dir", file_okay=False, help="Local results folder")]
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:

@@ -372,3 +372,21 @@ def test_a_data_folder_named_with_pattern_characters_works_everywhere(tmp_path: 
     ]
     assert exported[0] == 0 and "1 images" in exported[1]
     assert shown[0] == 0 and "2 images" in shown[1]
+
+
+def test_a_run_that_works_says_nothing_that_reads_like_a_failure(tmp_path: Path, tiny_settings: Settings) -> None:
+    # WHEN the samples are annotated, as make demo does
+    code, output = annotate_tiny(SAMPLES, "dog. cat.", tmp_path / "data")
+    # THEN the run prints its progress and summary, and no interpreter's error lines, log records or traceback
+    assert code == 0 and "3 succeeded, 0 failed" in output, output
+    assert not any(word in output for word in ("ERROR", "Exception", "Traceback", '{"level"')), output
+
+
+def test_a_data_dir_that_is_a_file_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    existing = tmp_path / "a-file"
+    existing.write_text("mine")
+
+    code, output = annotate_tiny(SAMPLES, "cat.", existing)
+
+    assert code == 2 and "Invalid value for '--data-dir'" in output and "Traceback" not in output
+    assert existing.read_text() == "mine"

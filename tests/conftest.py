@@ -33,6 +33,16 @@ def _settings_are_restored_after_each_test() -> Iterator[None]:
     use_settings(before)
 
 
+@pytest.fixture(autouse=True)
+def _log_level_is_restored_after_each_test() -> Iterator[None]:
+    """The CLI quiets the shared logger for its own process; a test after a CLI test still sees its records."""
+    from shared.observability import logger
+
+    level = logger.log_level
+    yield
+    logger.setLevel(level)
+
+
 @pytest.fixture(scope="session")
 def tiny_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     """The tiny profile, with the machine's model cache (tiny models are built once per machine)."""

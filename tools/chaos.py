@@ -212,7 +212,7 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.") -> ChaosRep
             for key, body in generate_images(faults.variants_images, faults.seed + 1).items()
         }
         injector = Injector(faults, hang_source=f"s3://{INPUT_BUCKET}/{sorted(images)[faults.hang_image]}")
-        with local_workflow(gate=injector.gate, express_limit=True) as run_batch:
+        with local_workflow(gate=injector.gate, aws_limits=True) as run_batch:
             s3 = boto3.client("s3", region_name=REGION)
             for bucket in (INPUT_BUCKET, RESULTS_BUCKET):
                 s3.create_bucket(Bucket=bucket)

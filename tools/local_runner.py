@@ -93,14 +93,17 @@ def _error_payload(error: BaseException, error_type: str | None = None) -> dict[
 
 class HandlerDispatcher:
     """Stands in for the Lambda service: runs ``functions/<name>/app.handler`` in this process, one invocation at a
-    time per function, and ends an invocation that ran past the function's timeout with Lambda's timeout error
-    (the timeout is the workflow's TimeoutSeconds for the step, which the function's equals: a test holds them)."""
+    time per function; with ``timeouts``, ends an invocation that ran past the function's timeout with Lambda's
+    timeout error (the timeout is the workflow's TimeoutSeconds for the step, which the function's equals: a test
+    holds them)."""
 
-    def __init__(self, listener: InvocationListener | None = None, gate: InvocationGate | None = None) -> None:
+    def __init__(
+        self, listener: InvocationListener | None = None, gate: InvocationGate | None = None, timeouts: bool = False
+    ) -> None:
         self._listener = listener
         self._gate = gate
         self._locks = {name: threading.Lock() for name in FUNCTION_PLACEHOLDERS.values()}
-        self._timeouts = step_timeouts()
+        self._timeouts = step_timeouts() if timeouts else {}
 
     def invoke(self, function: str, payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """(response payload, whether it is an error payload), as the Lambda Invoke API returns them."""
@@ -301,22 +304,23 @@ def _interpreter_quiet() -> Iterator[None]:
 
 @contextmanager
 def local_workflow(
-    listener: InvocationListener | None = None, gate: InvocationGate | None = None, express_limit: bool = False
+    listener: InvocationListener | None = None, gate: InvocationGate | None = None, aws_limits: bool = False
 ) -> Iterator[Callable[..., ExecutionResult]]:
-    """Inside: a function that runs one batch through the workflow and waits for it to end. ``express_limit``: end
-    each child (but those of a request with variants) at the Express limit, as AWS does. Off by default: here every
-    function is one environment, so a group's images queue behind other groups' and its clock counts the wait."""
+    """Inside: a function that runs one batch through the workflow and waits for it to end. ``aws_limits``: hold
+    each function to its timeout and each child (but those of a request with variants) to the Express limit, as
+    AWS does (`annotate chaos`). Off for `annotate run`: here every function is one environment on this machine's
+    cores, which a batch's images queue for, and a real model may be slower here than on Lambda."""
     import boto3
     from moto import mock_aws
 
-    dispatcher = HandlerDispatcher(listener, gate)
+    dispatcher = HandlerDispatcher(listener, gate, timeouts=aws_limits)
     with (
         _interpreter_quiet(),
         mock_aws(config=MOTO_CONFIG),
         services_in_process(
             lambda function, _, payload: dispatcher.invoke(function, payload),
             partial(_run_variants_container, gate),
-            express_limit,
+            express_limit=aws_limits,
         ),
         # Locally the measurements are in the image rows; EMF is for CloudWatch and would flood the terminal.
         mock.patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"}),

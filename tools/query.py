@@ -38,7 +38,7 @@ def connect_local(data_dir: Path) -> duckdb.DuckDBPyConnection:
     for name, schema in SCHEMAS.items():
         table_root = data_dir.resolve() / TABLES_PREFIX / name
         # The files are listed here and handed over by name: DuckDB would read a folder's *, ?, [ or { as a pattern
-        files = sorted(str(path) for path in table_root.glob(f"{PARTITION_COLUMN}=*/*.parquet"))
+        files = sorted(str(path) for path in table_root.glob(f"{PARTITION_COLUMN}=*/*.parquet") if path.is_file())
         if files:
             partitioning = ds.partitioning(pa.schema([(PARTITION_COLUMN, pa.string())]), flavor="hive")
             dataset = ds.dataset(

@@ -81,7 +81,7 @@ def test_a_group_over_the_express_limit_fails_as_a_whole_and_its_images_become_f
             time.sleep(12)
 
     # WHEN the three samples are annotated with the limit in force
-    with local_workflow(gate=gate, express_limit=True) as run:
+    with local_workflow(gate=gate, aws_limits=True) as run:
         starter = LocalStarter(run, settings.data_dir, "express-limit")
         message = PromptMessage(prompt="cat.", images=[str(SAMPLES)], caption=False)
         start_batches(message, "express-limit", settings.ingest, starter, store_for)

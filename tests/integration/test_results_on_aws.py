@@ -126,8 +126,12 @@ def queue_athena_results(*tables: tuple[list[dict[str, str]], list[list[str | No
 
 
 def test_an_export_from_athena_reads_the_pictures_from_s3(stack: Any, tmp_path: Path) -> None:
+    from shared.batches import image_ref
+    from shared.storage import store_for
+
     boto3.client("athena", region_name=REGION).create_work_group(Name="annotate")
-    image = IMAGES[0]
+    # the picture as ingest named it: by its location and its ETag (the export checks the content is the same)
+    image = image_ref(IMAGES[0].source_uri, store_for(IMAGES[0].source_uri).fingerprint(IMAGES[0].source_uri))
     queue_athena_results(
         (
             [

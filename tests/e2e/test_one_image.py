@@ -1,0 +1,78 @@
+"""One image in one process gives the workflow's result: the same boxes, classes, attributes and captions for the
+same images and request. Real tiny models; the workflow through the local runner, as `annotate run` runs it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from shared.contracts import AnnotationRequest, ImageRef, ImageResult, ImageTask, VariantsRequest
+from shared.dependencies import dependencies_of
+from shared.one_image import annotate_image
+from shared.settings import Settings, use_settings
+from tests.conftest import SAMPLES
+from tools.cli import app
+
+pytestmark = pytest.mark.slow
+
+
+def _compared(result: ImageResult) -> dict[str, object]:
+    detections = [
+        d.model_dump(include={"label", "score", "box", "class_label", "top_k", "attributes"}) for d in result.detections
+    ]
+    return {"status": result.status, "detections": detections, "caption": result.caption and result.caption.caption}
+
+
+def test_each_image_in_one_process_is_annotated_as_the_workflow_annotates_it(
+    tmp_path: Path, tiny_settings: Settings
+) -> None:
+    # GIVEN the samples and an empty file annotated through the workflow (captions on)
+    images = tmp_path / "images"
+    shutil.copytree(SAMPLES, images)
+    (images / "empty.jpg").write_bytes(b"")
+    workflow_dir = tmp_path / "workflow"
+    result = CliRunner().invoke(
+        app, ["run", str(images), "--prompt", "dog. cat.", "--profile", "tiny", "--data-dir", str(workflow_dir)]
+    )
+    assert result.exit_code == 1 and "3 succeeded, 1 failed" in result.output, result.output
+    by_workflow = [
+        ImageResult.model_validate_json(p.read_text()) for p in (workflow_dir / "results").glob("b-*/*.json")
+    ]
+    assert len(by_workflow) == 4
+
+    # WHEN each image is annotated in one process with the same request, writing elsewhere
+    settings = use_settings(tiny_settings.model_copy(update={"data_dir": tmp_path / "one"}))
+    request = AnnotationRequest(prompt="dog. cat.")
+    by_one = {
+        done.source_uri: annotate_image(
+            ImageTask(
+                batch_id=done.batch_id,
+                request=request,
+                image=ImageRef(image_id=done.image_id, source_uri=done.source_uri),
+                results_uri=settings.results_root,
+            ),
+            dependencies_of,
+        )
+        for done in by_workflow
+    }
+
+    # THEN every image has the workflow's boxes, classes, attributes, caption and status (the empty file's failure)
+    for done in by_workflow:
+        assert _compared(by_one[done.source_uri]) == _compared(done), done.source_uri
+    assert any(done.detections for done in by_workflow) and any(done.caption for done in by_workflow)
+    [failed] = [one for one in by_one.values() if one.status == "failed"]
+    assert failed.failed_step == "detect" and failed.error.startswith("detect: ImageRejected")
+
+
+def test_variants_are_not_made_in_one_process(tiny_settings: Settings) -> None:
+    task = ImageTask(
+        batch_id="b-0",
+        request=AnnotationRequest(prompt="cat.", variants=VariantsRequest(prompt="a watercolor")),
+        image=ImageRef(image_id="0" * 16, source_uri=str(SAMPLES / "coffee.webp")),
+        results_uri="/unused",
+    )
+    with pytest.raises(ValueError, match="Fargate task"):
+        annotate_image(task, dependencies_of)

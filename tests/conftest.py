@@ -10,10 +10,14 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from shared.observability import logger
 from shared.settings import Profile, Settings, use_settings
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "samples"
+
+
+INITIAL_LOG_LEVEL = logger.log_level  # before any test quiets it
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -35,12 +39,10 @@ def _settings_are_restored_after_each_test() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _log_level_is_restored_after_each_test() -> Iterator[None]:
-    """The CLI quiets the shared logger for its own process; a test after a CLI test still sees its records."""
-    from shared.observability import logger
-
-    level = logger.log_level
+    """The CLI quiets the shared logger for its own process (a module's fixture may run it before the test starts):
+    after each test the level is the one the tests began with, so a later test still sees its records."""
     yield
-    logger.setLevel(level)
+    logger.setLevel(INITIAL_LOG_LEVEL)
 
 
 @pytest.fixture(scope="session")

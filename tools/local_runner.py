@@ -255,8 +255,9 @@ def create_idempotency_table(name: str, region: str = REGION) -> None:
 def local_definition() -> str:
     """The definition as the local runner creates it: placeholders filled with local values; the children run as
     Standard executions, marked for the Express limit unless the request asks for variants (see
-    :func:`~tools.workflow.for_moto`); no Task has TimeoutSeconds, since here each function is one environment that
-    a Task may wait for, so the dispatcher times each invocation from its start, as Lambda does."""
+    :func:`~tools.workflow.for_moto`); no Lambda Task has TimeoutSeconds, since here each function is one environment
+    that a Task may wait for: with ``aws_limits``, the dispatcher times each invocation from its start instead, as
+    Lambda does."""
     return without_function_timeouts(
         for_moto(
             substitute(

@@ -109,7 +109,8 @@ class Injector:
             return
         source = (payload.get("image") or payload.get("task", {}).get("image") or {}).get("source_uri", "")
         with self._lock:
-            hang = function == self.faults.hang_step and source == self.hang_source and not self._hung
+            hang = bool(self.hang_source) and function == self.faults.hang_step and source == self.hang_source
+            hang &= not self._hung
             self._hung |= hang
             if hang:
                 self.injected[f"{function} hung past its timeout"] += 1
@@ -211,7 +212,8 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.") -> ChaosRep
             key.replace("images/", "variants/"): body
             for key, body in generate_images(faults.variants_images, faults.seed + 1).items()
         }
-        injector = Injector(faults, hang_source=f"s3://{INPUT_BUCKET}/{sorted(images)[faults.hang_image]}")
+        hung = sorted(images)[faults.hang_image] if faults.hang_step and faults.hang_image < count else ""
+        injector = Injector(faults, hang_source=f"s3://{INPUT_BUCKET}/{hung}" if hung else "")
         with local_workflow(gate=injector.gate, aws_limits=True) as run_batch:
             s3 = boto3.client("s3", region_name=REGION)
             for bucket in (INPUT_BUCKET, RESULTS_BUCKET):
@@ -232,7 +234,7 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.") -> ChaosRep
                     start_batches(message, "annotate-chaos-variants", settings.ingest, starter, storage.store_for)
             finally:
                 session.events.unregister("before-send.s3", unique_id="annotate-chaos")
-            rows = _image_rows(s3, Path(folder) / "tables")
+            rows = _image_rows(s3, Path(folder))
         storage.refresh_clients()
     sources = Counter(row["source_uri"] for row in rows)
     return ChaosReport(
@@ -247,13 +249,13 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.") -> ChaosRep
 
 
 def _image_rows(s3: Any, local: Path) -> list[dict[str, Any]]:
-    """The images table's rows the run wrote to the results bucket."""
+    """The images table's rows the run wrote to the results bucket, read from a copy of its tables in ``local``."""
     from tools.query import run_local_query
 
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=RESULTS_BUCKET, Prefix="tables/"):
         for item in page.get("Contents", []):
-            target = local.parent / item["Key"]
+            target = local / item["Key"]
             target.parent.mkdir(parents=True, exist_ok=True)
             s3.download_file(RESULTS_BUCKET, item["Key"], str(target))
     query = "SELECT source_uri, status, failed_step, error FROM images ORDER BY source_uri"
-    return list(run_local_query(query, local.parent).to_pylist())
+    return list(run_local_query(query, local).to_pylist())

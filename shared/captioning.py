@@ -142,12 +142,28 @@ class LlamaCaptioner:
     max_tokens: int
     multimodal: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _prefix_length: int = 0
 
     def warm_prefix(self) -> None:
         """Evaluate the fixed prefix now, so that the first image already reuses it."""
         with self._lock:
-            self.llm.reset()
-            self.llm.eval(self.llm.tokenize(PREFIX.encode(), add_bos=True))
+            self._evaluate_prefix()
+
+    def _evaluate_prefix(self) -> None:
+        self.llm.reset()
+        self.llm.eval(self.llm.tokenize(PREFIX.encode(), add_bos=True))
+        self._prefix_length = self.llm.n_tokens
+
+    def _rewind_to_prefix(self) -> None:
+        """Keep only the prefix's cache, so a caption depends on its prompt alone.
+
+        llama-cpp-python reuses the longest cached match with the previous prompt; a longer match splits the
+        evaluation differently, which changes the floats and can change a greedy caption. Cutting the match at
+        the prefix makes the same facts give the same caption in any order, in any process.
+        """
+        if not self._prefix_length:
+            self._evaluate_prefix()
+        self.llm.n_tokens = min(self.llm.n_tokens, self._prefix_length)
 
     def caption(
         self,
@@ -160,8 +176,11 @@ class LlamaCaptioner:
         """Write the caption for ``facts``; ``reuse_prefix=False`` evaluates the whole prompt (for benchmarks)."""
         prompt = build_prompt(facts)
         with self._lock:
-            if not reuse_prefix:
+            if reuse_prefix:
+                self._rewind_to_prefix()
+            else:
                 self.llm.reset()
+                self._prefix_length = 0
             started = time.perf_counter()
             chunks = self._stream(prompt, image, as_json)
             first_token_at, pieces = None, []

@@ -116,6 +116,26 @@ def test_the_caption_handler_emits_its_measurements_as_emf_metrics(
     assert emf["CaptionCompletionTokens"] == [output["completion_tokens"]]
 
 
+def test_the_real_gemma_captions_the_same_facts_alike_whatever_it_captioned_before(tiny_settings: Settings) -> None:
+    # GIVEN two images' facts that share their start (a pair whose caption changed with the order before the fix)
+    first = {"looked_for": ["dog", "cat"], "found": [{"object": "golden retriever", "count": 1, "where": ["top"]}]}
+    second = {
+        "looked_for": ["dog", "cat"],
+        "found": [
+            {"object": "Egyptian cat", "count": 2, "where": ["bottom right", "bottom left"]},
+            {"object": "golden retriever", "count": 2, "where": ["bottom left", "center"]},
+            {"object": "tabby", "count": 2, "where": ["top left", "bottom left"]},
+        ],
+    }
+    captioner = load_captioner(tiny_settings.caption)
+    # WHEN the second is captioned first, and again after the first
+    alone = captioner.caption(second).caption
+    captioner.caption(first)
+    after_the_first = captioner.caption(second).caption
+    # THEN both captions are the same
+    assert after_the_first == alone
+
+
 def test_json_output_from_the_real_gemma_follows_the_schema(tiny_settings: Settings) -> None:
     settings = tiny_settings.model_copy(update={"caption_max_tokens": 120})
     output = load_captioner(settings.caption).caption(FACTS, as_json=True)

@@ -18,6 +18,7 @@ import resource
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -203,6 +204,18 @@ class LlamaCaptioner:
             peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         )
 
+    def chat(self, completion: dict[str, Any]) -> dict[str, Any]:
+        """llama-cpp-python's chat completion (OpenAI's shape) on this model, between captions."""
+        with self._lock:
+            self._prefix_length = 0  # the chat's tokens replace the cached prefix
+            return self.llm.create_chat_completion(**completion, stream=False)  # type: ignore[no-any-return]
+
+    def chat_stream(self, completion: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """:meth:`chat` as OpenAI's chunks; the model is this stream's until it ends or is closed."""
+        with self._lock:
+            self._prefix_length = 0
+            yield from self.llm.create_chat_completion(**completion, stream=True)
+
     def _stream(self, prompt: str, image: Image.Image | None, as_json: bool) -> Any:
         grammar = None
         if as_json:
@@ -284,6 +297,7 @@ def load_captioner(settings: CaptionSettings) -> LlamaCaptioner:
             model_path=str(path),
             n_ctx=settings.caption_context,
             n_threads=settings.caption_threads or None,
+            chat_format=settings.caption_chat_format or None,
             chat_handler=chat_handler,
             verbose=False,
         )

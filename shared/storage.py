@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
@@ -114,6 +115,43 @@ class LocalStore:
         with path.open("rb") as file:
             digest.update(file.read(64 * 2**20))
         return digest.hexdigest()
+
+
+@dataclass
+class MemoryStore:
+    """Every URI's bytes in one dict, and its own ``store_for``: one API request's upload and results, which are
+    not kept (and the tests' storage)."""
+
+    objects: dict[str, bytes] = field(default_factory=dict)
+
+    def __call__(self, uri: str) -> ObjectStore:
+        return self
+
+    def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes:
+        if uri not in self.objects:
+            raise ImageRejected(f"{uri} does not exist")
+        data = self.objects[uri]
+        if max_bytes is not None and len(data) > max_bytes:
+            raise _too_large(uri, len(data), max_bytes)
+        return data
+
+    def write_bytes(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> None:
+        self.objects[uri] = data
+
+    def list_uris(self, prefix_uri: str) -> Iterator[str]:
+        yield from sorted(uri for uri in self.objects if uri.startswith(prefix_uri))
+
+    def list_fingerprinted(self, prefix_uri: str) -> Iterator[tuple[str, str]]:
+        yield from ((uri, self.fingerprint(uri)) for uri in self.list_uris(prefix_uri))
+
+    def delete(self, uri: str) -> None:
+        self.objects.pop(uri, None)
+
+    def size(self, uri: str) -> int:
+        return len(self.objects[uri])
+
+    def fingerprint(self, uri: str) -> str:
+        return hashlib.sha256(self.objects[uri]).hexdigest() if uri in self.objects else "missing"
 
 
 class S3Store:

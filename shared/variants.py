@@ -63,11 +63,15 @@ class SdGenerator:
 
     def generate(self, task: ImageTask, init_image: Image.Image | None) -> list[tuple[Image.Image, int, float]]:
         """(picture, seed, seconds) per variant."""
-        request = requested_variants(task)
+        return self.render(requested_variants(task), init_image, first_seed(task))
+
+    def render(
+        self, request: VariantsRequest, init_image: Image.Image | None, seed: int
+    ) -> list[tuple[Image.Image, int, float]]:
+        """(picture, seed, seconds) for each of the request's variants, seeded from ``seed`` on."""
         produced = []
         with self._lock:
             for index in range(request.count):
-                seed = first_seed(task) + index
                 started = time.perf_counter()
                 [picture] = self.engine.generate_image(
                     prompt=request.prompt,
@@ -78,9 +82,9 @@ class SdGenerator:
                     height=request.size,
                     sample_steps=request.steps,
                     cfg_scale=request.cfg_scale,
-                    seed=seed,
+                    seed=seed + index,
                 )
-                produced.append((picture.convert("RGB"), seed, round(time.perf_counter() - started, 3)))
+                produced.append((picture.convert("RGB"), seed + index, round(time.perf_counter() - started, 3)))
         return produced
 
 

@@ -51,18 +51,23 @@ def log_cpu() -> None:
         logger.info("cpu", extra=cpu_features(Path("/proc/cpuinfo").read_text()))
 
 
-def prepare_function(step: Step) -> None:
-    """Called at a model function's module scope: log the CPU, and build the function's dependencies (its model)
-    now, or just before the SnapStart snapshot."""
+def prepare_function(*steps: Step) -> None:
+    """Called at a model function's module scope: log the CPU, and build the dependencies (the models) of the
+    function's steps now, or just before the SnapStart snapshot."""
     log_cpu()
     if not get_settings().preload_models:
         return
+
+    def load() -> None:
+        for step in steps:
+            dependencies_of(step)
+
     try:
         from snapshot_restore_py import register_after_restore, register_before_snapshot
     except ImportError:  # not a SnapStart runtime (a container image): load during init
-        dependencies_of(step)
+        load()
         return
-    register_before_snapshot(lambda: dependencies_of(step))
+    register_before_snapshot(load)
     register_after_restore(refresh_after_restore)
 
 

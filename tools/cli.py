@@ -81,6 +81,36 @@ def run(
 
 
 @app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on; beyond this machine, an API key is required")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="Port to listen on")] = 8080,
+    data_dir: DataDir = Path("annotate-data"),
+    profile: Annotated[Profile, typer.Option(help="default: real checkpoints; tiny: offline")] = Profile.DEFAULT,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the structured logs and each request")] = False,
+) -> None:
+    """Answer one image now, and OpenAI-compatible chat and images, on this machine's models: a playground at /,
+    the API at /v1 (documented at /docs). Set ANNOTATE_API_KEY to require a key."""
+    import ipaddress
+
+    import uvicorn
+
+    from shared.api import api_key, serving_app
+
+    _quiet_logs(verbose)
+    settings = use_settings(profile=profile, data_dir=data_dir, preload_models=True)
+    try:
+        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        local = False
+    if not local and not api_key(settings):
+        raise _fail(f"listening on {host} lets other machines call the models: set ANNOTATE_API_KEY first")
+    out.print(f"Serving on http://{host}:{port}/ (the API's documentation at /docs); Ctrl-C stops", highlight=False)
+    uvicorn.run(serving_app(settings), host=host, port=port, log_level="info" if verbose else "warning")
+
+
+@app.command()
 def send(
     message_file: Annotated[
         Path,

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,51 +10,27 @@ from PIL import Image
 
 from shared.contracts import AttributeScore, CaptionOutput, ClassScore, Detection, ImageTask, MadeBy
 from shared.dependencies import Dependencies, Step
-from shared.errors import ImageRejected
 from shared.settings import ImageLimits
-from shared.storage import ObjectStore
+from shared.storage import MemoryStore
 from shared.variants import first_seed, requested_variants
 
 
 @dataclass
-class InMemoryStore:
-    """Every URI's bytes in one dict; it is also its own ``store_for`` (every URI lives here)."""
+class InMemoryStore(MemoryStore):
+    """shared's in-memory store, counting reads, and told which writes fail."""
 
-    objects: dict[str, bytes] = field(default_factory=dict)
     failing_writes: tuple[str, ...] = ()  # URIs ending so fail to be written, as a full disk would
     reads: Counter[str] = field(default_factory=Counter)
 
-    def __call__(self, uri: str) -> ObjectStore:
-        return self
-
     def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes:
-        if uri not in self.objects:
-            raise ImageRejected(f"{uri} does not exist")
+        data = super().read_bytes(uri, max_bytes)
         self.reads[uri] += 1
-        data = self.objects[uri]
-        if max_bytes is not None and len(data) > max_bytes:
-            raise ImageRejected(f"{uri} is {len(data):,} bytes, over the limit of {max_bytes:,} bytes")
         return data
 
     def write_bytes(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> None:
         if any(part in uri for part in self.failing_writes):
             raise OSError(f"no space left for {uri}")
-        self.objects[uri] = data
-
-    def list_uris(self, prefix_uri: str) -> Iterator[str]:
-        yield from sorted(uri for uri in self.objects if uri.startswith(prefix_uri))
-
-    def list_fingerprinted(self, prefix_uri: str) -> Iterator[tuple[str, str]]:
-        yield from ((uri, self.fingerprint(uri)) for uri in self.list_uris(prefix_uri))
-
-    def delete(self, uri: str) -> None:
-        self.objects.pop(uri, None)
-
-    def size(self, uri: str) -> int:
-        return len(self.objects[uri])
-
-    def fingerprint(self, uri: str) -> str:
-        return hashlib.sha256(self.objects[uri]).hexdigest() if uri in self.objects else "missing"
+        super().write_bytes(uri, data, content_type)
 
 
 def _fail(failure: Exception | None) -> None:

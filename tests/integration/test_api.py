@@ -1,0 +1,309 @@
+"""The synchronous API on real tiny models: OpenAI's own client for chat, models and images; httpx for annotations;
+hostile inputs each answered with its status and OpenAI's error shape; the key, the queue and unavailable models."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import io
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from PIL import Image
+from pydantic import SecretStr
+from typer.testing import CliRunner
+
+from shared.api import create_app, serving_app
+from shared.dependencies import Dependencies, Step, build_dependencies
+from shared.errors import ModelUnavailable
+from shared.one_image import annotate_image
+from shared.serving import DependenciesOf, rows_in_process
+from shared.settings import Settings
+from tests.conftest import SAMPLES, encode
+from tests.servers import serving_in_thread
+from tools.cli import app as cli
+from tools.query import run_local_query
+
+pytestmark = pytest.mark.slow
+CAT = (SAMPLES / "chelsea-the-cat.jpg").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def api_settings(tiny_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    return tiny_settings.model_copy(
+        update={"data_dir": tmp_path_factory.mktemp("api-data"), "api_max_body_bytes": 1_000_000}
+    )
+
+
+@pytest.fixture(scope="module")
+def models(api_settings: Settings) -> DependenciesOf:
+    return functools.partial(build_dependencies, settings=api_settings)
+
+
+@pytest.fixture(scope="module")
+def base_url(api_settings: Settings) -> Iterator[str]:
+    with serving_in_thread(serving_app(api_settings)) as url:
+        yield url
+
+
+@pytest.fixture
+def client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def http(base_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=base_url, timeout=120) as session:
+        yield session
+
+
+def _png(b64: str) -> Image.Image:
+    return Image.open(io.BytesIO(base64.b64decode(b64)))
+
+
+def test_the_openai_client_lists_the_models_and_gets_the_same_chat_plain_and_streamed(
+    client: openai.OpenAI, api_settings: Settings
+) -> None:
+    # GIVEN the server's models
+    ids = [model.id for model in client.models.list()]
+    assert api_settings.caption_model in ids and api_settings.variants_model in ids
+
+    # WHEN one chat is asked for whole and as a stream (greedy, so the same text)
+    asked = {"model": ids[0], "messages": [{"role": "user", "content": "Name a cat."}], "max_tokens": 16}
+    whole = client.chat.completions.create(**asked, temperature=0)
+    streamed = client.chat.completions.create(**asked, temperature=0, stream=True)
+    pieces = [chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices]
+
+    # THEN the model wrote text, and the stream is the same text
+    assert whole.choices[0].message.content and whole.usage and whole.usage.completion_tokens >= 1
+    assert whole.model == api_settings.caption_model
+    assert "".join(pieces) == whole.choices[0].message.content
+
+
+def test_the_openai_client_generates_and_edits_pictures_as_b64_json(client: openai.OpenAI) -> None:
+    generated = client.images.generate(prompt="a red cat", n=2, size="128x128", response_format="b64_json")
+    edited = client.images.edit(
+        image=("cat.jpg", CAT, "image/jpeg"), prompt="a cat in snow", size="128x128", response_format="b64_json"
+    )
+    assert len(generated.data) == 2 and len(edited.data) == 1
+    for picture in [*generated.data, *edited.data]:
+        assert picture.b64_json and _png(picture.b64_json).size == (128, 128)
+    assert generated.data[0].b64_json != generated.data[1].b64_json  # two seeds, two pictures
+
+
+def test_an_annotation_by_upload_or_json_is_the_one_image_path_s_result(
+    http: httpx.Client, models: DependenciesOf, tmp_path: Path
+) -> None:
+    # GIVEN a photo and the options of a prompt message
+    request = {"prompt": "dog. cat.", "attributes": {"color": ["black", "orange", "white"]}, "top_k": 2}
+
+    # WHEN it is sent as multipart and as JSON (base64, with the picture)
+    uploaded = http.post("/v1/annotations", files={"image": ("cat.jpg", CAT)}, data={"request": json.dumps(request)})
+    as_json = http.post("/v1/annotations", json={**request, "image": base64.b64encode(CAT).decode(), "picture": True})
+
+    # THEN both are the result document the one-image path writes for the same image and request
+    assert uploaded.status_code == as_json.status_code == 200, uploaded.text
+    from shared.contracts import AnnotationRequest, ImageRef, ImageTask
+
+    (tmp_path / "cat.jpg").write_bytes(CAT)
+    expected = annotate_image(
+        ImageTask(
+            batch_id="b-" + "0" * 20,
+            request=AnnotationRequest(**request),
+            image=ImageRef(image_id="0" * 16, source_uri=str(tmp_path / "cat.jpg")),
+            results_uri=str(tmp_path / "results"),
+        ),
+        models,
+    )
+    compared = ("detections", "status", "width", "height")
+    for answer in (uploaded.json(), as_json.json()):
+        assert {k: answer.get(k) for k in compared} == expected.model_dump(mode="json", include=set(compared))
+        assert answer["caption"]["caption"] == expected.caption.caption  # type: ignore[union-attr]
+        assert answer["result_uri"] is None  # nothing was kept
+    assert expected.detections, "the tiny detector finds boxes in the sample"
+    assert uploaded.json()["picture_png"] is None
+    assert _png(as_json.json()["picture_png"]).size == (expected.width, expected.height)
+
+
+def test_a_recorded_annotation_is_kept_where_the_workflow_keeps_results_and_query_finds_it(
+    http: httpx.Client, api_settings: Settings
+) -> None:
+    answer = http.post(
+        "/v1/annotations",
+        json={"prompt": "cat.", "caption": False, "record": True, "image": base64.b64encode(CAT).decode()},
+    ).json()
+
+    assert Path(answer["result_uri"]).is_file() and Path(answer["annotated_uri"]).is_file()
+    assert Path(answer["source_uri"]).read_bytes() == CAT  # the upload is kept under uploads/
+    rows = run_local_query(
+        f"SELECT image_id, status FROM images WHERE batch_id = '{answer['batch_id']}'", api_settings.data_dir
+    ).to_pylist()
+    assert rows == [{"image_id": answer["image_id"], "status": "succeeded"}]
+
+
+HOSTILE = {
+    "undecodable image": (
+        {"json": {"prompt": "cat.", "image": base64.b64encode(b"GIF89a not really").decode()}},
+        400,
+        "invalid_image",
+    ),
+    "decompression bomb": (
+        {
+            "files": {"image": ("bomb.png", encode(Image.new("1", (9000, 9000)), "PNG"))},
+            "data": {"request": '{"prompt": "cat."}'},
+        },
+        400,
+        "invalid_image",
+    ),
+    "unknown field": ({"json": {"prompt": "cat.", "image": "AAAA", "colour": "red"}}, 400, "invalid_value"),
+    "over-long prompt": ({"json": {"prompt": "cat. " * 200, "image": "AAAA"}}, 400, "invalid_value"),
+    "not base64": ({"json": {"prompt": "cat.", "image": "not base64!"}}, 400, "invalid_value"),
+    "a bucket not allowed": ({"json": {"prompt": "cat.", "image": "s3://elsewhere/cat.jpg"}}, 400, "invalid_value"),
+    "deep JSON": ({"content": b"[" * 100_000, "headers": {"content-type": "application/json"}}, 400, "invalid_value"),
+    "no file part": ({"files": {"picture": ("x.jpg", CAT)}}, 400, "missing_file"),
+    "variants asked here": (
+        {"json": {"prompt": "cat.", "image": "AAAA", "variants": {"prompt": "snow"}}},
+        400,
+        "invalid_value",
+    ),
+    "body over the limit": (
+        {"content": b"x" * 1_200_000, "headers": {"content-type": "application/json"}},
+        413,
+        "body_too_large",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_a_hostile_annotation_gets_its_status_and_openai_s_error_shape(http: httpx.Client, case: str) -> None:
+    arguments, status, code = HOSTILE[case]
+    response = http.post("/v1/annotations", **arguments)  # type: ignore[arg-type]
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == code and error["message"]
+    assert http.get("/health").json()["status"] == "ok"  # the server is still there
+
+
+def test_hostile_chat_and_image_calls_are_refused_by_the_openai_client(client: openai.OpenAI) -> None:
+    message = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.chat.completions.create(model="m", messages=message, max_tokens=100_000)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="one choice"):
+        client.chat.completions.create(model="m", messages=message, n=2)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="square"):
+        client.images.generate(prompt="a cat", size="256x128")  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="outside 128"):
+        client.images.generate(prompt="a cat", size="4096x4096")  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="count"):
+        client.images.generate(prompt="a cat", n=50, size="128x128")
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="m", input="a cat")
+
+
+def test_the_playground_shows_the_boxes_of_an_uploaded_picture_in_headless_chromium(base_url: str) -> None:
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.test_results_where_people_use_them import ARTIFACTS
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=shutil.which("chromium"),
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
+        )
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(base_url + "/")
+
+        page.set_input_files("#file", str(SAMPLES / "chelsea-the-cat.jpg"))
+        page.get_by_role("button", name="Annotate").click()
+        page.wait_for_selector("#boxes tbody tr", timeout=120_000)
+
+        assert page.locator("#canvas").is_visible()
+        assert page.locator("#boxes tbody tr").count() >= 1
+        assert page.locator("#status").inner_text().startswith("Found")
+        assert page.locator("#caption").inner_text()
+        assert json.loads(page.locator("#json").text_content() or "{}")["status"] == "succeeded"
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "playground.png"), full_page=True)
+        browser.close()
+    assert errors == []
+
+
+# --- the key, the queue and unavailable models, each on an app of its own ------------------------------------
+
+
+def test_with_a_key_set_a_call_without_it_or_with_another_gets_401(
+    api_settings: Settings, models: DependenciesOf
+) -> None:
+    settings = api_settings.model_copy(update={"api_key": SecretStr("s3cret-key")})
+    with serving_in_thread(create_app(settings, models, rows_in_process(models))) as url:
+        for key in ("wrong", ""):
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=f"{url}/v1", api_key=key or "x", max_retries=0).models.list()
+        assert httpx.post(f"{url}/v1/annotations", json={}).status_code == 401
+        models = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret-key", max_retries=0).models.list()
+        assert len(models.data) == 3
+        assert httpx.get(f"{url}/health").status_code == 200  # health needs no key
+
+
+def test_a_call_past_the_queue_gets_429_with_retry_after_and_the_running_one_still_answers(
+    api_settings: Settings, models: DependenciesOf
+) -> None:
+    # GIVEN a server with no queue, whose first call is held inside the model step
+    release, entered = threading.Event(), threading.Event()
+
+    def held(step: Step) -> Dependencies:
+        if step is Step.DETECT:
+            entered.set()
+            release.wait(timeout=60)
+        return models(step)
+
+    settings = api_settings.model_copy(update={"api_queue_size": 0})
+    with serving_in_thread(create_app(settings, held, rows_in_process(models))) as url:
+        body = {"prompt": "cat.", "caption": False, "image": base64.b64encode(CAT).decode()}
+        answers: list[httpx.Response] = []
+        first = threading.Thread(
+            target=lambda: answers.append(httpx.post(f"{url}/v1/annotations", json=body, timeout=120))
+        )
+        first.start()
+        assert entered.wait(timeout=60)
+
+        # WHEN a second call comes
+        refused = httpx.post(f"{url}/v1/annotations", json=body, timeout=30)
+        release.set()
+        first.join(timeout=120)
+
+    # THEN it is refused at once with a time to come back, and the first is answered
+    assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    assert answers[0].status_code == 200
+
+
+def test_a_model_that_cannot_load_gets_503_and_the_server_keeps_answering(
+    api_settings: Settings, models: DependenciesOf
+) -> None:
+    def unavailable(step: Step) -> Dependencies:
+        raise ModelUnavailable(f"s3://models/{step} is not there: run annotate models push")
+
+    with serving_in_thread(create_app(api_settings, unavailable, rows_in_process(models))) as url:
+        answer = httpx.post(
+            f"{url}/v1/annotations", json={"prompt": "cat.", "image": base64.b64encode(CAT).decode()}, timeout=30
+        )
+        chat = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert httpx.get(f"{url}/health").status_code == 200
+    assert answer.status_code == chat.status_code == 503
+    assert answer.json()["error"]["code"] == "model_unavailable" and "models push" in answer.json()["error"]["message"]
+
+
+def test_serving_beyond_this_machine_without_a_key_is_refused(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["serve", "--host", "0.0.0.0", "--profile", "tiny", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "ANNOTATE_API_KEY" in result.output

@@ -1,0 +1,87 @@
+"""Servers the tests start: on 127.0.0.1, an ephemeral port, waited for with a deadline, and always stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+STARTUP_DEADLINE_S = 120
+
+
+@contextmanager
+def serving_in_thread(app: Any) -> Iterator[str]:
+    """``app`` on uvicorn in a thread of this process; yields its base URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + STARTUP_DEADLINE_S
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            server.should_exit = True
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def rss_mb(pid: int) -> float:
+    """The process's resident memory now, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+@contextmanager
+def serving_in_process(command: list[str], port: int, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """``command`` (an `annotate serve` on ``port``) as its own process, until /health answers; stopped after."""
+    process = subprocess.Popen(
+        command,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + STARTUP_DEADLINE_S
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the server ended: {process.stdout.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not answer /health in time")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)  # uvicorn shuts down on Ctrl-C
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)

@@ -67,6 +67,9 @@ build-ArrowLayer:
 	$(LAYER_PIP) --target "$(ARTIFACTS_DIR)/python" -r layers/arrow/requirements.txt
 	layers/arrow/prune.sh "$(ARTIFACTS_DIR)/python"
 
+build-ApiLayer:
+	$(LAYER_PIP) --no-deps --target "$(ARTIFACTS_DIR)/python" -r layers/api/requirements.txt
+
 build-OnnxLayer:
 	$(LAYER_PIP) --no-deps --target "$(ARTIFACTS_DIR)/python" -r layers/onnx/requirements.txt
 

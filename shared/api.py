@@ -332,11 +332,9 @@ def _openai_routes(calls: _Calls) -> APIRouter:
     def models() -> dict[str, Any]:
         from llama_cpp.server.types import ModelData, ModelList  # llama-cpp-python's OpenAI types
 
-        owners = {
-            settings.caption_model: "llama.cpp",
-            settings.variants_model: "stable-diffusion.cpp",
-            ANNOTATION_MODEL: "annotate",
-        }
+        owners = {settings.caption_model: "llama.cpp", ANNOTATION_MODEL: "annotate"}
+        if settings.api_images:
+            owners[settings.variants_model] = "stable-diffusion.cpp"
         data = [ModelData(id=name, object="model", owned_by=owner, permissions=[]) for name, owner in owners.items()]
         return dict(ModelList(object="list", data=data))
 
@@ -362,13 +360,28 @@ def _openai_routes(calls: _Calls) -> APIRouter:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    return router
+
+
+def _image_routes(calls: _Calls) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+    settings = calls.settings
+
+    def images_served() -> None:
+        if not settings.api_images:
+            raise ApiError(
+                501, "this server makes no pictures: annotate serve does, and prompt messages with variants", code="501"
+            )
+
     @router.post("/images/generations", summary="Pictures from a prompt (b64_json)")
     async def generations(call: ImageGeneration) -> dict[str, Any]:
+        images_served()
         wanted = variants_request(call.prompt, call.n, call.size, "txt2img")
         return await calls.run(lambda: generate_pictures(wanted, None, settings, calls.dependencies_of))
 
     @router.post("/images/edits", summary="Pictures made from an uploaded one (b64_json)")
     async def edits(request: Request) -> dict[str, Any]:
+        images_served()
         form = await request.form(max_files=1, max_fields=8)
         call = ImageEdit.model_validate({name: value for name, value in form.items() if name != "image"})
         wanted = variants_request(call.prompt, call.n, call.size, "img2img", call.strength)
@@ -399,6 +412,7 @@ def create_app(settings: Settings, dependencies_of: DependenciesOf, record_rows:
     authorized = [Depends(_bearer_check(settings))]
     app.include_router(_annotation_routes(calls), dependencies=authorized)
     app.include_router(_openai_routes(calls), dependencies=authorized)
+    app.include_router(_image_routes(calls), dependencies=authorized)
 
     @app.get("/", include_in_schema=False)
     def playground() -> HTMLResponse:
@@ -409,6 +423,22 @@ def create_app(settings: Settings, dependencies_of: DependenciesOf, record_rows:
         return {"status": "ok", "calls_held": calls.admission.inside, "queue_size": settings.api_queue_size}
 
     return app
+
+
+_adapters: dict[str, Any] = {}
+
+
+def lambda_adapter() -> Any:
+    """The app as a Lambda handler (Mangum: Function URL events to ASGI), on the settings in force; made once per
+    environment (once per settings)."""
+    from mangum import Mangum
+
+    settings = get_settings()
+    key = settings.model_dump_json()
+    if key not in _adapters:
+        _adapters.clear()
+        _adapters[key] = Mangum(serving_app(settings), lifespan="off")
+    return _adapters[key]
 
 
 def serving_app(settings: Settings | None = None) -> FastAPI:

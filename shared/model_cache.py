@@ -13,6 +13,9 @@ S = TypeVar("S", bound=BaseModel)
 M = TypeVar("M")
 
 
+_LOADERS: list[CachedLoader] = []  # type: ignore[type-arg]
+
+
 class CachedLoader(Generic[S, M]):
     """``load(settings)`` calls the wrapped loader the first time it sees ``settings`` (compared by value)."""
 
@@ -21,6 +24,7 @@ class CachedLoader(Generic[S, M]):
         self._loader = loader
         self._loaded: dict[str, M] = {}
         self._lock = threading.Lock()
+        _LOADERS.append(self)
 
     def __call__(self, settings: S) -> M:
         key = settings.model_dump_json()
@@ -32,3 +36,11 @@ class CachedLoader(Generic[S, M]):
 
 def cached_per_settings(loader: Callable[[S], M]) -> CachedLoader[S, M]:
     return CachedLoader(loader)
+
+
+def forget_loaded_models() -> None:
+    """Drop every loaded model, as a new process starts: the deployment rehearsal loads one function's models as its
+    own role, not from another function's loads."""
+    for loader in _LOADERS:
+        with loader._lock:
+            loader._loaded.clear()

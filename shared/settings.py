@@ -328,6 +328,9 @@ class Settings(BaseSettings):
     api_max_body_bytes: int = Field(
         6_000_000, ge=10_000, le=200_000_000, description="Largest API request body; larger ones get 413"
     )
+    api_images: bool = Field(
+        True, description="Whether the API generates pictures (stable-diffusion.cpp); the Lambda API does not"
+    )
     api_max_chat_tokens: int = Field(512, ge=1, le=4096, description="Most tokens one chat completion writes")
 
     @model_validator(mode="after")

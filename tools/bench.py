@@ -98,6 +98,18 @@ def grid_boxes(image: Image.Image, count: int) -> list[Detection]:
     ]
 
 
+def model_card_detect(processor: Any, model: Any, image: Image.Image) -> None:
+    """Grounding DINO's model card: one forward for all phrases, then its post-processing."""
+    import torch
+
+    inputs = processor(images=image, text=". ".join(PHRASES) + ".", return_tensors="pt")
+    with torch.no_grad():
+        outputs = model(**inputs)
+    processor.post_process_grounded_object_detection(
+        outputs, inputs.input_ids, threshold=0.35, text_threshold=0.25, target_sizes=[image.size[::-1]]
+    )
+
+
 def _timed(call: Callable[..., Any], *arguments: Any) -> float:
     started = time.perf_counter()
     call(*arguments)
@@ -169,13 +181,8 @@ class _Sides:
 
         from shared.captioning import build_prompt
 
-        if step == "detect":  # Grounding DINO's model card: one forward for all phrases, then its post-processing
-            inputs = self._card_processor(images=image, text=". ".join(PHRASES) + ".", return_tensors="pt")
-            with torch.no_grad():
-                outputs = self._detection_pipeline.model(**inputs)
-            self._card_processor.post_process_grounded_object_detection(
-                outputs, inputs.input_ids, threshold=0.35, text_threshold=0.25, target_sizes=[image.size[::-1]]
-            )
+        if step == "detect":
+            model_card_detect(self._card_processor, self._detection_pipeline.model, image)
         elif step == "classify":
             for crop in crops:
                 self._reference_classifier(crop, top_k=3)

@@ -323,6 +323,20 @@ def bench_ingest(
     out.print((out_dir / "ingest.md").read_text(), highlight=False, soft_wrap=True)
 
 
+@app.command("bench-api")
+def bench_api(
+    image: Annotated[Path, typer.Argument(help="The image to answer")] = Path("samples/chelsea-the-cat.jpg"),
+    repeats: Annotated[int, typer.Option(help="Alternating runs of each side")] = 7,
+    out_dir: Annotated[Path, typer.Option(help="Where api.json and api.md go")] = Path("bench"),
+) -> None:
+    """Time the synchronous API (annotate serve) against the same work in-process, and write the report."""
+    from tools.api_bench import markdown_report, run_api_bench
+
+    _quiet_logs(False)
+    report = run_api_bench(image, repeats, out_dir)
+    out.print(markdown_report(report), highlight=False)
+
+
 @app.command("bench-lambda-detect")
 def bench_lambda_detect(
     image: Annotated[Path, typer.Option(exists=True, dir_okay=False)] = Path("samples/chelsea-the-cat.jpg"),
@@ -394,11 +408,20 @@ def cost(
     """Cost per 1,000 images and per month for the original study's scenarios, from measured seconds."""
     import json
 
-    from tools.cost import cost_table, load_prices, markdown_table, with_lambda_cold_start, write_chart
+    from tools.cost import (
+        api_costs,
+        api_line,
+        cost_table,
+        load_prices,
+        markdown_table,
+        with_lambda_cold_start,
+        write_chart,
+    )
 
     if not bench_file.is_file():
         raise _fail(f"{bench_file} does not exist: run annotate bench first")
     lambda_detect = bench_file.with_name("lambda-detect.json")  # annotate bench-lambda-detect's, where it ran
+    api_bench = bench_file.with_name("api.json")  # annotate bench-api's
     try:
         prices = load_prices(prices_file)
         bench = json.loads(bench_file.read_text())
@@ -406,6 +429,8 @@ def cost(
             bench = with_lambda_cold_start(bench, json.loads(lambda_detect.read_text()))
         rows = cost_table(bench, prices)
         report = markdown_table(rows, prices, bench)
+        if api_bench.is_file():
+            report += "\n" + api_line(api_costs(json.loads(api_bench.read_text()), prices)) + "\n"
     except (KeyError, TypeError, ValueError) as error:
         raise _fail(f"{bench_file} or the prices file is not what annotate bench writes: {error!r}") from None
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -255,6 +255,40 @@ def cost_table(bench: dict[str, Any], prices: dict[str, Any]) -> list[dict[str, 
     return rows
 
 
+API_MEMORY_MB = int(by_default(TEMPLATE, TEMPLATE["Resources"]["ApiFunction"]["Properties"]["MemorySize"]))
+
+
+def api_costs(api: dict[str, Any], prices: dict[str, Any]) -> dict[str, float]:
+    """The API function (EnableApi=true) at the template's memory: idle a month without SnapStart and with it (its
+    snapshot's cache is billed for as long as the version is active), and per 1,000 requests at the warm answer's
+    seconds measured by ``annotate bench-api``."""
+    lam = prices["lambda"]
+    gb = API_MEMORY_MB / 1024
+
+    def per_1000(seconds: float) -> float:
+        return 1000 * (gb * seconds * lam["x86_gb_second"] + lam["per_million_requests"] / 1e6)
+
+    return {
+        "memory_mb": API_MEMORY_MB,
+        "measured_peak_mb": api["server_peak_rss_mb"],
+        "idle_month_usd": 0.0,
+        "idle_month_with_snapstart_usd": round(gb * SECONDS_PER_MONTH * lam["snapstart_cache_gb_second"], 2),
+        "per_1000_requests_usd": round(per_1000(api["medians_s"]["http"]), 3),
+        "per_1000_requests_with_caption_usd": round(per_1000(api["medians_s"]["http_with_caption"]), 3),
+    }
+
+
+def api_line(costs: dict[str, float]) -> str:
+    fits = "holds" if costs["measured_peak_mb"] <= costs["memory_mb"] else "does NOT hold"
+    return (
+        f"The API (EnableApi=true, {costs['memory_mb']:.0f} MB, which {fits} the measured peak of "
+        f"{costs['measured_peak_mb']:.0f} MB): idle ${costs['idle_month_usd']:.2f} a month as deployed, "
+        f"${costs['idle_month_with_snapstart_usd']:.2f} with SnapStart (the study's design: $39); "
+        f"${costs['per_1000_requests_usd']:.3f} per 1,000 answers (detect, classify, tag), "
+        f"${costs['per_1000_requests_with_caption_usd']:.3f} with the caption."
+    )
+
+
 def orchestration_line(bench: dict[str, Any], prices: dict[str, Any]) -> str:
     steady = SCENARIOS[1]
     express, standard = orchestration_per_image(bench, prices), orchestration_per_image(bench, prices, express=False)

@@ -9,17 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from mangum import Mangum
 
-from shared.api import serving_app
+from shared.api import lambda_adapter
 from shared.dependencies import Step
 from shared.observability import logger
 from shared.warmup import prepare_function
 
 prepare_function(Step.DETECT, Step.CLASSIFY, Step.TAG, Step.CAPTION)
-asgi = Mangum(serving_app(), lifespan="off")
 
 
 @logger.inject_lambda_context(clear_state=True)
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return asgi(event, context)  # type: ignore[no-any-return]
+    return lambda_adapter()(event, context)  # type: ignore[no-any-return]

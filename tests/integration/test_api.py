@@ -307,3 +307,48 @@ def test_a_model_that_cannot_load_gets_503_and_the_server_keeps_answering(
 def test_serving_beyond_this_machine_without_a_key_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["serve", "--host", "0.0.0.0", "--profile", "tiny", "--data-dir", str(tmp_path)])
     assert result.exit_code == 2 and "ANNOTATE_API_KEY" in result.output
+
+
+def test_fifty_annotations_at_concurrency_four_get_no_5xx_and_the_server_s_memory_stays_bounded(
+    api_settings: Settings, tmp_path: Path
+) -> None:
+    import asyncio
+    import statistics
+    import sys
+    import time
+
+    from tests.servers import free_port, rss_mb, serving_in_process
+
+    # GIVEN `annotate serve` in its own process (tiny models, captions on), warmed by one call
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "annotate"), "serve", "--port", str(port), "--profile", "tiny"]
+    body = {"prompt": "dog. cat.", "image": base64.b64encode(CAT).decode()}
+    with serving_in_process([*command, "--data-dir", str(tmp_path)], port) as server:
+        url = f"http://127.0.0.1:{port}/v1/annotations"
+        assert httpx.post(url, json=body, timeout=120).status_code == 200
+        before = rss_mb(server.pid)
+
+        # WHEN 50 calls come, four at a time
+        async def load() -> list[tuple[int, float]]:
+            gate = asyncio.Semaphore(4)
+            async with httpx.AsyncClient(timeout=120) as session:
+
+                async def one() -> tuple[int, float]:
+                    async with gate:
+                        started = time.perf_counter()
+                        response = await session.post(url, json=body)
+                        return response.status_code, time.perf_counter() - started
+
+                return await asyncio.gather(*(one() for _ in range(50)))
+
+        answers = asyncio.run(load())
+        after = rss_mb(server.pid)
+
+    # THEN every call is answered (the queue holds four), none with a 5xx, and memory does not grow with the calls
+    seconds = sorted(s for _, s in answers)
+    print(
+        f"50 calls at concurrency 4: p50 {statistics.median(seconds):.2f} s, p95 {seconds[47]:.2f} s; "
+        f"server RSS {before:.0f} MB before, {after:.0f} MB after"
+    )
+    assert [status for status, _ in answers] == [200] * 50
+    assert after < before * 1.25 + 100, (before, after)

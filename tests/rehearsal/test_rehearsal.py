@@ -33,7 +33,23 @@ def test_the_deployed_stack_runs_the_users_story(reports: dict[bool, Report], va
 
 def test_without_variants_the_stack_deploys_with_only_the_required_answers(reports: dict[bool, Report]) -> None:
     assert reports[False].deployment.parameters == {}
-    assert reports[True].deployment.parameters.keys() == {"EnableVariants", "VpcId", "SubnetA", "SubnetB"}
+    assert reports[True].deployment.parameters.keys() == {
+        "EnableVariants",
+        "VpcId",
+        "SubnetA",
+        "SubnetB",
+        "EnableApi",
+        "ApiAuth",
+    }
+
+
+def test_the_api_answers_through_its_public_url_with_the_stack_s_key(reports: dict[bool, Report]) -> None:
+    # GIVEN the stack with EnableApi=true ApiAuth=API_KEY: a public function URL (both permissions, aws_behaviours)
+    [answered] = [step for step in reports[True].steps if step.startswith("the API answered")]
+    assert "through its NONE function URL" in answered
+    # THEN the API function read the stack's key and invoked WriteGroupTable for a recorded call, each as its role
+    api_calls = {call.request.action for call in reports[True].calls if call.request.principal == "ApiFunction"}
+    assert {"secretsmanager:GetSecretValue", "lambda:InvokeFunction", "s3:PutObject"} <= api_calls
 
 
 def test_what_moto_does_not_create_is_made_through_its_api_and_the_rest_is_reported(
@@ -83,7 +99,9 @@ def test_a_first_deploy_with_snapstart_fails_as_on_aws_naming_the_function_and_w
 
 def test_with_snapstart_the_readmes_order_deploys_and_publishes_each_model_function_with_its_model() -> None:
     # GIVEN the README's order: deploy (SnapStart off), push the models, deploy again with EnableSnapStart=true
-    deployment = replace(BARE, stack_name="annotate-ordered", redeploy_with={"EnableSnapStart": "true"})
+    deployment = replace(
+        BARE, stack_name="annotate-ordered", parameters={"EnableApi": "true"}, redeploy_with={"EnableSnapStart": "true"}
+    )
     # WHEN it is rehearsed
     report = rehearse(deployment, False)
     # THEN the second deployment publishes the four model functions, whose init loads each model, and the story runs
@@ -94,6 +112,9 @@ def test_with_snapstart_the_readmes_order_deploys_and_publishes_each_model_funct
     for function in ("DetectFunction", "ClassifyFunction", "TagFunction", "CaptionFunction"):
         assert function in published
         assert any(f"-{function}-" in arn and arn.endswith(":live") for arn in invoked), invoked
+    # the API function too, its init loading all four models; then it answers signed calls through its URL
+    assert "ApiFunction" in published
+    assert any(step.startswith("the API answered through its AWS_IAM function URL") for step in report.steps)
 
 
 def _without_statement(tmp_path: Path, function: str, sid: str, template: Path = TEMPLATE_PATH) -> Path:

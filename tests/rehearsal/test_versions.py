@@ -12,7 +12,7 @@ import pytest
 
 from tools.rehearsal.stack import MOTO_CONFIG, TEMPLATE_PATH, Deployment, transform
 
-VERSIONED = ("DetectFunction", "ClassifyFunction", "TagFunction", "CaptionFunction")
+VERSIONED = ("DetectFunction", "ClassifyFunction", "TagFunction", "CaptionFunction", "ApiFunction")
 
 
 def _packaged(template: dict[str, Any], changed_layer: str | None) -> dict[str, Any]:
@@ -57,7 +57,7 @@ def _described_layers(template_file: Path) -> dict[str, set[str]]:
     layers = {
         logical_id: source
         for logical_id, resource in resources.items()
-        for source in ("SharedLayer", "OpenVinoLayer", "OnnxLayer", "LlamaCppLayer", "ArrowLayer")
+        for source in ("SharedLayer", "OpenVinoLayer", "OnnxLayer", "LlamaCppLayer", "ArrowLayer", "ApiLayer")
         if resource["Type"] == "AWS::Lambda::LayerVersion" and logical_id.startswith(source)
     }
     return {
@@ -74,7 +74,7 @@ def as_deployed() -> dict[str, str]:
     return _versions(TEMPLATE_PATH)
 
 
-@pytest.mark.parametrize("layer", ["SharedLayer", "OpenVinoLayer", "OnnxLayer", "LlamaCppLayer"])
+@pytest.mark.parametrize("layer", ["SharedLayer", "OpenVinoLayer", "OnnxLayer", "LlamaCppLayer", "ApiLayer"])
 def test_a_new_layer_publishes_a_new_version_of_each_function_that_uses_it(
     as_deployed: dict[str, str], layer: str
 ) -> None:

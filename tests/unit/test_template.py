@@ -200,7 +200,7 @@ def _parameters_in(value: Any) -> set[str]:
 
 def test_snapstart_is_off_unless_asked_and_then_switches_every_model_function_and_its_preload() -> None:
     assert template()["Parameters"]["EnableSnapStart"]["Default"] == "false"
-    assert set(VERSIONED) == {"DetectFunction", "ClassifyFunction", "TagFunction", "CaptionFunction"}
+    assert set(VERSIONED) == {"DetectFunction", "ClassifyFunction", "TagFunction", "CaptionFunction", "ApiFunction"}
     for properties in VERSIONED.values():
         assert properties["SnapStart"]["ApplyOn"] == {"Fn::If": ["SnapStartEnabled", "PublishedVersions", "None"]}
     preload = template()["Globals"]["Function"]["Environment"]["Variables"]["ANNOTATE_PRELOAD_MODELS"]

@@ -8,6 +8,11 @@
   (Lambda developer guide, Activating and managing Lambda SnapStart). CloudFormation publishes the stack's versions
   while it creates or updates the stack, so an init that raises fails the deployment. moto publishes without
   running anything.
+- A function URL lets a call through only with both permissions: "Starting in October 2025, new function URLs will
+  require both lambda:InvokeFunctionUrl and lambda:InvokeFunction permissions" (Lambda developer guide, Control
+  access to Lambda function URLs). With AuthType NONE the function's resource-based policy "must grant public
+  access"; with AWS_IAM the signed caller's identity policy grants them. Anything else is 403 before the function
+  runs. moto neither serves the URL nor checks either policy.
 """
 
 from __future__ import annotations
@@ -131,3 +136,66 @@ def publish_versions(stack: DeployedStack, run_as: Callable[[DeployedFunction], 
                 ) from error
         published.append(function.logical_id)
     return published
+
+
+def function_url_event(
+    url: str, method: str, path: str, body: bytes, headers: dict[str, str], caller: str = ""
+) -> dict:
+    """The event a function URL hands the function (payload format 2.0); ``caller``: the signing role's ARN."""
+    import base64
+    import time
+    import uuid
+    from urllib.parse import urlparse
+
+    host = urlparse(url).netloc
+    context: dict[str, Any] = {
+        "accountId": "anonymous",
+        "apiId": host.split(".", 1)[0],
+        "domainName": host,
+        "domainPrefix": host.split(".", 1)[0],
+        "http": {"method": method, "path": path, "protocol": "HTTP/1.1", "sourceIp": "203.0.113.7", "userAgent": "r"},
+        "requestId": str(uuid.uuid4()),
+        "routeKey": "$default",
+        "stage": "$default",
+        "timeEpoch": int(time.time() * 1000),
+    }
+    if caller:
+        context["authorizer"] = {"iam": {"accountId": caller.split(":")[4], "userArn": caller, "userId": "AROA"}}
+    return {
+        "version": "2.0",
+        "routeKey": "$default",
+        "rawPath": path,
+        "rawQueryString": "",
+        "headers": {"host": host, **{k.lower(): v for k, v in headers.items()}},
+        "requestContext": context,
+        "body": base64.b64encode(body).decode(),
+        "isBase64Encoded": True,
+    }
+
+
+def _public(statement: dict[str, Any], action: str, condition: tuple[str, Any]) -> bool:
+    principal = statement.get("Principal")
+    key, value = condition
+    return (
+        statement.get("Effect") == "Allow"
+        and principal in ("*", {"AWS": "*"})
+        and statement.get("Action") == action
+        and str(statement.get(key, "")).lower() == str(value).lower()
+    )
+
+
+def function_url_refusal(
+    resource_policy: list[dict[str, Any]], auth_type: str, function_arn: str, caller: list | None = None
+) -> str | None:
+    """Why the function URL answers 403 before the function runs, or None when the call gets through. ``caller``:
+    the signing principal's policy statements (AWS_IAM)."""
+    if auth_type == "NONE":
+        url = any(_public(s, "lambda:InvokeFunctionUrl", ("FunctionUrlAuthType", "NONE")) for s in resource_policy)
+        invoke = any(_public(s, "lambda:InvokeFunction", ("InvokedViaFunctionUrl", True)) for s in resource_policy)
+        if not (url and invoke):
+            return "Forbidden: the resource-based policy must grant lambda:InvokeFunctionUrl and lambda:InvokeFunction"
+        return None
+    for action in ("lambda:InvokeFunctionUrl", "lambda:InvokeFunction"):
+        if not evaluate(caller or [], Request("caller", action, function_arn)).allowed:
+            return f"Forbidden: the caller may not {action} on {function_arn}"
+    return None

@@ -60,6 +60,11 @@ def _prefix(params: Mapping[str, Any]) -> dict[str, str]:
 Mapper = tuple[str, Callable[[Mapping[str, Any], str, str], str], Callable[[Mapping[str, Any]], dict[str, str]]]
 
 
+def _function(params: Mapping[str, Any], region: str, account: str) -> str:
+    name = str(params["FunctionName"])
+    return name if name.startswith("arn:") else f"arn:aws:lambda:{region}:{account}:function:{name}"
+
+
 def _no_keys(params: Mapping[str, Any]) -> dict[str, str]:
     return {}
 
@@ -80,6 +85,8 @@ OPERATIONS: dict[tuple[str, str], Mapper] = {
     ("sqs", "DeleteMessage"): ("sqs:DeleteMessage", _queue, _no_keys),
     ("sqs", "DeleteMessageBatch"): ("sqs:DeleteMessage", _queue, _no_keys),
     ("sqs", "GetQueueAttributes"): ("sqs:GetQueueAttributes", _queue, _no_keys),
+    ("lambda", "Invoke"): ("lambda:InvokeFunction", _function, _no_keys),
+    ("secretsmanager", "GetSecretValue"): ("secretsmanager:GetSecretValue", lambda p, r, a: p["SecretId"], _no_keys),
 }
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from shared.settings import get_settings, settings_from_environment, use_settings
 from tools.local_runner import container_environment, services_in_process
-from tools.rehearsal.calls import CallLog, acting_as
+from tools.rehearsal.calls import CallLog, acting_as, current_principal
 from tools.rehearsal.iam import Request
 from tools.rehearsal.stack import DeployedFunction, DeployedStack
 
@@ -71,7 +71,19 @@ class InProcessServices:
 
     def invoke(self, function: DeployedFunction, event: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """(response, whether it is an error payload), as the Invoke API returns them."""
-        with self._turn, settings_of(function.environment), acting_as(function.logical_id):
+        with self._turn:
+            return self._run(function, event)
+
+    def _invoked(self, function: str, qualifier: str | None, payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """An Invoke call: the state machine's, or a function's own (the API writing a recorded call's rows), which
+        the call log records as its role. The calling function holds the turn and waits for this answer, from
+        another thread (the API's work runs in a thread pool): it runs without taking the turn again."""
+        if current_principal() in self.stack.functions:
+            return self._run(self.stack.function_by_arn(function), payload)
+        return self.invoked_by_state_machine(function, qualifier, payload)
+
+    def _run(self, function: DeployedFunction, event: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        with settings_of(function.environment), acting_as(function.logical_id):
             handler = getattr(importlib.import_module(function.code.module), function.code.function)
             started = time.monotonic()
             context = LambdaContext(
@@ -151,7 +163,7 @@ class InProcessServices:
         try:
             for queue in mappings:
                 queue.lambda_event_source_mappings = {}
-            with services_in_process(self.invoked_by_state_machine, self._run_task), self._distributed_map_calls():
+            with services_in_process(self._invoked, self._run_task), self._distributed_map_calls():
                 yield
         finally:
             for queue, mapping in mappings.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import io
 import json
 import zipfile
@@ -339,10 +340,38 @@ def _alias(logical_id: str, properties: dict[str, Any], stack_name: str, clients
     return _Rehearsed(alias["AliasArn"])
 
 
+def _function_url(logical_id: str, properties: dict[str, Any], stack_name: str, clients: Clients) -> _Rehearsed:
+    name, _, qualifier = properties["TargetFunctionArn"].split(":function:", 1)[-1].partition(":")
+    url = clients("lambda").create_function_url_config(
+        FunctionName=name,
+        Qualifier=qualifier,
+        AuthType=properties["AuthType"],
+        InvokeMode=properties.get("InvokeMode", "BUFFERED"),
+    )
+    return _Rehearsed(url["FunctionArn"], {"FunctionUrl": url["FunctionUrl"]})
+
+
+def _permission(logical_id: str, properties: dict[str, Any], stack_name: str, clients: Clients) -> _Rehearsed:
+    name, _, qualifier = properties["FunctionName"].split(":function:", 1)[-1].partition(":")
+    extra = {k: properties[k] for k in ("FunctionUrlAuthType", "InvokedViaFunctionUrl") if k in properties}
+    clients("lambda").add_permission(
+        FunctionName=name,
+        Qualifier=qualifier,
+        StatementId=logical_id,
+        Action=properties["Action"],
+        Principal=properties["Principal"],
+        # CloudFormation takes the template's boolean as written, true or "true"
+        **{k: (str(v).lower() == "true" if k == "InvokedViaFunctionUrl" else v) for k, v in extra.items()},
+    )
+    return _Rehearsed(logical_id)
+
+
 # What moto's CloudFormation skips, created through each service's API, dependencies first: aliases after
 # versions (which moto makes), tables after their database, queries after their workgroup.
 _CREATORS: dict[str, Callable[[str, dict[str, Any], str, Clients], _Rehearsed]] = {
     "AWS::Lambda::Alias": _alias,
+    "AWS::Lambda::Url": _function_url,
+    "AWS::Lambda::Permission": _permission,
     "AWS::Glue::Database": _glue_database,
     "AWS::Glue::Table": _glue_table,
     "AWS::Athena::WorkGroup": _workgroup,
@@ -486,6 +515,71 @@ def _functions(code: dict[str, FunctionCode], created: dict[str, str], clients: 
     return functions
 
 
+@functools.cache
+def _teach_moto_generated_secrets() -> None:
+    """moto 5.2.5's CloudFormation does not create AWS::SecretsManager::Secret: this model makes one, with a value
+    generated as GenerateSecretString asks, in moto's Secrets Manager, so that Ref and the functions' environments
+    and policies name it as CloudFormation would."""
+    import secrets
+
+    from moto.cloudformation import parsing
+    from moto.core.common_models import CloudFormationModel
+    from moto.secretsmanager.models import secretsmanager_backends
+
+    class GeneratedSecret(CloudFormationModel):
+        def __init__(self, arn: str) -> None:
+            self.arn = arn
+
+        @property
+        def physical_resource_id(self) -> str:
+            return self.arn
+
+        @staticmethod
+        def cloudformation_name_type() -> str:
+            return "Name"
+
+        @staticmethod
+        def cloudformation_type() -> str:
+            return "AWS::SecretsManager::Secret"
+
+        @classmethod
+        def create_from_cloudformation_json(  # type: ignore[override]
+            cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str, region_name: str, **_: Any
+        ) -> GeneratedSecret:
+            length = int(cloudformation_json["Properties"].get("GenerateSecretString", {}).get("PasswordLength", 32))
+            made = secretsmanager_backends[account_id][region_name].create_secret(
+                name=resource_name,
+                secret_string=secrets.token_urlsafe(length)[:length],
+                secret_binary=None,
+                description=None,
+                tags=None,
+                kms_key_id=None,
+                client_request_token=None,
+                replica_regions=[],
+                force_overwrite=False,
+            )
+            return cls(json.loads(made)["ARN"])
+
+    for cached in (parsing.get_model_list, parsing.get_model_map, parsing.get_name_type_map):
+        cached.cache_clear()
+
+
+def _without_what_moto_cannot_create(template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The template for moto's CloudFormation, and the outputs it would fail on (an attribute of a resource it does
+    not know, such as a function URL's), resolved once the rehearsal has created those resources. Lambda permissions
+    wait too: moto's would look for the alias they name, which it does not create."""
+    kinds = ("AWS::Lambda::Url", "AWS::Lambda::Permission")
+    late = {k for k, r in template["Resources"].items() if r["Type"] in kinds}
+    outputs = template.get("Outputs", {})
+    late_outputs = {k: o for k, o in outputs.items() if any(f'"{name}"' in json.dumps(o["Value"]) for name in late)}
+    for_moto = {
+        **template,
+        "Resources": {k: r for k, r in template["Resources"].items() if r["Type"] != "AWS::Lambda::Permission"},
+        "Outputs": {k: o for k, o in outputs.items() if k not in late_outputs},
+    }
+    return for_moto, late_outputs
+
+
 def deploy(deployment: Deployment) -> DeployedStack:
     """Create the stack inside an active ``mock_aws`` (with the Step Functions interpreter on)."""
     import boto3
@@ -504,10 +598,12 @@ def deploy(deployment: Deployment) -> DeployedStack:
             name = f"{deployment.stack_name}-{logical_id}".lower()
             resource.setdefault("Properties", {})["RepositoryName"] = name
     cloudformation = clients("cloudformation")
+    _teach_moto_generated_secrets()
+    for_moto, late_outputs = _without_what_moto_cannot_create(template)
     with _novalue_removes_list_items(), _layer_versions_ref_to_their_arn():
         stack_id = cloudformation.create_stack(
             StackName=deployment.stack_name,
-            TemplateBody=json.dumps(template),
+            TemplateBody=json.dumps(for_moto),
             Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in deployment.parameters.items()],
             Capabilities=["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"],
         )["StackId"]
@@ -520,10 +616,16 @@ def deploy(deployment: Deployment) -> DeployedStack:
         completion.complete({k: r for k, r in template["Resources"].items() if _condition_holds(r, resource_map)})
         machine, machine_arn, role_arn = _create_state_machine(template, resource_map, created, clients)
         [described] = cloudformation.describe_stacks(StackName=stack_id)["Stacks"]
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
+        outputs |= {
+            key: str(completion.resolve(output["Value"]))
+            for key, output in late_outputs.items()
+            if "Condition" not in output or resource_map.lazy_condition_map[output["Condition"]]
+        }
     return DeployedStack(
         deployment=deployment,
         template=template,
-        outputs={o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])},
+        outputs=outputs,
         resources=created,
         functions=_functions(code, created, clients),
         state_machine=machine,

@@ -81,7 +81,12 @@ def default_deployments() -> list[tuple[Deployment, bool]]:
     variants on (the rehearsal makes the VPC the user would name)."""
     return [
         (Deployment("annotate-rehearsal", REGION), False),
-        (Deployment("annotate-variants", REGION, {"EnableVariants": "true"}), True),
+        (
+            Deployment(
+                "annotate-variants", REGION, {"EnableVariants": "true", "EnableApi": "true", "ApiAuth": "API_KEY"}
+            ),
+            True,
+        ),
     ]
 
 
@@ -223,6 +228,8 @@ def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: 
         _results_where_athena_reads_them(stack, report, images=2 * dropped, with_variants=with_variants)
     with services.serving(), missing_keys_answer_403(stack, log):  # after the rows are counted: it writes one
         _missing_objects_read_as_missing(services, stack, report)
+        if "ApiFunction" in stack.functions:
+            _the_api_answers_through_its_url(services, stack, report)
     report.failures += services.problems
 
 
@@ -360,6 +367,120 @@ def _missing_objects_read_as_missing(services: Any, stack: DeployedStack, report
         f"WriteGroupTable did not record a missing result document as a failure row: {response}",
     )
     report.step("a deleted image and an unwritten result document were each told as missing, not as denied", started)
+
+
+@dataclass
+class _FunctionUrl:
+    """Calls to the API function's URL as a client makes them: refused by the URL as AWS would (aws_behaviours), or
+    handed to the deployed function (as its role, with its environment) as a payload 2.0 event."""
+
+    services: Any
+    stack: DeployedStack
+    url: str
+    auth_type: str
+    resource_policy: list[dict[str, Any]]
+
+    def call(
+        self, method: str, path: str, *, caller: list[Statement] | None = None, **request: Any
+    ) -> tuple[int, bytes]:
+        import base64
+
+        import httpx
+
+        from tools.rehearsal.aws_behaviours import function_url_event, function_url_refusal
+
+        function = self.stack.functions["ApiFunction"]
+        refusal = function_url_refusal(self.resource_policy, self.auth_type, f"{function.arn}:live", caller)
+        if refusal:
+            return 403, refusal.encode()
+        built = httpx.Request(method, f"{self.url.rstrip('/')}{path}", **request)
+        caller_arn = f"arn:aws:iam::{ACCOUNT}:role/ApiCaller" if caller is not None else ""
+        event = function_url_event(self.url, method, path, built.read(), dict(built.headers), caller_arn)
+        response, failed = self.services.invoke(function, event)
+        if failed:
+            return 502, json.dumps(response).encode()
+        body = response.get("body", "")
+        return int(response["statusCode"]), base64.b64decode(body) if response.get("isBase64Encoded") else body.encode()
+
+
+def _the_api_answers_through_its_url(services: Any, stack: DeployedStack, report: Report) -> None:
+    """The API function behind its function URL: the URL lets through only what its auth type and policies allow
+    (both permissions since October 2025); a recorded annotation of an input-bucket image lands where the workflow's
+    results do, with its row (WriteGroupTable, invoked by the API's role); an upload, a streamed chat; the key
+    checked in API_KEY mode."""
+    import boto3
+
+    from shared.model_cache import forget_loaded_models
+    from tools.rehearsal.iam import statements
+
+    started = time.monotonic()
+    forget_loaded_models()  # the API's environment reads its own models, as its role
+    function = stack.functions["ApiFunction"]
+    client = boto3.client("lambda", region_name=stack.region)
+    config = client.get_function_url_config(FunctionName=function.name, Qualifier="live")
+    policy = (
+        json.loads(client.get_policy(FunctionName=function.name)["Policy"])["Statement"]
+        if config["AuthType"] == "NONE"
+        else []
+    )
+    url = _FunctionUrl(services, stack, config["FunctionUrl"], config["AuthType"], policy)
+    live = f"{function.arn}:live"
+    signer = statements(
+        "ApiCaller",
+        {
+            "Statement": [
+                {"Effect": "Allow", "Action": ["lambda:InvokeFunctionUrl", "lambda:InvokeFunction"], "Resource": live}
+            ]
+        },
+    )
+    url_only = statements(
+        "ApiCaller", {"Statement": [{"Effect": "Allow", "Action": "lambda:InvokeFunctionUrl", "Resource": live}]}
+    )
+    headers: dict[str, str] = {}
+    caller: list[Statement] | None = signer
+    if config["AuthType"] == "NONE":
+        secret = boto3.client("secretsmanager", region_name=stack.region)
+        key = secret.get_secret_value(SecretId=stack.outputs["ApiKeySecretArn"])["SecretString"]
+        headers, caller = {"Authorization": f"Bearer {key}"}, None
+        status, _ = url.call("GET", "/v1/models")
+        report.check(status == 401, f"the API in API_KEY mode answered {status} to a call without the key")
+    else:
+        status, _ = url.call("GET", "/health")
+        report.check(status == 403, f"an unsigned call to the AWS_IAM URL got {status}, not 403")
+        status, _ = url.call("GET", "/health", caller=url_only)
+        report.check(status == 403, f"a caller without lambda:InvokeFunction got {status} from the URL, not 403")
+    image = f"s3://{stack.outputs['InputBucketName']}/incoming/cat.jpg"
+    asked = {"prompt": "cat.", "caption": False, "record": True, "image": image}
+    status, body = url.call("POST", "/v1/annotations", json=asked, headers=headers, caller=caller)
+    answer = json.loads(body) if status == 200 else {}
+    report.check(
+        status == 200 and answer.get("status") == "succeeded", f"the API's recorded annotation: {status} {body[:300]!r}"
+    )
+    if answer:
+        bucket, key = answer["result_uri"].removeprefix("s3://").split("/", 1)
+        report.check(bucket == stack.outputs["ResultsBucketName"], f"the recorded result went to {bucket}")
+        boto3.client("s3", region_name=stack.region).head_object(Bucket=bucket, Key=key)
+    upload = {"image": ("coffee.webp", (SAMPLES / "coffee.webp").read_bytes(), "image/webp")}
+    status, body = url.call(
+        "POST",
+        "/v1/annotations",
+        files=upload,
+        data={"request": '{"prompt": "cup.", "picture": true}'},
+        headers=headers,
+        caller=caller,
+    )
+    report.check(status == 200 and b'"picture_png":"' in body, f"the API's upload: {status} {body[:300]!r}")
+    chat = {"messages": [{"role": "user", "content": "Name a cat."}], "max_tokens": 8, "stream": True}
+    status, body = url.call("POST", "/v1/chat/completions", json=chat, headers=headers, caller=caller)
+    report.check(
+        status == 200 and body.rstrip().endswith(b"data: [DONE]"), f"the API's streamed chat: {status} {body[:300]!r}"
+    )
+    status, _ = url.call("POST", "/v1/images/generations", json={"prompt": "a cat"}, headers=headers, caller=caller)
+    report.check(status == 501, f"the Lambda API has no image model, yet answered {status}")
+    report.step(
+        f"the API answered through its {config['AuthType']} function URL: a recorded annotation, an upload, a chat",
+        started,
+    )
 
 
 def _queued_bodies(sqs: Any, queue_url: str) -> list[str]:

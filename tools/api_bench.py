@@ -1,0 +1,220 @@
+"""`annotate bench-api`: the synchronous API against the same work in-process, side by side in one run.
+
+A fresh `annotate serve` (its own process, the models' files already built and cached on this machine) answers
+one 800 px image; this process runs the same image through the same code in-process, and through Grounding DINO's
+model card recipe (detection alone). Runs alternate and medians are reported, since the machine is noisy:
+- the first answer, timed from the server's process start (what a new environment without a snapshot pays);
+- warm answers over HTTP (detect, classify, tag; and with the caption) against the same in-process;
+- chat's time to the first token through HTTP, streamed;
+- the server's peak memory (VmHWM), which sizes the API function's memory and its snapshot's bill.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from PIL import Image
+
+from shared.dependencies import build_dependencies
+from shared.serving import AnnotationOptions, Source, annotate_one, image_source
+from shared.settings import Settings
+from tools.bench import BenchOptions, bench_settings, model_card_detect
+
+CHAT = {"messages": [{"role": "user", "content": "Name three cat breeds."}], "max_tokens": 16, "stream": True}
+
+
+def _environment(settings: Settings) -> dict[str, str]:
+    """``settings`` as the server's environment (ANNOTATE_*), as a deployment would set them."""
+    values = settings.model_dump(mode="json", exclude={"api_key", "profile", "data_dir"})
+    return {f"ANNOTATE_{k.upper()}": v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
+
+
+def _peak_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) / 1024
+
+
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 3)
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))], 3)
+
+
+def _chat_ttft(client: httpx.Client) -> float:
+    started = time.perf_counter()
+    with client.stream("POST", "/v1/chat/completions", json=CHAT) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: ") and '"content"' in line:
+                first = time.perf_counter() - started
+                break
+        for _ in response.iter_lines():  # the rest of the stream, so that the next call finds the model free
+            pass
+    return first
+
+
+def run_api_bench(image: Path, repeats: int, out_dir: Path, port: int = 8097) -> dict[str, Any]:
+    """Measure and write ``api.json`` and ``api.md`` under ``out_dir``."""
+    from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
+
+    from shared.model_sources import resolve_model_dir
+    from tools.tiny_models import build_named_models
+
+    # As `annotate serve` runs: each size loaded when an image needs it (from the compiled cache)
+    settings = bench_settings(BenchOptions(images=[image], models="random")).model_copy(
+        update={"detector_load_all_sizes": False}
+    )
+    build_named_models(settings, variants=False)
+    detector_dir = resolve_model_dir(settings.detector_model, settings.model_files)
+    card = (
+        AutoProcessor.from_pretrained(detector_dir),
+        AutoModelForZeroShotObjectDetection.from_pretrained(detector_dir),
+    )
+    picture = Image.open(image).convert("RGB")
+    data = image.read_bytes()
+    body = {"prompt": "dog. cat.", "caption": False, "image": base64.b64encode(data).decode()}
+    models = functools.partial(build_dependencies, settings=settings)
+    command = [
+        str(Path(sys.executable).parent / "annotate"),
+        "serve",
+        "--port",
+        str(port),
+        "--profile",
+        "tiny",
+        "--data-dir",
+        str(out_dir / "api-data"),
+    ]
+    started = time.perf_counter()
+    server = subprocess.Popen(command, env=os.environ | _environment(settings), stdout=subprocess.DEVNULL)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    if client.get("/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    if time.monotonic() > deadline or server.poll() is not None:
+                        raise RuntimeError("annotate serve did not start") from None
+                    time.sleep(0.05)
+            first = client.post("/v1/annotations", json=body)
+            first_answer_s = time.perf_counter() - started
+            first.raise_for_status()
+            source: Source = image_source(data, settings)
+            options = AnnotationOptions(prompt="dog. cat.", caption=False)
+            with_caption = options.model_copy(update={"caption": True})
+            # warm both sides (lazy initialisation is not what is measured)
+            annotate_one(source, with_caption, settings, models, lambda _: None)
+            client.post("/v1/annotations", json=body | {"caption": True}).raise_for_status()
+            model_card_detect(*card, picture)
+            timings: dict[str, list[float]] = {
+                "http": [],
+                "in_process": [],
+                "steps_in_process": [],
+                "http_with_caption": [],
+                "in_process_with_caption": [],
+                "model_card_detect": [],
+                "chat_ttft_http": [],
+            }
+            for _ in range(repeats):
+                t = time.perf_counter()
+                client.post("/v1/annotations", json=body).raise_for_status()
+                timings["http"].append(time.perf_counter() - t)
+                t = time.perf_counter()
+                result = annotate_one(source, options, settings, models, lambda _: None)
+                timings["in_process"].append(time.perf_counter() - t)
+                timings["steps_in_process"].append(
+                    ((result.detect_ms or 0) + (result.classify_ms or 0) + (result.tag_ms or 0)) / 1000
+                )
+                t = time.perf_counter()
+                client.post("/v1/annotations", json=body | {"caption": True}).raise_for_status()
+                timings["http_with_caption"].append(time.perf_counter() - t)
+                t = time.perf_counter()
+                annotate_one(source, with_caption, settings, models, lambda _: None)
+                timings["in_process_with_caption"].append(time.perf_counter() - t)
+                t = time.perf_counter()
+                model_card_detect(*card, picture)
+                timings["model_card_detect"].append(time.perf_counter() - t)
+                timings["chat_ttft_http"].append(_chat_ttft(client))
+            server_peak_mb = _peak_mb(server.pid)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    medians = {name: _median(values) for name, values in timings.items()}
+    warm = medians["http"]
+    report = {
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cores": os.cpu_count(),
+        "image": f"{image.name} at {settings.detection_short_side} px",
+        "models": {"detector": settings.detector_model, "runtime": settings.detector_runtime},
+        "repeats": repeats,
+        "medians_s": medians,
+        "p95_s": {"http": _p95(timings["http"]), "http_with_caption": _p95(timings["http_with_caption"])},
+        "first_answer_from_process_start_s": round(first_answer_s, 3),
+        "ratios": {
+            "http_over_in_process": round(warm / medians["in_process"], 3),
+            "http_over_steps_in_process": round(warm / medians["steps_in_process"], 3),
+            "first_answer_less_warm_s": round(first_answer_s - warm, 3),
+            "model_card_detect_over_http_answer": round(medians["model_card_detect"] / warm, 3),
+        },
+        "server_peak_rss_mb": round(server_peak_mb, 1),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "api.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out_dir / "api.md").write_text(markdown_report(report))
+    return report
+
+
+def markdown_report(report: dict[str, Any]) -> str:
+    medians, ratios = report["medians_s"], report["ratios"]
+    rows = [
+        ("warm answer over HTTP: detect, classify, tag", medians["http"], f"p95 {report['p95_s']['http']:.3f} s"),
+        ("the same in-process", medians["in_process"], f"HTTP/in-process {ratios['http_over_in_process']:.2f}x"),
+        (
+            "the steps' own time in-process",
+            medians["steps_in_process"],
+            f"HTTP/steps {ratios['http_over_steps_in_process']:.2f}x",
+        ),
+        (
+            "warm answer over HTTP with the caption",
+            medians["http_with_caption"],
+            f"p95 {report['p95_s']['http_with_caption']:.3f} s",
+        ),
+        ("the same in-process", medians["in_process_with_caption"], ""),
+        (
+            "model card's recipe, detection alone",
+            medians["model_card_detect"],
+            f"{ratios['model_card_detect_over_http_answer']:.2f}x a whole HTTP answer",
+        ),
+        ("chat, first token over HTTP (streamed)", medians["chat_ttft_http"], ""),
+        (
+            "first answer from the server's process start",
+            report["first_answer_from_process_start_s"],
+            f"{ratios['first_answer_less_warm_s']:+.2f} s over a warm one",
+        ),
+    ]
+    lines = [
+        f"Measured {report['measured_at']} on {report['cores']} cores: {report['image']}, "
+        f"{report['models']['detector']} on {report['models']['runtime']}; medians of {report['repeats']} "
+        "alternating runs.",
+        "",
+        "| what | seconds | compared |",
+        "|---|---:|---|",
+        *(f"| {what} | {seconds:.3f} | {compared} |" for what, seconds, compared in rows),
+        "",
+        f"The server's peak memory (VmHWM): {report['server_peak_rss_mb']:.0f} MB.",
+    ]
+    return "\n".join(lines) + "\n"

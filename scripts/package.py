@@ -83,6 +83,8 @@ def build_layer(name: str, out: Path) -> Path:
         subprocess.run(["layers/arrow/prune.sh", str(python)], check=True, cwd=REPO)
     elif name == "OnnxLayer":
         pip_install(python, *LAMBDA_WHEELS, "--no-deps", "-r", "layers/onnx/requirements.txt")
+    elif name == "ApiLayer":
+        pip_install(python, *LAMBDA_WHEELS, "--no-deps", "-r", "layers/api/requirements.txt")
     elif name == "OpenVinoLayer":
         pip_install(python, *LAMBDA_WHEELS, "--no-deps", "-r", "layers/openvino/requirements.txt")
         subprocess.run(["layers/openvino/prune.sh", str(python)], check=True, cwd=REPO)

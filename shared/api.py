@@ -1,7 +1,7 @@
 """The synchronous API: one image annotated now, and OpenAI-compatible chat and images, on the workflow's models.
 
 One ASGI app (FastAPI) serves both places: `annotate serve` runs it on uvicorn, and the API function runs it on Lambda
-through Mangum (shared/api_lambda.py), so the routes, bounds and errors are the same code. Model work runs one call
+through Mangum (:func:`lambda_adapter`), so the routes, bounds and errors are the same code. Model work runs one call
 at a time (each model already uses every core); calls beyond that wait in a bounded queue, and past it get 429.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
+import json
 import statistics
 import time
 from collections import deque
@@ -28,7 +29,7 @@ from starlette.exceptions import HTTPException
 
 from shared.dependencies import Dependencies, Step, build_dependencies
 from shared.errors import ImageRejected, ModelUnavailable, RequestRejected
-from shared.observability import logger
+from shared.observability import logger, metrics
 from shared.serving import (
     Annotation,
     AnnotationCall,
@@ -245,15 +246,27 @@ async def _upload(form: Any, name: str) -> bytes:
 class _Calls:
     """What every route shares: the settings, the models, where recorded rows go, and the queue in front of them."""
 
-    def __init__(self, settings: Settings, dependencies_of: DependenciesOf, record_rows: RecordRows) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        dependencies_of: DependenciesOf,
+        record_rows: RecordRows,
+        after_call: Callable[[], None],
+    ) -> None:
         self.settings, self.dependencies_of, self.record_rows = settings, dependencies_of, record_rows
+        self.after_call = after_call
         self.admission = Admission(settings.api_queue_size)
 
     async def run(self, work: Callable[[], T]) -> T:
         async with self.admission.ticket():
-            return await run_in_threadpool(work)
+            try:
+                return await run_in_threadpool(work)
+            finally:
+                self.after_call()
 
     def preload(self) -> None:
+        """Every model, Detect first: a first annotation waits for Detect, Classify and Tag only. One after another:
+        side by side on two cores, they took 1.5 s longer to the first answer (annotate bench-api)."""
         for step in (Step.DETECT, Step.CLASSIFY, Step.TAG, Step.CAPTION):
             try:
                 self.dependencies_of(step)
@@ -312,6 +325,10 @@ def _chat_arguments(body: bytes, settings: Settings) -> dict[str, Any]:
     from llama_cpp.server.types import CreateChatCompletionRequest  # llama-cpp-python's OpenAI request type
 
     checked = ChatCompletionCall.model_validate_json(body)
+    # Within the model's context with room for the answer: about four characters a token, so at most half of it
+    longest = settings.caption_context * 2
+    if len(json.dumps([m.get("content") for m in checked.messages])) > longest:
+        raise ApiError(400, f"messages: at most {longest:,} characters in all", param="messages", code="invalid_value")
     if (checked.n or 1) != 1:
         raise ApiError(400, "n: one choice per call", param="n", code="invalid_value")
     if (checked.max_tokens or 0) > settings.api_max_chat_tokens:
@@ -391,9 +408,15 @@ def _image_routes(calls: _Calls) -> APIRouter:
     return router
 
 
-def create_app(settings: Settings, dependencies_of: DependenciesOf, record_rows: RecordRows) -> FastAPI:
-    """The API on ``settings``' models; ``record_rows`` writes a recorded call's table rows."""
-    calls = _Calls(settings, dependencies_of, record_rows)
+def create_app(
+    settings: Settings,
+    dependencies_of: DependenciesOf,
+    record_rows: RecordRows,
+    after_call: Callable[[], None] = metrics.clear_metrics,
+) -> FastAPI:
+    """The API on ``settings``' models; ``record_rows`` writes a recorded call's table rows. ``after_call``: what
+    becomes of the steps' metrics after each call: dropped here; on Lambda the handler flushes them as EMF."""
+    calls = _Calls(settings, dependencies_of, record_rows, after_call)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -437,11 +460,11 @@ def lambda_adapter() -> Any:
     key = settings.model_dump_json()
     if key not in _adapters:
         _adapters.clear()
-        _adapters[key] = Mangum(serving_app(settings), lifespan="off")
+        _adapters[key] = Mangum(serving_app(settings, after_call=lambda: None), lifespan="off")
     return _adapters[key]
 
 
-def serving_app(settings: Settings | None = None) -> FastAPI:
+def serving_app(settings: Settings | None = None, after_call: Callable[[], None] = metrics.clear_metrics) -> FastAPI:
     """The API on the settings in force and the real models; a recorded call's rows are written here, or in AWS by
     the stack's WriteGroupTable function."""
     settings = settings or get_settings()
@@ -450,4 +473,5 @@ def serving_app(settings: Settings | None = None) -> FastAPI:
         return build_dependencies(step, settings)
 
     function = settings.write_group_table_function
-    return create_app(settings, models, rows_by_function(function) if function else rows_in_process(models))
+    rows = rows_by_function(function) if function else rows_in_process(models)
+    return create_app(settings, models, rows, after_call)

@@ -12,12 +12,13 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from shared.api import lambda_adapter
 from shared.dependencies import Step
-from shared.observability import logger
+from shared.observability import logger, metrics
 from shared.warmup import prepare_function
 
 prepare_function(Step.DETECT, Step.CLASSIFY, Step.TAG, Step.CAPTION)
 
 
 @logger.inject_lambda_context(clear_state=True)
+@metrics.log_metrics  # the steps' metrics of this call, as EMF
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return lambda_adapter()(event, context)  # type: ignore[no-any-return]

@@ -3,7 +3,6 @@ for phrases with the characters those formats use themselves. Real tiny models, 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -47,7 +46,7 @@ def test_yolo_names_read_back_exactly_through_a_yaml_reader(annotated: Path, tmp
 
 
 def test_the_gallery_filters_by_a_phrase_holding_its_old_separator(annotated: Path, tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
+    from tests.browser import chromium_page
 
     code, output = annotate("gallery", "--out", str(tmp_path), "--data-dir", str(annotated))
     assert code == 0, output
@@ -55,16 +54,8 @@ def test_the_gallery_filters_by_a_phrase_holding_its_old_separator(annotated: Pa
         "SELECT count(DISTINCT image_id) AS n FROM detections WHERE label = 'cat|dog'", annotated
     ).to_pylist()[0]["n"]
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=shutil.which("chromium"),
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
-        )
-        page = browser.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
+    with chromium_page() as (page, errors):
         page.goto((tmp_path / "index.html").as_uri())
         page.get_by_role("button", name="cat|dog", exact=True).click()
         visible = page.locator(".card:visible").count()
-        browser.close()
     assert having > 0 and visible == having and errors == []

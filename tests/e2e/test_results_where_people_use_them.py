@@ -169,21 +169,12 @@ def test_label_studio_tasks_follow_the_documented_format_and_name_the_configs_co
 def test_the_gallery_renders_one_card_per_image_in_headless_chromium_without_console_errors(
     annotated: Path, tmp_path: Path
 ) -> None:
-    from playwright.sync_api import sync_playwright
+    from tests.browser import chromium_page
 
-    assert shutil.which("chromium"), "Debian's chromium is needed (scripts/install.sh installs it)"
     code, output = annotate("gallery", "--out", str(tmp_path), "--data-dir", str(annotated))
     assert code == 0, output
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=shutil.which("chromium"),
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
-        )
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        errors: list[str] = []
-        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-        page.on("pageerror", lambda error: errors.append(str(error)))
+    with chromium_page() as (page, errors):
         page.goto((tmp_path / "index.html").as_uri())
 
         assert page.locator(".card").count() == 4  # one per row of `images`
@@ -197,7 +188,6 @@ def test_the_gallery_renders_one_card_per_image_in_headless_chromium_without_con
         page.get_by_role("button", name="all").click()
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "gallery.png"), full_page=True)
-        browser.close()
     assert errors == []
 
 

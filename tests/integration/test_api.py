@@ -193,6 +193,8 @@ def test_hostile_chat_and_image_calls_are_refused_by_the_openai_client(client: o
     message = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.chat.completions.create(model="m", messages=message, max_tokens=100_000)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="characters in all"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "cat " * 5000}])
     with pytest.raises(openai.BadRequestError, match="one choice"):
         client.chat.completions.create(model="m", messages=message, n=2)  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError, match="square"):
@@ -206,23 +208,11 @@ def test_hostile_chat_and_image_calls_are_refused_by_the_openai_client(client: o
 
 
 def test_the_playground_shows_the_boxes_of_an_uploaded_picture_in_headless_chromium(base_url: str) -> None:
-    import shutil
-
-    from playwright.sync_api import sync_playwright
-
+    from tests.browser import chromium_page
     from tests.e2e.test_results_where_people_use_them import ARTIFACTS
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=shutil.which("chromium"),
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
-        )
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        errors: list[str] = []
-        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-        page.on("pageerror", lambda error: errors.append(str(error)))
+    with chromium_page() as (page, errors):
         page.goto(base_url + "/")
-
         page.set_input_files("#file", str(SAMPLES / "chelsea-the-cat.jpg"))
         page.get_by_role("button", name="Annotate").click()
         page.wait_for_selector("#boxes tbody tr", timeout=120_000)
@@ -234,7 +224,6 @@ def test_the_playground_shows_the_boxes_of_an_uploaded_picture_in_headless_chrom
         assert json.loads(page.locator("#json").text_content() or "{}")["status"] == "succeeded"
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "playground.png"), full_page=True)
-        browser.close()
     assert errors == []
 
 

@@ -183,11 +183,12 @@ def test_the_api_idles_free_as_deployed_and_under_the_study_s_39_dollars_with_sn
     from tools.cost import API_MEMORY_MB, api_costs
 
     # GIVEN an API bench's measured seconds and peak
-    api = {"medians_s": {"http": 2.0, "http_with_caption": 3.0}, "server_peak_rss_mb": 3000.0}
+    measured = {"medians_s": {"http": 2.0, "http_with_caption": 3.0}, "server_peak_rss_mb": 3000.0}
+    api = {"runtimes": {"onnxruntime": measured}}
     costs = api_costs(api, load_prices())
     # THEN idle costs nothing without SnapStart and its snapshot's cache stays under the study's $39 with it
-    assert costs["memory_mb"] == API_MEMORY_MB == 4096
+    assert costs["memory_mb"] == API_MEMORY_MB == 5120
     assert costs["idle_month_usd"] == 0.0 and 0 < costs["idle_month_with_snapstart_usd"] < 39
-    # AND an answer costs its GB-seconds and its request: 4 GB x 2 s x $0.0000166667 + $0.0000002, per 1,000
-    assert costs["per_1000_requests_usd"] == pytest.approx(1000 * (4 * 2.0 * 0.0000166667 + 0.2e-6), abs=1e-3)
+    # AND an answer costs its GB-seconds and its request: 5 GB x 2 s x $0.0000166667 + $0.0000002, per 1,000
+    assert costs["per_1000_requests_usd"] == pytest.approx(1000 * (5 * 2.0 * 0.0000166667 + 0.2e-6), abs=1e-3)
     assert costs["per_1000_requests_with_caption_usd"] > costs["per_1000_requests_usd"]

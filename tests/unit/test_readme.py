@@ -15,6 +15,7 @@ GENERATED = {
     "bench/cost.md": "docs/performance.md",
     "bench/bench.md": "docs/performance.md",
     "bench/lambda-detect.md": "docs/deploy.md",
+    "bench/api.md": "docs/api.md",
 }
 
 

@@ -261,6 +261,7 @@ class Settings(BaseSettings):
         "", description="Tiny VAE decoder (TAESD) file; empty: the model's own vae/ when it is an AutoencoderTiny"
     )
     variants_threads: int = Field(0, ge=0, le=64, description="stable-diffusion.cpp threads; 0 uses every core")
+    bulk_job: str = Field("", description="The bulk task's job: where its document is (set per task by the workflow)")
     variant_job: str = Field(
         "", max_length=16_384, description="The Variants container's image task (JSON), set by ECS"
     )

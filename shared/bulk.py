@@ -1,0 +1,178 @@
+"""The bulk lane's worker: a batch of groups on one Fargate (Spot) task, written as the Lambda lane writes them.
+
+Each image goes through the one-image path (shared/one_image.py: the same steps, the same result document) and each
+group's rows through WriteGroupTable's code, once per group. The next image's bytes are read while the current one
+runs. A retried job skips every image whose result document is already written, so a task stopped part way (a Spot
+interruption's SIGTERM, two minutes before the end) loses nothing and writes each image once.
+
+    python -m shared.bulk   # ANNOTATE_BULK_JOB=s3://results/manifests/<batch_id>.bulk/<n>.json
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from pydantic import ValidationError
+
+from shared import steps
+from shared.contracts import (
+    AnnotationRequest,
+    Frozen,
+    ImageGroup,
+    ImageOutcome,
+    ImageRef,
+    ImageResult,
+    ImageTask,
+    WriteGroupTableInput,
+)
+from shared.dependencies import Dependencies, Step, dependencies_of
+from shared.errors import AnnotateError, ImageRejected, validation_reason
+from shared.observability import logger
+from shared.one_image import annotate_image
+from shared.settings import get_settings
+from shared.storage import ObjectStore, StoreFor
+
+DependenciesOf = Callable[[Step], Dependencies]
+
+
+class BulkJob(Frozen):
+    """A task's share of a batch, as the Distributed Map's ItemBatcher hands it: what the batch shares, and groups."""
+
+    batch_id: str
+    request: AnnotationRequest
+    results_uri: str
+    planned_at: datetime
+    groups: list[ImageGroup]
+
+
+class Stopped(Exception):
+    """The task was told to stop (SIGTERM) between two images; what is written stays."""
+
+
+@dataclass
+class _ReadAhead:
+    """The images' store, with the next image's bytes read on a second thread while the current one runs."""
+
+    store_for: StoreFor
+    max_bytes: int
+    _pool: ThreadPoolExecutor
+    _pending: dict[str, Future[bytes]]
+
+    def fetch(self, uri: str) -> None:
+        if uri not in self._pending:
+            self._pending[uri] = self._pool.submit(self.store_for(uri).read_bytes, uri, self.max_bytes)
+
+    def forget(self, uri: str) -> None:
+        self._pending.pop(uri, None)
+
+    def __call__(self, uri: str) -> ObjectStore:
+        return self if uri in self._pending else self.store_for(uri)  # type: ignore[return-value]
+
+    def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes:
+        return self._pending[uri].result()  # an ImageRejected raised there is raised here, for the step to record
+
+
+def _done(task: ImageTask, store_for: StoreFor) -> ImageResult | None:
+    """The image's result document, when an earlier try of the job wrote it."""
+    document, _ = steps.result_uris(task)
+    try:
+        return ImageResult.model_validate_json(store_for(document).read_bytes(document))
+    except (ImageRejected, ValidationError):
+        return None
+
+
+def run_job(job: BulkJob, dependencies_of: DependenciesOf, stopping: Callable[[], bool] = lambda: False) -> int:
+    """Annotate the job's images and write each group's rows; returns how many images it annotated (the others
+    were done before).
+
+    Raises:
+        Stopped: ``stopping()`` became true; the groups not finished are left to the retried job.
+    """
+    common = dependencies_of(Step.WRITE_RESULT)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead")
+    read_ahead = _ReadAhead(common.store_for, common.image_limits.max_image_bytes, pool, {})
+    annotated = 0
+    try:
+        for group in job.groups:
+            annotated += _run_group(job, group, dependencies_of, read_ahead, stopping)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return annotated
+
+
+def _run_group(
+    job: BulkJob,
+    group: ImageGroup,
+    dependencies_of: DependenciesOf,
+    read_ahead: _ReadAhead,
+    stopping: Callable[[], bool],
+) -> int:
+    def task_of(ref: ImageRef) -> ImageTask:
+        return ImageTask(batch_id=job.batch_id, request=job.request, image=ref, results_uri=job.results_uri)
+
+    def with_read_ahead(step: Step) -> Dependencies:
+        return replace(dependencies_of(step), store_for=read_ahead)
+
+    outcomes, annotated = [], 0
+    store_for = dependencies_of(Step.WRITE_RESULT).store_for
+    for index, ref in enumerate(group.images):
+        if stopping():
+            raise Stopped(f"stopped in {group.group_id} after {index} of its images; the retry writes the rest")
+        result = _done(task_of(ref), store_for)
+        if result is None:
+            read_ahead.fetch(ref.source_uri)
+            if index + 1 < len(group.images):
+                read_ahead.fetch(group.images[index + 1].source_uri)
+            result = annotate_image(task_of(ref), with_read_ahead)
+            read_ahead.forget(ref.source_uri)
+            annotated += 1
+        outcomes.append(ImageOutcome(image=ref, status=result.status, error=result.error, result_uri=result.result_uri))
+    table_input = WriteGroupTableInput(
+        batch_id=job.batch_id,
+        group_id=group.group_id,
+        request=job.request,
+        results_uri=job.results_uri,
+        planned_at=job.planned_at,
+        outcomes=outcomes,
+    )
+    steps.write_group_table(table_input, dependencies_of(Step.WRITE_GROUP_TABLE))
+    return annotated
+
+
+def read_job(job_uri: str, store_for: StoreFor) -> BulkJob:
+    """The job document ANNOTATE_BULK_JOB names.
+
+    Raises:
+        ValueError: no job named, or one that breaks the contract.
+    """
+    if not job_uri:
+        raise ValueError("ANNOTATE_BULK_JOB is empty: the task needs the location of its job")
+    try:
+        return BulkJob.model_validate_json(store_for(job_uri).read_bytes(job_uri))
+    except ValidationError as error:
+        raise ValueError(f"malformed job {job_uri}: {validation_reason(error)}") from error
+
+
+def main() -> int:
+    """The container's entrypoint: 0 when every group's rows are written; 1 (the reason logged) otherwise, so that
+    Step Functions retries the job, which skips what is done."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # ECS's stop (a Spot interruption): end between images
+    try:
+        job = read_job(get_settings().bulk_job, dependencies_of(Step.WRITE_RESULT).store_for)
+        annotated = run_job(job, dependencies_of, stop.is_set)
+    except (Stopped, ValueError, AnnotateError, OSError) as error:
+        logger.error("bulk job ended early", extra={"reason": f"{type(error).__name__}: {error}"})
+        return 1
+    logger.info("bulk job done", extra={"groups": len(job.groups), "annotated": annotated})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The bulk lane's worker writes the Lambda lane's rows: the same images, request and groups through
+shared/bulk.run_job give the workflow's result documents and one row per image; a job stopped part way and run again
+loses nothing and annotates nothing twice. Real tiny models; the workflow through the local runner."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from pydantic import TypeAdapter
+from typer.testing import CliRunner
+
+from shared.bulk import BulkJob, Stopped, run_job
+from shared.contracts import BatchInput, ImageGroup, ImageResult
+from shared.dependencies import dependencies_of
+from shared.settings import Settings
+from tests.conftest import SAMPLES
+from tools.cli import app
+from tools.query import run_local_query
+
+pytestmark = pytest.mark.slow
+ROWS = "SELECT image_id, status, len(detections) AS boxes, caption FROM images ORDER BY image_id"
+
+
+@pytest.fixture(scope="module")
+def by_workflow(tmp_path_factory: pytest.TempPathFactory, tiny_settings: Settings) -> Path:
+    """The samples and an empty file, annotated by the workflow (the Lambda lane), captions on."""
+    images = tmp_path_factory.mktemp("bulk-inputs")
+    shutil.copytree(SAMPLES, images, dirs_exist_ok=True)
+    (images / "empty.jpg").write_bytes(b"")
+    data = tmp_path_factory.mktemp("lambda-lane")
+    result = CliRunner().invoke(
+        app, ["run", str(images), "--prompt", "dog. cat.", "--profile", "tiny", "--data-dir", str(data)]
+    )
+    assert result.exit_code == 1 and "3 succeeded, 1 failed" in result.output, result.output
+    return data
+
+
+def _job(workflow: Path, results_uri: str) -> BulkJob:
+    """The workflow's batch as a bulk job writing to ``results_uri``, its images in groups of two."""
+    [batch_file] = [p for p in (workflow / "manifests").glob("b-*.json") if not p.name.endswith(".groups.json")]
+    batch = BatchInput.model_validate_json(batch_file.read_bytes())
+    groups = TypeAdapter(list[ImageGroup]).validate_json(batch_file.with_suffix(".groups.json").read_bytes())
+    images = [image for group in groups for image in group.images]
+    pairs = [ImageGroup(group_id=f"g-{n:06d}", images=images[2 * n : 2 * n + 2]) for n in range(len(images) // 2)]
+    return BulkJob(
+        batch_id=batch.batch_id,
+        request=batch.request,
+        results_uri=results_uri,
+        planned_at=batch.planned_at,
+        groups=pairs,
+    )
+
+
+def _documents(root: Path) -> dict[str, dict[str, object]]:
+    found = {}
+    for path in root.glob("results/b-*/*.json"):
+        if path.name.count(".") == 1:
+            result = ImageResult.model_validate_json(path.read_bytes())
+            found[result.image_id] = result.model_dump(
+                mode="json", include={"status", "error", "detections", "width", "height"}
+            ) | {"caption": result.caption and result.caption.caption}
+    return found
+
+
+def test_the_bulk_worker_writes_the_lambda_lanes_documents_and_rows(by_workflow: Path, settings_in: Settings) -> None:
+    # GIVEN the workflow's batch as a bulk job writing elsewhere
+    job = _job(by_workflow, str(settings_in.data_dir.resolve()))
+    # WHEN the worker runs it
+    annotated = run_job(job, dependencies_of)
+    # THEN every image has the workflow's document (boxes, classes, attributes, caption, failure) and row
+    assert annotated == 4
+    assert _documents(settings_in.data_dir) == _documents(by_workflow) != {}
+    assert run_local_query(ROWS, settings_in.data_dir).to_pylist() == run_local_query(ROWS, by_workflow).to_pylist()
+
+
+def test_a_job_stopped_part_way_and_run_again_writes_each_image_once(by_workflow: Path, settings_in: Settings) -> None:
+    # GIVEN a job whose task is told to stop before its fourth image (a Spot interruption's SIGTERM)
+    job = _job(by_workflow, str(settings_in.data_dir.resolve()))
+    asked = iter(range(100))
+    with pytest.raises(Stopped, match="g-000001 after 1 of its images"):
+        run_job(job, dependencies_of, stopping=lambda: next(asked) >= 3)
+    # THEN the finished group's rows are written, the stopped group's are not yet
+    assert [
+        row["n"] for row in run_local_query("SELECT count(*) AS n FROM images", settings_in.data_dir).to_pylist()
+    ] == [2]
+
+    # WHEN the job is run again
+    annotated = run_job(job, dependencies_of)
+    # THEN only the image not yet done is annotated, and every image has exactly one row
+    assert annotated == 1
+    counts = run_local_query("SELECT image_id, count(*) AS n FROM images GROUP BY 1", settings_in.data_dir).to_pylist()
+    assert len(counts) == 4 and {row["n"] for row in counts} == {1}
+
+
+def test_the_worker_process_stops_on_sigterm_between_images_and_its_retry_finishes_the_job(
+    tmp_path: Path, tiny_settings: Settings
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from shared.batches import image_ref
+    from shared.contracts import AnnotationRequest
+    from shared.storage import LocalStore
+
+    # GIVEN eight images in four groups, as one job file, and the worker as its own process (the container's command)
+    store, images = LocalStore(), []
+    for index in range(8):
+        path = tmp_path / "in" / f"cat-{index}.jpg"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes((SAMPLES / "chelsea-the-cat.jpg").read_bytes())
+        images.append(image_ref(str(path), store.fingerprint(str(path))))
+    results = tmp_path / "results-root"
+    job = BulkJob(
+        batch_id="b-" + "7" * 20,
+        request=AnnotationRequest(prompt="cat."),
+        results_uri=str(results),
+        planned_at="2026-12-01T00:00:00Z",  # type: ignore[arg-type]
+        groups=[ImageGroup(group_id=f"g-{n:06d}", images=images[2 * n : 2 * n + 2]) for n in range(4)],
+    )
+    (tmp_path / "job.json").write_text(job.model_dump_json())
+    environment = os.environ | {"ANNOTATE_PROFILE": "tiny", "ANNOTATE_BULK_JOB": str(tmp_path / "job.json")}
+    command = [sys.executable, "-m", "shared.bulk"]
+
+    # WHEN it is sent SIGTERM once its first image is written (ECS's stop on a Spot interruption)
+    worker = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(results.glob("results/*/*.json")) and worker.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker.send_signal(signal.SIGTERM)
+    stopped_with = worker.wait(timeout=120)
+    written = len(list(results.glob("results/*/*.json")))
+
+    # THEN it ends between two images with status 1 (Step Functions retries the job), having kept what it wrote
+    assert stopped_with == 1 and 1 <= written < 8
+    # AND the retried job finishes: every image has exactly one row
+    assert subprocess.run(command, env=environment, check=False, capture_output=True, timeout=300).returncode == 0
+    counts = run_local_query("SELECT image_id, count(*) AS n FROM images GROUP BY 1", results).to_pylist()
+    assert len(counts) == 8 and {row["n"] for row in counts} == {1}

@@ -159,8 +159,10 @@ def annotate_one(
     picture = None
     if options.picture and result.annotated_uri:
         picture = base64.b64encode(store_of(result.annotated_uri).read_bytes(result.annotated_uri)).decode()
-    kept = {} if options.record else {"result_uri": None, "annotated_uri": None}  # memory:// means nothing to a caller
-    return Annotation(**(result.model_dump() | kept), picture_png=picture)
+    unkept = (
+        {} if options.record else {"result_uri": None, "annotated_uri": None}
+    )  # memory:// means nothing to a caller
+    return Annotation(**(result.model_dump() | unkept), picture_png=picture)
 
 
 def rows_in_process(dependencies_of: DependenciesOf) -> RecordRows:

@@ -160,6 +160,13 @@ def _hub_snapshot(repo_id: str, files: ModelFiles) -> Path:
         ) from error
 
 
+def forget_model_files() -> None:
+    """Read the models' S3 objects again on their next load, as a new environment does (the deployment rehearsal
+    loads one function's models as its own role). The memory files already read stay open for whoever uses them."""
+    with _lock:
+        _in_memory.clear()
+
+
 def _s3_prefix_in_memory(prefix_uri: str, files: ModelFiles) -> Path:
     """Read every object under ``prefix_uri`` into memory files and return a folder of links to them.
 

@@ -411,10 +411,12 @@ def _the_api_answers_through_its_url(services: Any, stack: DeployedStack, report
     import boto3
 
     from shared.model_cache import forget_loaded_models
+    from shared.model_sources import forget_model_files
     from tools.rehearsal.iam import statements
 
     started = time.monotonic()
     forget_loaded_models()  # the API's environment reads its own models, as its role
+    forget_model_files()
     function = stack.functions["ApiFunction"]
     client = boto3.client("lambda", region_name=stack.region)
     config = client.get_function_url_config(FunctionName=function.name, Qualifier="live")

@@ -462,6 +462,9 @@ def _the_api_answers_through_its_url(services: Any, stack: DeployedStack, report
         bucket, key = answer["result_uri"].removeprefix("s3://").split("/", 1)
         report.check(bucket == stack.outputs["ResultsBucketName"], f"the recorded result went to {bucket}")
         boto3.client("s3", region_name=stack.region).head_object(Bucket=bucket, Key=key)
+    gone = asked | {"image": f"s3://{stack.outputs['InputBucketName']}/incoming/deleted.jpg", "record": False}
+    status, body = url.call("POST", "/v1/annotations", json=gone, headers=headers, caller=caller)
+    report.check(status == 400 and b"does not exist" in body, f"the API on a missing image: {status} {body[:300]!r}")
     upload = {"image": ("coffee.webp", (SAMPLES / "coffee.webp").read_bytes(), "image/webp")}
     status, body = url.call(
         "POST",

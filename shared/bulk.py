@@ -16,14 +16,12 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from datetime import datetime
 
 from pydantic import ValidationError
 
 from shared import steps
 from shared.contracts import (
-    AnnotationRequest,
-    Frozen,
+    BulkJob,
     ImageGroup,
     ImageOutcome,
     ImageRef,
@@ -39,16 +37,6 @@ from shared.settings import get_settings
 from shared.storage import ObjectStore, StoreFor
 
 DependenciesOf = Callable[[Step], Dependencies]
-
-
-class BulkJob(Frozen):
-    """A task's share of a batch, as the Distributed Map's ItemBatcher hands it: what the batch shares, and groups."""
-
-    batch_id: str
-    request: AnnotationRequest
-    results_uri: str
-    planned_at: datetime
-    groups: list[ImageGroup]
 
 
 class Stopped(Exception):

@@ -255,6 +255,17 @@ class GroupTask(Frozen):
     group: ImageGroup
 
 
+class BulkJob(Frozen):
+    """A bulk task's share of a batch: what the batch shares, and its groups; a document the task reads, since
+    RunTask's container overrides hold at most 8 KiB."""
+
+    batch_id: str
+    request: AnnotationRequest
+    results_uri: str
+    planned_at: datetime
+    groups: list[ImageGroup]
+
+
 class Box(Frozen):
     x0: float
     y0: float

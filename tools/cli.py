@@ -337,6 +337,24 @@ def bench_api(
     out.print(markdown_report(report), highlight=False)
 
 
+@app.command("bench-bulk")
+def bench_bulk(
+    images: Annotated[list[Path] | None, typer.Argument(help="Images to run on (default: two samples)")] = None,
+    copies: Annotated[int, typer.Option(help="Copies of each image (distinct files)")] = 5,
+    repeats: Annotated[int, typer.Option(help="Alternating runs of each side")] = 3,
+    out_dir: Annotated[Path, typer.Option(help="Where bulk.json and bulk.md go")] = Path("bench"),
+) -> None:
+    """Time the bulk worker against the same images one at a time, and write the report."""
+    from tools.bulk_bench import markdown_report, run_bulk_bench
+
+    _quiet_logs(False)
+    samples = Path(__file__).resolve().parent.parent / "samples"
+    report = run_bulk_bench(
+        images or [samples / "chelsea-the-cat.jpg", samples / "coffee.webp"], copies, repeats, out_dir
+    )
+    out.print(markdown_report(report), highlight=False)
+
+
 @app.command("bench-lambda-detect")
 def bench_lambda_detect(
     image: Annotated[Path, typer.Option(exists=True, dir_okay=False)] = Path("samples/chelsea-the-cat.jpg"),

@@ -11,8 +11,8 @@ import pytest
 from pydantic import TypeAdapter
 from typer.testing import CliRunner
 
-from shared.bulk import BulkJob, Stopped, run_job
-from shared.contracts import BatchInput, ImageGroup, ImageResult
+from shared.bulk import Stopped, run_job
+from shared.contracts import BatchInput, BulkJob, ImageGroup, ImageResult
 from shared.dependencies import dependencies_of
 from shared.settings import Settings
 from tests.conftest import SAMPLES

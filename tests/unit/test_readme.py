@@ -16,6 +16,7 @@ GENERATED = {
     "bench/bench.md": "docs/performance.md",
     "bench/lambda-detect.md": "docs/deploy.md",
     "bench/api.md": "docs/api.md",
+    "bench/bulk.md": "docs/performance.md",
 }
 
 

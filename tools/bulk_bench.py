@@ -1,0 +1,110 @@
+"""`annotate bench-bulk`: the bulk worker's throughput against the same images one at a time, side by side.
+
+The worker (shared/bulk.run_job: the next image read ahead, one table write per group) and the Lambda lane's way (each
+image through the one-image path on its own, nothing overlapped) run the same images with the same models
+(full-size architectures with random weights, captions on), alternating, in this process; images per hour on this
+machine's cores is what a Fargate task of as many vCPUs would do, less its start and model load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from shared.batches import image_ref
+from shared.contracts import AnnotationRequest, BulkJob, ImageGroup, ImageTask
+from shared.dependencies import build_dependencies
+from shared.one_image import annotate_image
+from shared.storage import LocalStore
+from tools.bench import BenchOptions, bench_settings
+
+
+def run_bulk_bench(images: list[Path], copies: int, repeats: int, out_dir: Path) -> dict[str, Any]:
+    """Measure and write ``bulk.json`` and ``bulk.md`` under ``out_dir``."""
+    import functools
+
+    from shared.bulk import run_job
+    from tools.tiny_models import build_named_models
+
+    settings = bench_settings(BenchOptions(images=images, models="random"))
+    build_named_models(settings, variants=False)
+    models = functools.partial(build_dependencies, settings=settings)
+    work = Path(tempfile.mkdtemp(prefix="bench-bulk-"))
+    store, refs = LocalStore(), []
+    for copy in range(copies):  # distinct files, so that no image is skipped as done
+        for image in images:
+            path = work / "in" / f"{copy}-{image.name}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(image, path)
+            refs.append(image_ref(str(path), store.fingerprint(str(path))))
+    request = AnnotationRequest(prompt="dog. cat.")
+    groups = [ImageGroup(group_id=f"g-{n:06d}", images=refs[n * 10 : n * 10 + 10]) for n in range(-(-len(refs) // 10))]
+
+    def one_at_a_time(root: Path) -> None:
+        for ref in refs:
+            annotate_image(
+                ImageTask(batch_id="b-" + "1" * 20, request=request, image=ref, results_uri=str(root)), models
+            )
+
+    def worker(root: Path) -> None:
+        job = BulkJob(
+            batch_id="b-" + "2" * 20,
+            request=request,
+            results_uri=str(root),
+            planned_at=datetime.now(UTC),
+            groups=groups,
+        )
+        run_job(job, models)
+
+    one_at_a_time(work / "warm")  # lazy initialisation is not what is measured
+    seconds: dict[str, list[float]] = {"one_at_a_time": [], "worker": []}
+    for repeat in range(repeats):
+        for side, run in sorted({"one_at_a_time": one_at_a_time, "worker": worker}.items(), reverse=repeat % 2 == 1):
+            root = work / f"{side}-{repeat}"
+            started = time.perf_counter()
+            run(root)
+            seconds[side].append(time.perf_counter() - started)
+    shutil.rmtree(work, ignore_errors=True)
+    per_image = {side: statistics.median(values) / len(refs) for side, values in seconds.items()}
+    report = {
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cores": os.cpu_count(),
+        "images": len(refs),
+        "repeats": repeats,
+        "seconds_per_image": {side: round(value, 3) for side, value in per_image.items()},
+        "images_per_hour": {side: round(3600 / value) for side, value in per_image.items()},
+        "worker_over_one_at_a_time": round(per_image["one_at_a_time"] / per_image["worker"], 3),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bulk.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out_dir / "bulk.md").write_text(markdown_report(report))
+    return report
+
+
+def markdown_report(report: dict[str, Any]) -> str:
+    per_image, per_hour = report["seconds_per_image"], report["images_per_hour"]
+    return (
+        "\n".join(
+            [
+                f"Measured {report['measured_at']} on {report['cores']} cores: {report['images']} images (captions on, "
+                f"full-size random weights), medians of {report['repeats']} alternating runs.",
+                "",
+                "| | seconds per image | images per hour |",
+                "|---|---:|---:|",
+                f"| one at a time (the Lambda lane's per-image path) | {per_image['one_at_a_time']:.2f} | "
+                f"{per_hour['one_at_a_time']:,} |",
+                f"| the bulk worker (read-ahead, a table write per group) | {per_image['worker']:.2f} | "
+                f"{per_hour['worker']:,} |",
+                "",
+                f"The worker does {report['worker_over_one_at_a_time']:.2f}x the images of one at a time.",
+            ]
+        )
+        + "\n"
+    )

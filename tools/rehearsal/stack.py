@@ -1,8 +1,9 @@
 """Deploy template.yaml on moto as `sam deploy` would: SAM transform, package, CloudFormation create_stack.
 
 What moto's CloudFormation does not create (as of moto 5.2.5: Glue and Athena resources, bucket and queue
-policies, alarms, Lambda aliases, and the bucket properties beyond encryption) is created from the transformed
-template through each service's own API; whatever neither creates is listed as not rehearsed. The state machine
+policies, alarms, Lambda aliases, function URLs and the permissions naming an alias, and the bucket properties beyond
+encryption) is created from the transformed template through each service's own API, and generated secrets through
+a model taught to it; whatever none of these creates is listed as not rehearsed. The state machine
 is created in moto's Step Functions interpreter with its definition substituted from the stack's resources,
 which moto's CloudFormation does not do.
 """

@@ -31,7 +31,7 @@ from shared.errors import ImageRejected, RequestRejected
 from shared.images import decode_image
 from shared.one_image import annotate_image
 from shared.settings import Settings
-from shared.storage import MemoryStore, StoreFor, is_s3, join_uri, split_s3, store_for
+from shared.storage import MemoryStore, ObjectStore, is_s3, join_uri, split_s3, store_for
 
 UPLOADS_PREFIX = "uploads"  # under the results root: uploaded pictures whose results were recorded
 NOT_KEPT_ROOT = "memory://not-kept"  # where an unrecorded call's result document and picture live, in memory
@@ -136,9 +136,15 @@ def annotate_one(
     if options.record and not source.kept:
         source_uri = _upload_uri(root, source, decoded.source_format)
         store_for(source_uri).write_bytes(source_uri, source.data)
-    store_of: StoreFor = store_for if options.record else MemoryStore({source_uri: source.data})
+    read_once = MemoryStore({source_uri: source.data})
+
+    def store_of(uri: str) -> ObjectStore:
+        """The image from the bytes already read (the steps read it three times); what a call writes, in memory,
+        or where the workflow keeps it when recorded."""
+        return read_once if uri == source_uri or not options.record else store_for(uri)
+
     # Named as the workflow names an image: its location and the content its store fingerprints (exports check it).
-    ref = image_ref(source_uri, store_of(source_uri).fingerprint(source_uri))
+    ref = image_ref(source_uri, (store_for if options.record else store_of)(source_uri).fingerprint(source_uri))
     task = ImageTask(batch_id=batch_id(request, [ref]), request=request, image=ref, results_uri=root)
     needed = [Step.DETECT, Step.CLASSIFY, Step.TAG, Step.WRITE_RESULT] + ([Step.CAPTION] if request.caption else [])
     # Loaded before the image runs: a model that cannot load is the service's failure (503), not the image's.

@@ -325,7 +325,7 @@ def bench_ingest(
 
 @app.command("bench-api")
 def bench_api(
-    image: Annotated[Path, typer.Argument(help="The image to answer")] = Path("samples/chelsea-the-cat.jpg"),
+    image: Annotated[Path | None, typer.Argument(help="The image to answer (default: a sample)")] = None,
     repeats: Annotated[int, typer.Option(help="Alternating runs of each side")] = 7,
     out_dir: Annotated[Path, typer.Option(help="Where api.json and api.md go")] = Path("bench"),
 ) -> None:
@@ -333,6 +333,9 @@ def bench_api(
     from tools.api_bench import markdown_report, run_api_bench
 
     _quiet_logs(False)
+    image = image or Path(__file__).resolve().parent.parent / "samples" / "chelsea-the-cat.jpg"
+    if not image.is_file():
+        raise _fail(f"{image} is not a file: name an image to answer")
     report = run_api_bench(image, repeats, out_dir)
     out.print(markdown_report(report), highlight=False)
 
@@ -349,6 +352,9 @@ def bench_bulk(
 
     _quiet_logs(False)
     samples = Path(__file__).resolve().parent.parent / "samples"
+    missing = [str(path) for path in images or [] if not path.is_file()]
+    if missing:
+        raise _fail(f"not files: {', '.join(missing)}")
     report = run_bulk_bench(
         images or [samples / "chelsea-the-cat.jpg", samples / "coffee.webp"], copies, repeats, out_dir
     )

@@ -6,7 +6,18 @@ import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from shared.contracts import AnnotationRequest, BatchInput, ImageGroup, ImageRef, PromptMessage
+from shared.contracts import (
+    AnnotationRequest,
+    BatchInput,
+    BulkJob,
+    BulkJobRef,
+    ImageGroup,
+    ImageRef,
+    Lane,
+    PromptMessage,
+    bulk_job_uri,
+)
+from shared.errors import RequestRejected
 from shared.settings import IngestSettings
 from shared.storage import StoreFor, is_s3, local_path, local_uri
 
@@ -49,9 +60,50 @@ class PlannedBatch:
 
     input: BatchInput
     groups: list[ImageGroup]
+    groups_per_job: int = 0  # the bulk lane's
 
     def groups_manifest(self) -> bytes:
         return b"[" + b",".join(group.model_dump_json().encode() for group in self.groups) + b"]"
+
+    def bulk_jobs(self) -> list[tuple[BulkJobRef, BulkJob]]:
+        """The bulk lane's jobs (``input.bulk_jobs`` of them), each with the manifest item that names it."""
+        batch, per_job = self.input, self.groups_per_job
+        return [
+            (
+                BulkJobRef(job_uri=bulk_job_uri(batch.results_uri, batch.batch_id, number)),
+                BulkJob(
+                    batch_id=batch.batch_id,
+                    request=batch.request,
+                    results_uri=batch.results_uri,
+                    planned_at=batch.planned_at,
+                    groups=self.groups[start : start + per_job],
+                ),
+            )
+            for number, start in enumerate(range(0, len(self.groups), per_job))
+        ]
+
+
+def choose_lane(message: PromptMessage, images: int, settings: IngestSettings) -> Lane:
+    """The message's lane; ``auto`` is bulk from ``bulk_from_images`` images where the stack has the lane and the
+    request can run there.
+
+    Raises:
+        RequestRejected: bulk asked of a stack without the lane, or with variants (made by the Lambda lane's task).
+    """
+    if message.lane == "auto":
+        wanted = settings.bulk_enabled and message.variants is None and images >= settings.bulk_from_images
+        return "bulk" if wanted else "lambda"
+    if message.lane == "bulk" and not settings.bulk_enabled:
+        raise RequestRejected("the message asks for the bulk lane, but this stack was deployed without it")
+    if message.lane == "bulk" and message.variants is not None:
+        raise RequestRejected("variants are made in the lambda lane: send the message with lane lambda or auto")
+    return message.lane
+
+
+def groups_per_bulk_job(groups: int, settings: IngestSettings) -> int:
+    """At most ``groups_per_bulk_job``, and fewer when the batch would otherwise leave some of the tasks that may run
+    at once idle: a batch of 100 groups runs as 20 tasks of 5 groups, not 2 of 50."""
+    return max(1, min(settings.groups_per_bulk_job, -(-groups // settings.bulk_concurrency)))
 
 
 def plan_batches(
@@ -63,6 +115,7 @@ def plan_batches(
     planned_at = now or datetime.now(UTC)
     refs = [image_ref(uri, fingerprint) for uri, fingerprint in expand_locations(message.images, store_for).items()]
     batches = []
+    lane = choose_lane(message, min(len(refs), settings.max_images_per_batch), settings)
     for start in range(0, len(refs), settings.max_images_per_batch):
         chunk = refs[start : start + settings.max_images_per_batch]
         size = settings.images_per_group
@@ -70,6 +123,7 @@ def plan_batches(
             ImageGroup(group_id=f"g-{index:06d}", images=chunk[offset : offset + size])
             for index, offset in enumerate(range(0, len(chunk), size))
         ]
+        per_job = groups_per_bulk_job(len(groups), settings)
         batch = BatchInput(
             batch_id=batch_id(request, chunk),
             request=request,
@@ -78,6 +132,9 @@ def plan_batches(
             images=len(chunk),
             groups=len(groups),
             group_concurrency=settings.group_concurrency,
+            lane=lane,
+            bulk_jobs=-(-len(groups) // per_job) if lane == "bulk" else 0,
+            bulk_concurrency=settings.bulk_concurrency,
         )
-        batches.append(PlannedBatch(input=batch, groups=groups))
+        batches.append(PlannedBatch(input=batch, groups=groups, groups_per_job=per_job))
     return batches

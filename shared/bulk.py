@@ -37,6 +37,7 @@ from shared.settings import get_settings
 from shared.storage import ObjectStore, StoreFor
 
 DependenciesOf = Callable[[Step], Dependencies]
+OnImage = Callable[[ImageOutcome], None]
 
 
 class Stopped(Exception):
@@ -75,9 +76,14 @@ def _done(task: ImageTask, store_for: StoreFor) -> ImageResult | None:
         return None
 
 
-def run_job(job: BulkJob, dependencies_of: DependenciesOf, stopping: Callable[[], bool] = lambda: False) -> int:
+def run_job(
+    job: BulkJob,
+    dependencies_of: DependenciesOf,
+    stopping: Callable[[], bool] = lambda: False,
+    on_image: OnImage = lambda outcome: None,
+) -> int:
     """Annotate the job's images and write each group's rows; returns how many images it annotated (the others
-    were done before).
+    were done before). ``on_image`` hears of each image as it ends.
 
     Raises:
         Stopped: ``stopping()`` became true; the groups not finished are left to the retried job.
@@ -88,7 +94,7 @@ def run_job(job: BulkJob, dependencies_of: DependenciesOf, stopping: Callable[[]
     annotated = 0
     try:
         for group in job.groups:
-            annotated += _run_group(job, group, dependencies_of, read_ahead, stopping)
+            annotated += _run_group(job, group, dependencies_of, read_ahead, stopping, on_image)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     return annotated
@@ -100,6 +106,7 @@ def _run_group(
     dependencies_of: DependenciesOf,
     read_ahead: _ReadAhead,
     stopping: Callable[[], bool],
+    on_image: OnImage,
 ) -> int:
     def task_of(ref: ImageRef) -> ImageTask:
         return ImageTask(batch_id=job.batch_id, request=job.request, image=ref, results_uri=job.results_uri)
@@ -121,6 +128,7 @@ def _run_group(
             read_ahead.forget(ref.source_uri)
             annotated += 1
         outcomes.append(ImageOutcome(image=ref, status=result.status, error=result.error, result_uri=result.result_uri))
+        on_image(outcomes[-1])
     table_input = WriteGroupTableInput(
         batch_id=job.batch_id,
         group_id=group.group_id,

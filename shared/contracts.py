@@ -181,6 +181,10 @@ class AnnotationRequest(Frozen):
         return split_phrases(self.prompt)
 
 
+# Where a batch's images run: one Lambda invocation per step and image, or many images per Fargate (Spot) task.
+Lane = Literal["lambda", "bulk"]
+
+
 class PromptMessage(AnnotationRequest):
     """The SQS message (or `annotate send` file): images to annotate and the request for all of them.
 
@@ -189,6 +193,10 @@ class PromptMessage(AnnotationRequest):
     """
 
     images: list[str] = Field(min_length=1, max_length=MAX_IMAGES_PER_MESSAGE)
+    # Not part of the request: the same images and request name the same batch, and give the same rows, in either lane.
+    lane: Literal["lambda", "bulk", "auto"] = Field(
+        "auto", description="lambda, bulk (Fargate Spot tasks), or auto: bulk from bulk_from_images images"
+    )
 
     @field_validator("images")
     @classmethod
@@ -198,7 +206,7 @@ class PromptMessage(AnnotationRequest):
         return images
 
     def request(self) -> AnnotationRequest:
-        return AnnotationRequest.model_validate(self.model_dump(exclude={"images"}))
+        return AnnotationRequest.model_validate(self.model_dump(exclude={"images", "lane"}))
 
 
 class ImageRef(Frozen):
@@ -229,10 +237,18 @@ class BatchInput(Frozen):
     images: int = Field(ge=1, description="How many images the groups hold")
     groups: int = Field(ge=1)
     group_concurrency: int = Field(ge=1, le=10_000, description="Child workflows running at once (MaxConcurrencyPath)")
+    lane: Lane = "lambda"
+    bulk_jobs: int = Field(0, ge=0, description="Bulk lane: how many jobs the bulk manifest holds")
+    bulk_concurrency: int = Field(1, ge=1, le=10_000, description="Bulk lane: Fargate tasks running at once")
 
     @property
     def groups_uri(self) -> str:
         return groups_manifest_uri(self.results_uri, self.batch_id)
+
+    @property
+    def bulk_manifest_uri(self) -> str:
+        """The bulk lane's manifest: a JSON array of :class:`BulkJobRef`, which its Distributed Map reads."""
+        return f"{self.results_uri.rstrip('/')}/{MANIFESTS_PREFIX}/{self.batch_id}.bulk.json"
 
 
 def batch_input_uri(results_uri: str, batch_id: str) -> str:
@@ -255,9 +271,19 @@ class GroupTask(Frozen):
     group: ImageGroup
 
 
+def bulk_job_uri(results_uri: str, batch_id: str, job: int) -> str:
+    return f"{results_uri.rstrip('/')}/{MANIFESTS_PREFIX}/{batch_id}.bulk/{job:06d}.json"
+
+
+class BulkJobRef(Frozen):
+    """An item of the bulk manifest: one Fargate task's job, by where its document is."""
+
+    job_uri: str
+
+
 class BulkJob(Frozen):
     """A bulk task's share of a batch: what the batch shares, and its groups; a document the task reads, since
-    RunTask's container overrides hold at most 8 KiB."""
+    RunTask's container overrides hold at most 8 KiB (a job's groups are tens of kilobytes)."""
 
     batch_id: str
     request: AnnotationRequest

@@ -19,7 +19,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel
 from pydantic import ValidationError
 
-from shared.batches import plan_batches
+from shared.batches import PlannedBatch, plan_batches
 from shared.contracts import AnnotationRequest, BatchInput, PromptMessage, batch_input_uri
 from shared.errors import RequestRejected, TransientError, validation_reason
 from shared.observability import MetricUnit, logger, metrics
@@ -125,13 +125,29 @@ def start_batches(
     for index, batch in enumerate(batches):
         groups_uri = batch.input.groups_uri
         store_for(groups_uri).write_bytes(groups_uri, batch.groups_manifest(), "application/json")
+        if batch.input.lane == "bulk":
+            write_bulk_jobs(batch, store_for)
         input_uri = batch_input_uri(settings.results_root, batch.input.batch_id)
         store_for(input_uri).write_bytes(input_uri, batch.input.model_dump_json(indent=2).encode(), "application/json")
         started.append(starter.start(batch.input, execution_name(batch.input.batch_id, f"{delivery}#{index}")))
-    logger.info("batches started", extra={"delivery": delivery, "batches": len(started), "executions": started})
+    logger.info(
+        "batches started",
+        extra={"delivery": delivery, "lane": batches[0].input.lane, "batches": len(started), "executions": started},
+    )
     metrics.add_metric(name="BatchesStarted", unit=MetricUnit.Count, value=len(started))
     metrics.add_metric(name="ImagesStarted", unit=MetricUnit.Count, value=sum(b.input.images for b in batches))
     return started
+
+
+def write_bulk_jobs(batch: PlannedBatch, store_for: StoreFor) -> None:
+    """Each bulk job's document, then the manifest the bulk lane's Distributed Map reads (a JSON array of their
+    locations): the Map starts no task before all of its jobs exist."""
+    jobs = batch.bulk_jobs()
+    for ref, job in jobs:
+        store_for(ref.job_uri).write_bytes(ref.job_uri, job.model_dump_json().encode(), "application/json")
+    manifest = b"[" + b",".join(ref.model_dump_json().encode() for ref, _ in jobs) + b"]"
+    uri = batch.input.bulk_manifest_uri
+    store_for(uri).write_bytes(uri, manifest, "application/json")
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,10 @@ class IngestSettings(_Section):
     idempotency_expiry_s: int
     input_buckets: list[str]
     variants_enabled: bool
+    bulk_enabled: bool
+    bulk_from_images: int
+    groups_per_bulk_job: int
+    bulk_concurrency: int
     state_machine_arn: str
     results_root: str
 
@@ -309,6 +313,18 @@ class Settings(BaseSettings):
     )
     variants_enabled: bool = Field(
         True, description="Whether the Variants step exists (the stack's EnableVariants); if not, ingest refuses"
+    )
+    bulk_enabled: bool = Field(
+        True, description="Whether the bulk lane exists (the stack's EnableBulk); if not, every batch runs on Lambda"
+    )
+    bulk_from_images: int = Field(
+        10_000, ge=1, le=10_000_000, description="A message with lane auto runs in the bulk lane from this many images"
+    )
+    groups_per_bulk_job: int = Field(
+        50, ge=1, le=10_000, description="Most groups one bulk task annotates (fewer when that leaves tasks idle)"
+    )
+    bulk_concurrency: int = Field(
+        20, ge=1, le=10_000, description="Bulk tasks running at once per execution (the template's BulkConcurrency)"
     )
     state_machine_arn: str = Field("", description="The deployed workflow (AWS mode)")
     results_uri: str = Field("", description="Where results go; empty means data_dir (local mode)")

@@ -48,6 +48,9 @@ def run(
     variant_steps: Annotated[int, typer.Option(help="Sampling steps")] = 2,
     variant_size: Annotated[int, typer.Option(help="Width and height of the variants")] = 512,
     variant_seed: Annotated[int | None, typer.Option(help="Seed of the first variant")] = None,
+    lane: Annotated[
+        str, typer.Option(help="lambda, bulk (a Fargate task's worker, here in this process) or auto (by batch size)")
+    ] = "auto",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the structured logs")] = False,
 ) -> None:
     """Annotate images through the real workflow definition, executed on this machine."""
@@ -60,6 +63,7 @@ def run(
         "text_threshold": text_threshold,
         "top_k": top_k,
         "caption": caption,
+        "lane": lane,
     }
     if attribute:
         options["attributes"] = _vocabularies(attribute)
@@ -176,7 +180,7 @@ def _annotate(message: Any, delivery: str, settings: Settings) -> None:
         task = progress.add_task("images", total=0)
 
         def on_invocation(function: str, payload: dict, error: BaseException | None) -> None:
-            if function == "write_result":
+            if function in ("write_result", "bulk"):  # an image ended, in either lane
                 progress.advance(task)
 
         with local_workflow(on_invocation) as run_batch:

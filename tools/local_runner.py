@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-from shared.contracts import BatchInput, BatchSummary, groups_manifest_uri
+from shared.contracts import BatchInput, BatchSummary, ImageOutcome
 from shared.dependencies import Step, dependencies_of
 from shared.observability import logger, metrics
 from shared.storage import split_s3
@@ -36,24 +36,31 @@ if TYPE_CHECKING:
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
 FUNCTION_PREFIX = "annotate-"
-# Locally the Variants task runs in this process, so the Fargate placeholders only need to be well formed.
+# Locally the Fargate tasks (Variants, the bulk lane's) run in this process, so their placeholders only need to be
+# well formed.
 LOCAL_FARGATE = {
-    "VariantsClusterArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/annotate-local",
-    "VariantsTaskDefinitionArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/annotate-variants:1",
-    "VariantsSubnetA": "subnet-local-a",
-    "VariantsSubnetB": "subnet-local-b",
-    "VariantsSecurityGroup": "sg-local",
+    f"{kind}{part}": value
+    for kind, family in (("Variants", "annotate-variants"), ("Bulk", "annotate-bulk"))
+    for part, value in {
+        "ClusterArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/annotate-local",
+        "TaskDefinitionArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/{family}:1",
+        "SubnetA": "subnet-local-a",
+        "SubnetB": "subnet-local-b",
+        "SecurityGroup": "sg-local",
+    }.items()
 }
 # Locally, moto's S3 holds what the workflow itself reads and writes (the groups manifest its ItemReader reads, the
 # ResultWriter's manifest); everything else stays in the local results folder.
 LOCAL_BUCKET = "annotate-local-workflow"
 MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
 
-# (function name, payload, error or None), after each invocation: the CLI's progress display listens.
+# (function name, payload, error or None), after each invocation, and ("bulk", {"outcome": ...}, None) after each
+# image of a bulk task: the CLI's progress display listens.
 InvocationListener = Callable[[str, dict[str, Any], BaseException | None], None]
 # (function name, payload), before the Lambda service runs an invocation: it may refuse it (LambdaServiceError) or
-# delay it, as `annotate chaos` does, without holding the function's environment; and ("variants", {"task": job})
-# before a Variants task's container runs: it may stop the task (any exception).
+# delay it, as `annotate chaos` does, without holding the function's environment; ("variants", {"task": job})
+# before a Variants task's container runs, and ("bulk", {"job_uri": ..., "image": n}) before each image of a bulk
+# task: it may stop the task there (any exception).
 InvocationGate = Callable[[str, dict[str, Any]], None]
 
 
@@ -278,15 +285,48 @@ def local_definition() -> str:
     )
 
 
-def _run_variants_container(gate: InvocationGate | None, run_task_parameters: dict[str, Any], task_arn: str) -> None:
-    """Locally the Variants container is this process, with the settings in force; ``gate`` may stop the task
-    first, as Fargate may (an exception is a stopped task)."""
+def _run_container(
+    gate: InvocationGate | None,
+    listener: InvocationListener | None,
+    run_task_parameters: dict[str, Any],
+    task_arn: str,
+) -> None:
+    """Locally a Fargate task's container (the Variants step's, or a bulk job's) is this process, with the settings
+    in force; ``gate`` may stop the task, as Fargate may (an exception is a stopped task): a Variants task before it
+    starts, a bulk task before each of its images."""
+    environment = container_environment(run_task_parameters)
+    if "ANNOTATE_BULK_JOB" in environment:
+        _run_bulk_container(gate, listener, environment["ANNOTATE_BULK_JOB"])
+        return
     from shared.variants_task import run
 
-    job = container_environment(run_task_parameters).get("ANNOTATE_VARIANT_JOB", "")
+    job = environment.get("ANNOTATE_VARIANT_JOB", "")
     if gate:
         gate("variants", {"task": json.loads(job or "{}")})
     run(job)
+
+
+# A bulk task takes every core of its machine: here, one at a time (the Map may start many at once).
+_BULK_TASK_AT_A_TIME = threading.Lock()
+
+
+def _run_bulk_container(gate: InvocationGate | None, listener: InvocationListener | None, job_uri: str) -> None:
+    from shared.bulk import read_job, run_job
+
+    dependencies = dependencies_of(Step.WRITE_RESULT)
+    checks = iter(range(1_000_000))
+
+    def stopping() -> bool:  # the gate's exception ends the task between two images, as a kill would
+        if gate:
+            gate("bulk", {"job_uri": job_uri, "image": next(checks)})
+        return False
+
+    def on_image(outcome: ImageOutcome) -> None:
+        if listener:
+            listener("bulk", {"outcome": outcome.model_dump(mode="json")}, None)
+
+    with _BULK_TASK_AT_A_TIME:
+        run_job(read_job(job_uri, dependencies.store_for), dependencies_of, stopping, on_image)
 
 
 @contextmanager
@@ -320,7 +360,7 @@ def local_workflow(
         mock_aws(config=MOTO_CONFIG),
         services_in_process(
             lambda function, _, payload: dispatcher.invoke(function, payload),
-            partial(_run_variants_container, gate),
+            partial(_run_container, gate, listener),
             express_limit=aws_limits,
         ),
         # Locally the measurements are in the image rows; EMF is for CloudWatch and would flood the terminal.
@@ -337,9 +377,15 @@ def local_workflow(
 
         def run(batch: BatchInput, name: str | None = None) -> ExecutionResult:
             # The ItemReader reads S3: the groups manifest ingest wrote (in the store in force) goes to moto's S3
-            groups = dependencies_of(Step.SUMMARIZE_BATCH).store_for(batch.groups_uri).read_bytes(batch.groups_uri)
-            _, key = split_s3(groups_manifest_uri(f"s3://{LOCAL_BUCKET}", batch.batch_id))
-            s3.put_object(Bucket=LOCAL_BUCKET, Key=key, Body=groups)
+            # (and the bulk lane's, the bulk manifest)
+            store_for = dependencies_of(Step.SUMMARIZE_BATCH).store_for
+            in_moto = batch.model_copy(update={"results_uri": f"s3://{LOCAL_BUCKET}"})
+            manifests = [(batch.groups_uri, in_moto.groups_uri)]
+            if batch.lane == "bulk":
+                manifests.append((batch.bulk_manifest_uri, in_moto.bulk_manifest_uri))
+            for local, in_s3 in manifests:
+                _, key = split_s3(in_s3)
+                s3.put_object(Bucket=LOCAL_BUCKET, Key=key, Body=store_for(local).read_bytes(local))
             execution_arn = client.start_execution(
                 stateMachineArn=machine_arn,
                 name=name or f"{batch.batch_id}-{uuid.uuid4().hex[:8]}",  # unnamed executions collide in moto

@@ -23,13 +23,11 @@ FUNCTION_PLACEHOLDERS = {
 }
 
 
-# The placeholders of the Variants state (ECS RunTask on Fargate).
-FARGATE_PLACEHOLDERS = (
-    "VariantsClusterArn",
-    "VariantsTaskDefinitionArn",
-    "VariantsSubnetA",
-    "VariantsSubnetB",
-    "VariantsSecurityGroup",
+# The placeholders of the Fargate states (ECS RunTask): the Variants step's, and the bulk lane's.
+FARGATE_PLACEHOLDERS = tuple(
+    f"{kind}{part}"
+    for kind in ("Variants", "Bulk")
+    for part in ("ClusterArn", "TaskDefinitionArn", "SubnetA", "SubnetB", "SecurityGroup")
 )
 
 

@@ -1,22 +1,27 @@
-"""The bulk lane's worker writes the Lambda lane's rows: the same images, request and groups through
-shared/bulk.run_job give the workflow's result documents and one row per image; a job stopped part way and run again
-loses nothing and annotates nothing twice. Real tiny models; the workflow through the local runner."""
+"""The bulk lane writes the Lambda lane's rows: the same images and request through `annotate run --lane bulk`, or
+through shared/bulk.run_job, give the workflow's result documents and one row per image; a task killed or stopped
+part way and run again loses nothing and annotates nothing twice. Real tiny models; the workflow through the local
+runner."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import TypeAdapter
 from typer.testing import CliRunner
 
 from shared.bulk import Stopped, run_job
-from shared.contracts import BatchInput, BulkJob, ImageGroup, ImageResult
+from shared.contracts import BatchInput, BulkJob, BulkJobRef, ImageGroup, ImageResult, PromptMessage
 from shared.dependencies import dependencies_of
-from shared.settings import Settings
+from shared.ingest import start_batches
+from shared.settings import Settings, use_settings
+from shared.storage import store_for
 from tests.conftest import SAMPLES
 from tools.cli import app
+from tools.local_runner import LocalStarter, local_workflow
 from tools.query import run_local_query
 
 pytestmark = pytest.mark.slow
@@ -24,16 +29,27 @@ ROWS = "SELECT image_id, status, len(detections) AS boxes, caption FROM images O
 
 
 @pytest.fixture(scope="module")
-def by_workflow(tmp_path_factory: pytest.TempPathFactory, tiny_settings: Settings) -> Path:
-    """The samples and an empty file, annotated by the workflow (the Lambda lane), captions on."""
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The samples and an empty file."""
     images = tmp_path_factory.mktemp("bulk-inputs")
     shutil.copytree(SAMPLES, images, dirs_exist_ok=True)
     (images / "empty.jpg").write_bytes(b"")
-    data = tmp_path_factory.mktemp("lambda-lane")
+    return images
+
+
+def _annotate_run(images: Path, data: Path, lane: str) -> None:
     result = CliRunner().invoke(
-        app, ["run", str(images), "--prompt", "dog. cat.", "--profile", "tiny", "--data-dir", str(data)]
+        app,
+        ["run", str(images), "--prompt", "dog. cat.", "--profile", "tiny", "--data-dir", str(data), "--lane", lane],
     )
     assert result.exit_code == 1 and "3 succeeded, 1 failed" in result.output, result.output
+
+
+@pytest.fixture(scope="module")
+def by_workflow(inputs: Path, tmp_path_factory: pytest.TempPathFactory, tiny_settings: Settings) -> Path:
+    """The inputs annotated by the workflow in the Lambda lane, captions on."""
+    data = tmp_path_factory.mktemp("lambda-lane")
+    _annotate_run(inputs, data, "lambda")
     return data
 
 
@@ -73,6 +89,50 @@ def test_the_bulk_worker_writes_the_lambda_lanes_documents_and_rows(by_workflow:
     assert annotated == 4
     assert _documents(settings_in.data_dir) == _documents(by_workflow) != {}
     assert run_local_query(ROWS, settings_in.data_dir).to_pylist() == run_local_query(ROWS, by_workflow).to_pylist()
+
+
+def test_annotate_run_in_the_bulk_lane_gives_the_lambda_lanes_documents_and_rows(
+    inputs: Path, by_workflow: Path, tmp_path: Path
+) -> None:
+    # GIVEN the images and request the Lambda lane annotated
+    # WHEN `annotate run --lane bulk` annotates them: the same workflow file, its bulk Map's task run in-process
+    _annotate_run(inputs, tmp_path, "bulk")
+    # THEN the batch ran in the bulk lane, and every image has the Lambda lane's document and row
+    [manifest] = (tmp_path / "manifests").glob("b-*.bulk.json")
+    assert TypeAdapter(list[BulkJobRef]).validate_json(manifest.read_bytes())
+    assert _documents(tmp_path) == _documents(by_workflow) != {}
+    assert run_local_query(ROWS, tmp_path).to_pylist() == run_local_query(ROWS, by_workflow).to_pylist()
+
+
+def test_a_bulk_task_killed_mid_job_is_run_again_and_every_image_ends_as_one_row(
+    inputs: Path, tmp_path: Path, tiny_settings: Settings
+) -> None:
+    # GIVEN one bulk job of two groups of two images, whose first task is killed before its third image
+    settings = use_settings(
+        tiny_settings.model_copy(update={"data_dir": tmp_path, "images_per_group": 2, "bulk_concurrency": 1})
+    )
+    message = PromptMessage(prompt="dog. cat.", images=[str(inputs)], lane="bulk")
+    tries: list[int] = []
+
+    def gate(kind: str, payload: dict[str, Any]) -> None:
+        if kind == "bulk":
+            tries.append(payload["image"])
+            if tries.count(2) == 1 and payload["image"] == 2:
+                raise RuntimeError("task killed")
+
+    # WHEN the message runs through the local workflow
+    with local_workflow(gate=gate) as run:
+        starter = LocalStarter(run, settings.data_dir, "test")
+        start_batches(message, "test", settings.ingest, starter, store_for)
+    [(batch, result)] = starter.results
+
+    # THEN the batch ran as one job, the killed task was run again, and the batch succeeded with every image
+    assert (batch.lane, batch.bulk_jobs, result.status) == ("bulk", 1, "SUCCEEDED")
+    assert tries == [0, 1, 2, 0, 1, 2, 3]
+    assert result.summary is not None and (result.summary.succeeded, result.summary.failed) == (3, 1)
+    # AND each image has exactly one row: the retry skipped the two it found written
+    counts = run_local_query("SELECT image_id, count(*) AS n FROM images GROUP BY 1", tmp_path).to_pylist()
+    assert len(counts) == 4 and {row["n"] for row in counts} == {1}
 
 
 def test_a_job_stopped_part_way_and_run_again_writes_each_image_once(by_workflow: Path, settings_in: Settings) -> None:

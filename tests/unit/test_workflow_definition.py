@@ -18,6 +18,7 @@ from shared.contracts import (
     BoxAttributes,
     BoxClasses,
     BranchFailure,
+    BulkJobRef,
     CaptionOutput,
     ClassifyOutput,
     DescribeInput,
@@ -35,6 +36,7 @@ from shared.contracts import (
     SummarizeInput,
     TagOutput,
     WriteGroupTableInput,
+    bulk_job_uri,
     groups_manifest_uri,
 )
 from tools.sam_template import load_template
@@ -254,8 +256,11 @@ CONTRACTS: dict[str, tuple[type[BaseModel] | None, BaseModel | dict[str, Any]]] 
     ),
     "SummarizeBatch": (SummarizeInput, SUMMARY),
     "BatchDone": (None, {}),
+    # ECS RunTask (.sync) of a bulk job: its job is checked in the bulk lane's test; its result is discarded
+    "RunBulkJob": (None, {"TaskArn": "arn:aws:ecs:us-east-1:1:task/c/3", "Containers": [{"ExitCode": 0}]}),
+    "RunBulkJobOnDemand": (None, {"TaskArn": "arn:aws:ecs:us-east-1:1:task/c/4", "Containers": [{"ExitCode": 0}]}),
 }
-BATCH_STATES = {"WriteGroupTable", "SummarizeBatch", "BatchDone"}
+BATCH_STATES = {"WriteGroupTable", "SummarizeBatch", "BatchDone", "RunBulkJob", "RunBulkJobOnDemand"}
 
 
 def group_task() -> dict[str, Any]:
@@ -346,6 +351,41 @@ def test_the_distributed_map_reads_the_groups_manifest_that_ingest_writes() -> N
     key = key_format.replace("{}", read_path(dumped(BATCH), path, {}))
     assert f"s3://{reader['Bucket']}/{key}" == groups_manifest_uri("s3://${ResultsBucket}", BATCH.batch_id)
     assert STATES["AnnotateGroups"]["MaxConcurrencyPath"].removeprefix("$.") in BatchInput.model_fields
+
+
+@pytest.mark.parametrize("lane", ["lambda", "bulk"])
+def test_the_batch_runs_in_the_lane_ingest_chose(lane: str) -> None:
+    batch = dumped(BATCH.model_copy(update={"lane": lane}))
+    chosen = next((c["Next"] for c in STATES["ChooseLane"]["Choices"] if batch["lane"] == c["StringEquals"]), None)
+    assert (chosen or STATES["ChooseLane"]["Default"]) == {"lambda": "AnnotateGroups", "bulk": "AnnotateGroupsInBulk"}[
+        lane
+    ]
+
+
+def test_the_bulk_lane_runs_each_job_of_the_bulk_manifest_spot_first_then_on_demand() -> None:
+    bulk = STATES["AnnotateGroupsInBulk"]
+    reader = bulk["ItemReader"]["Parameters"]
+    key_format, path = re.fullmatch(r"States\.Format\('(.+)', (\$\.\w+)\)", reader["Key.$"]).groups()
+    key = key_format.replace("{}", read_path(dumped(BATCH), path, {}))
+    in_bucket = BATCH.model_copy(update={"results_uri": "s3://${ResultsBucket}"})
+    assert f"s3://{reader['Bucket']}/{key}" == in_bucket.bulk_manifest_uri
+    assert bulk["MaxConcurrencyPath"].removeprefix("$.") in BatchInput.model_fields
+    assert bulk["ItemProcessor"]["ProcessorConfig"]["ExecutionType"] == "STANDARD"  # Express cannot wait (.sync)
+    job = BulkJobRef(job_uri=bulk_job_uri(BATCH.results_uri, BATCH.batch_id, 0))
+    given = evaluate(bulk["ItemSelector"], dumped(BATCH), {"Map": {"Item": {"Value": dumped(job)}}})
+    providers = []
+    for name in ("RunBulkJob", "RunBulkJobOnDemand"):
+        parameters = state_input(STATES[name], given)
+        [environment] = parameters["Overrides"]["ContainerOverrides"][0]["Environment"]
+        assert (environment["Name"], environment["Value"]) == ("ANNOTATE_BULK_JOB", job.job_uri)
+        [strategy] = parameters["CapacityProviderStrategy"]
+        providers.append(strategy["CapacityProvider"])
+        assert STATES[name]["Resource"].endswith(":ecs:runTask.sync")
+    assert providers == ["FARGATE_SPOT", "FARGATE"]
+    assert [c["Next"] for c in STATES["RunBulkJob"]["Catch"]] == ["RunBulkJobOnDemand"]
+    assert [c["Next"] for c in STATES["RunBulkJobOnDemand"]["Catch"]] == ["BulkJobFailed"]
+    # a stopped task (a Spot interruption) is run again before the lane falls back to on-demand
+    assert any("States.TaskFailed" in r["ErrorEquals"] for r in STATES["RunBulkJob"]["Retry"])
 
 
 def test_a_group_is_annotated_image_by_image_and_written_as_one_table_file() -> None:

@@ -10,6 +10,7 @@ interruption's SIGTERM, two minutes before the end) loses nothing and writes eac
 
 from __future__ import annotations
 
+import contextvars
 import signal
 import sys
 import threading
@@ -55,7 +56,9 @@ class _ReadAhead:
 
     def fetch(self, uri: str) -> None:
         if uri not in self._pending:
-            self._pending[uri] = self._pool.submit(self.store_for(uri).read_bytes, uri, self.max_bytes)
+            # in the caller's context, as if the caller read it: its log keys, and whoever the caller acts as
+            read = contextvars.copy_context().run
+            self._pending[uri] = self._pool.submit(read, self.store_for(uri).read_bytes, uri, self.max_bytes)
 
     def forget(self, uri: str) -> None:
         self._pending.pop(uri, None)
@@ -155,19 +158,24 @@ def read_job(job_uri: str, store_for: StoreFor) -> BulkJob:
         raise ValueError(f"malformed job {job_uri}: {validation_reason(error)}") from error
 
 
-def main() -> int:
-    """The container's entrypoint: 0 when every group's rows are written; 1 (the reason logged) otherwise, so that
-    Step Functions retries the job, which skips what is done."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # ECS's stop (a Spot interruption): end between images
+def run_task(stopping: Callable[[], bool]) -> int:
+    """The task's job (ANNOTATE_BULK_JOB), run to its end: 0 when every group's rows are written; 1 (the reason
+    logged) otherwise, so that Step Functions runs the job again, which skips what is done."""
     try:
         job = read_job(get_settings().bulk_job, dependencies_of(Step.WRITE_RESULT).store_for)
-        annotated = run_job(job, dependencies_of, stop.is_set)
+        annotated = run_job(job, dependencies_of, stopping)
     except (Stopped, ValueError, AnnotateError, OSError) as error:
         logger.error("bulk job ended early", extra={"reason": f"{type(error).__name__}: {error}"})
         return 1
     logger.info("bulk job done", extra={"groups": len(job.groups), "annotated": annotated})
     return 0
+
+
+def main() -> int:
+    """The container's entrypoint."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # ECS's stop (a Spot interruption): end between images
+    return run_task(stop.is_set)
 
 
 if __name__ == "__main__":

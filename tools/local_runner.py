@@ -193,6 +193,7 @@ def services_in_process(invoke: Invoker, run_container: ContainerRunner, express
     service error fails a Task as on AWS, and (``express_limit``) Express children end at the Express limit."""
     from moto.awslambda_simple.models import LambdaSimpleBackend
     from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_ecs
     from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_ecs import (
         StateTaskServiceEcs,
     )
@@ -243,6 +244,12 @@ def services_in_process(invoke: Invoker, run_container: ContainerRunner, express
         mock.patch.object(lambda_eval_utils, "_invoke_lambda_function", interpreter_invoke),
         mock.patch.object(StateTaskServiceEcs, "_eval_service_task", run_task),
         mock.patch.object(StateTaskServiceEcs, "_build_sync_resolver", stopped_task),
+        # moto's interpreter drops RunTask's CapacityProviderStrategy, which Step Functions passes on to ECS (the
+        # AWS CDK's EcsRunTask sets it since aws-cdk#35465): the bulk lane's Spot-then-on-demand depends on it.
+        mock.patch.dict(
+            state_task_service_ecs._SUPPORTED_API_PARAM_BINDINGS,
+            {"runtask": state_task_service_ecs._SUPPORTED_API_PARAM_BINDINGS["runtask"] | {"CapacityProviderStrategy"}},
+        ),
     ):
         yield
 

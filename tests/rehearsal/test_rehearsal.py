@@ -35,6 +35,7 @@ def test_without_variants_the_stack_deploys_with_only_the_required_answers(repor
     assert reports[False].deployment.parameters == {}
     assert reports[True].deployment.parameters.keys() == {
         "EnableVariants",
+        "EnableBulk",
         "VpcId",
         "SubnetA",
         "SubnetB",
@@ -50,6 +51,24 @@ def test_the_api_answers_through_its_public_url_with_the_stack_s_key(reports: di
     # THEN the API function read the stack's key and invoked WriteGroupTable for a recorded call, each as its role
     api_calls = {call.request.action for call in reports[True].calls if call.request.principal == "ApiFunction"}
     assert {"secretsmanager:GetSecretValue", "lambda:InvokeFunction", "s3:PutObject"} <= api_calls
+
+
+def test_a_bulk_message_runs_as_fargate_spot_tasks_as_their_role_and_a_stopped_one_loses_nothing(
+    reports: dict[bool, Report],
+) -> None:
+    # GIVEN the stack with EnableBulk=true, and a message in the bulk lane whose first task is stopped after one image
+    [ran] = [step for step in reports[True].steps if step.startswith("a bulk message ran")]
+    # THEN the job ran again, on the cluster's FARGATE_SPOT (checked against the deployed capacity providers)
+    assert "as 2 Fargate Spot tasks" in ran
+    # AND the task read its job, images and models and wrote results, rows and summaries as its task role
+    task_calls = {
+        (call.request.action, call.request.resource.split(":::", 1)[-1].split("/", 1)[-1].split("/", 1)[0])
+        for call in reports[True].calls
+        if call.request.principal == "BulkTaskRole"
+    }
+    assert {("s3:GetObject", "manifests"), ("s3:PutObject", "results"), ("s3:PutObject", "tables")} <= task_calls
+    # AND every image of the three batches has one row (checked in the story: 9 rows, the truncated image failing)
+    assert "9 image rows (3 failed)" in "\n".join(reports[True].steps)
 
 
 def test_what_moto_does_not_create_is_made_through_its_api_and_the_rest_is_reported(

@@ -68,6 +68,8 @@ class InProcessServices:
         self.problems: list[str] = []
         self._turn = threading.RLock()
         self._state_machine = stack.state_machine
+        self.bulk_tasks = 0  # bulk containers run, the stopped one included
+        self.capacity_providers_used: set[str] = set()
 
     def invoke(self, function: DeployedFunction, event: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """(response, whether it is an error payload), as the Invoke API returns them."""
@@ -141,15 +143,49 @@ class InProcessServices:
             Request(self._state_machine, "ecs:DescribeTasks", task_arn),
         ):
             self.log.add(request, region)
+        self._check_capacity_providers(cluster, parameters)
         [container] = definition["containerDefinitions"]
         variables = {item["name"]: item["value"] for item in container.get("environment", [])}
         variables |= container_environment(parameters)
         task_role = self.stack.logical_id_of_role(definition["taskRoleArn"])
-        from shared.variants_task import main
-
         with self._turn, settings_of(variables), acting_as(task_role):
+            if "ANNOTATE_BULK_JOB" in variables:
+                self._run_bulk_task()
+                return
+            from shared.variants_task import main
+
             if main() != 0:
                 raise RuntimeError("the Variants container exited with status 1 (its log says why)")
+
+    def _check_capacity_providers(self, cluster: str, parameters: dict[str, Any]) -> None:
+        """RunTask fails on a capacity provider the cluster does not have (ECS API reference, RunTask:
+        capacityProviderStrategy): each one the workflow names must be the deployed cluster's."""
+        import boto3
+
+        strategy = parameters.get("CapacityProviderStrategy") or parameters.get("capacityProviderStrategy") or []
+        named = {item.get("CapacityProvider") or item.get("capacityProvider") for item in strategy}
+        [described] = boto3.client("ecs", region_name=self.stack.region).describe_clusters(clusters=[cluster])[
+            "clusters"
+        ]
+        if named - set(described.get("capacityProviders", [])):
+            self.problems.append(f"RunTask names {sorted(named)}, the cluster has {described.get('capacityProviders')}")
+        self.capacity_providers_used |= named
+
+    def _run_bulk_task(self) -> None:
+        """The bulk container's work, as its entrypoint does it; its first task is stopped after one image, as a
+        Spot interruption stops it (SIGTERM between two images), and the workflow runs the job again."""
+        from shared.bulk import run_task
+        from shared.model_cache import forget_loaded_models
+        from shared.model_sources import forget_model_files
+
+        if not self.bulk_tasks:  # a task starts on a machine of its own: it reads the models, as its role
+            forget_loaded_models()
+            forget_model_files()
+        self.bulk_tasks += 1
+        asked = iter(range(1_000_000))
+        interrupted = self.bulk_tasks == 1
+        if run_task(stopping=lambda: interrupted and next(asked) >= 1) != 0:
+            raise RuntimeError("the bulk container exited with status 1 (its log says why)")
 
     @contextmanager
     def serving(self) -> Iterator[None]:

@@ -461,10 +461,25 @@ class _Completion:
         family = ecs.describe_task_definition(taskDefinition=self.created[logical_id])["taskDefinition"]["family"]
         properties = _camel_case(self.resolve(resource["Properties"]))
         properties |= {"cpu": str(properties["cpu"]), "memory": str(properties["memory"]), "family": family}
+        for container in properties[
+            "containerDefinitions"
+        ]:  # a Ref to a Number parameter is a string in CloudFormation
+            for variable in container.get("environment", []):
+                variable["value"] = str(variable["value"])
         ecs.deregister_task_definition(taskDefinition=self.created[logical_id])
         arn = ecs.register_task_definition(**properties)["taskDefinition"]["taskDefinitionArn"]
         self._stand_in(logical_id, _Rehearsed(arn))
         self.completed.append(f"{logical_id} (AWS::ECS::TaskDefinition): registered whole through the ECS API")
+
+    def cluster(self, logical_id: str, resource: dict[str, Any]) -> None:
+        """moto's CloudFormation ignores a cluster's CapacityProviders: associate them through the ECS API, so that
+        a RunTask's capacity provider strategy is checked against what the stack deploys."""
+        providers = self.resolve(resource["Properties"].get("CapacityProviders", []))
+        if providers:
+            self.clients("ecs").put_cluster_capacity_providers(
+                cluster=self.created[logical_id], capacityProviders=providers, defaultCapacityProviderStrategy=[]
+            )
+            self.completed.append(f"{logical_id} (AWS::ECS::Cluster): CapacityProviders {', '.join(providers)}")
 
     def skipped(self, logical_id: str, resource: dict[str, Any]) -> None:
         kind = resource["Type"]
@@ -485,6 +500,7 @@ class _Completion:
             "AWS::IAM::Role": self.role,
             "AWS::S3::Bucket": self.bucket,
             "AWS::ECS::TaskDefinition": self.task_definition,
+            "AWS::ECS::Cluster": self.cluster,
         }
         for logical_id, resource in resources.items():
             if logical_id in self.created and resource["Type"] in fixes:

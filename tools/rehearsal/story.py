@@ -78,15 +78,11 @@ class Report:
 
 def default_deployments() -> list[tuple[Deployment, bool]]:
     """The two configurations: `sam deploy` with only the required answers (variants off, no VPC), and with
-    variants on (the rehearsal makes the VPC the user would name)."""
+    everything on: variants, the bulk lane and the API (the rehearsal makes the VPC the user would name)."""
+    everything = {"EnableVariants": "true", "EnableBulk": "true", "EnableApi": "true", "ApiAuth": "API_KEY"}
     return [
         (Deployment("annotate-rehearsal", REGION), False),
-        (
-            Deployment(
-                "annotate-variants", REGION, {"EnableVariants": "true", "EnableApi": "true", "ApiAuth": "API_KEY"}
-            ),
-            True,
-        ),
+        (Deployment("annotate-variants", REGION, everything), True),
     ]
 
 
@@ -220,12 +216,16 @@ def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: 
         if not _published(stack, report, settings):
             return
     services = InProcessServices(stack, log)
+    batches = 0
     with services.serving(), missing_keys_answer_403(stack, log):
         dropped = _dropped_images_are_annotated(services, stack, report)
         if dropped and _a_prompt_message_is_annotated(services, stack, report, with_variants):
+            batches = 2
+            if "BulkCluster" in stack.resources and _a_bulk_message_is_annotated(services, stack, report):
+                batches = 3
             _refused_messages_reach_the_dead_letter_queue(services, stack, report)
     if dropped:
-        _results_where_athena_reads_them(stack, report, images=2 * dropped, with_variants=with_variants)
+        _results_where_athena_reads_them(stack, report, dropped, batches, with_variants=with_variants)
     with services.serving(), missing_keys_answer_403(stack, log):  # after the rows are counted: it writes one
         _missing_objects_read_as_missing(services, stack, report)
         if "ApiFunction" in stack.functions:
@@ -315,6 +315,37 @@ def _a_prompt_message_is_annotated(services: Any, stack: DeployedStack, report: 
     for execution in executions:
         report.check(execution["status"] == "SUCCEEDED", f"execution {execution['name']}: {execution['status']}")
     report.step("a prompt message naming incoming/ (variants: %s) ran" % ("yes" if with_variants else "no"), started)
+    return True
+
+
+def _a_bulk_message_is_annotated(services: Any, stack: DeployedStack, report: Report) -> bool:
+    """A message in the bulk lane: its jobs run as Fargate tasks (Spot first, as deployed), the first stopped after
+    one image as a Spot interruption stops it and run again; every image still ends as one row."""
+    import boto3
+
+    started = time.monotonic()
+    message = {
+        "prompt": "cat. cup. saucer.",  # another request: another batch, annotated anew
+        "images": [f"s3://{stack.outputs['InputBucketName']}/incoming/"],
+        "caption": False,
+        "lane": "bulk",
+    }
+    sqs = boto3.client("sqs", region_name=stack.region)
+    sqs.send_message(QueueUrl=stack.outputs["PromptsQueueUrl"], MessageBody=json.dumps(message))
+    responses = [poll.response for poll in _drain(services, stack, "PromptsQueueUrl", "IngestFunction")]
+    if not report.check(responses == [{"batchItemFailures": []}], f"ingest failed on the bulk message: {responses}"):
+        return False
+    executions = _wait_for_executions(stack, 3)
+    for execution in executions:
+        report.check(execution["status"] == "SUCCEEDED", f"execution {execution['name']}: {execution['status']}")
+    report.check(services.bulk_tasks >= 2, f"the stopped bulk task was not run again ({services.bulk_tasks} tasks)")
+    report.check(
+        services.capacity_providers_used == {"FARGATE_SPOT"},
+        f"the bulk tasks ran on {services.capacity_providers_used}, not on Fargate Spot",
+    )
+    report.step(
+        f"a bulk message ran as {services.bulk_tasks} Fargate Spot tasks, the first stopped after one image", started
+    )
     return True
 
 
@@ -506,6 +537,8 @@ def _refused_messages_reach_the_dead_letter_queue(services: Any, stack: Deployed
 
     started = time.monotonic()
     sqs = boto3.client("sqs", region_name=stack.region)
+    sfn = boto3.client("stepfunctions", region_name=stack.region)
+    before = len(sfn.list_executions(stateMachineArn=stack.state_machine_arn)["executions"])
     queue_url = stack.outputs["PromptsQueueUrl"]
     refused = [
         "not json",
@@ -520,9 +553,8 @@ def _refused_messages_reach_the_dead_letter_queue(services: Any, stack: Deployed
         sorted(dead) == sorted(refused),
         f"{len(dead)} of {len(refused)} refused messages in the prompts dead-letter queue after {len(polls)} polls",
     )
-    sfn = boto3.client("stepfunctions", region_name=stack.region)
     executions = len(sfn.list_executions(stateMachineArn=stack.state_machine_arn)["executions"])
-    report.check(executions == 2, f"refused messages started {executions - 2} executions")
+    report.check(executions == before, f"refused messages started {executions - before} executions")
     report.step(
         f"{len(refused)} malformed or hostile messages, refused on each of {len(polls)} polls, reached the prompts "
         "dead-letter queue and started nothing",
@@ -530,12 +562,15 @@ def _refused_messages_reach_the_dead_letter_queue(services: Any, stack: Deployed
     )
 
 
-def _results_where_athena_reads_them(stack: DeployedStack, report: Report, images: int, with_variants: bool) -> None:
-    """The rows are where the Glue tables' projection points, every image has exactly one, the named queries
-    run on them (Athena's SQL through sqlglot on DuckDB)."""
+def _results_where_athena_reads_them(
+    stack: DeployedStack, report: Report, dropped: int, batches: int, with_variants: bool
+) -> None:
+    """The rows are where the Glue tables' projection points, every image of every batch has exactly one, the named
+    queries run on them (Athena's SQL through sqlglot on DuckDB)."""
+    images = dropped * max(batches, 1)
     with tempfile.TemporaryDirectory(prefix="rehearsal-tables-") as folder:
         _download_todays_tables(stack, report, Path(folder))
-        _check_rows(report, Path(folder), images, with_variants)
+        _check_rows(report, Path(folder), images, max(batches, 1), with_variants)
         _run_named_queries(stack, report, Path(folder))
         _query_the_views(stack, report, Path(folder), images)
 
@@ -559,7 +594,7 @@ def _download_todays_tables(stack: DeployedStack, report: Report, local: Path) -
             s3.download_file(bucket, key, str(target))
 
 
-def _check_rows(report: Report, local: Path, images: int, with_variants: bool) -> None:
+def _check_rows(report: Report, local: Path, images: int, batches: int, with_variants: bool) -> None:
     from tools.query import run_local_query
 
     rows = run_local_query("SELECT source_uri, status, failed_step, error, variants_model FROM images", local)
@@ -568,8 +603,8 @@ def _check_rows(report: Report, local: Path, images: int, with_variants: bool) -
     report.check(len(rows) == images, f"{len(rows)} image rows for {images} images: {per_image}")
     failed = [r for r in rows if r["status"] == "failed"]
     report.check(
-        [r["source_uri"].rsplit("/", 1)[-1] for r in failed] == ["truncated.jpg"] * 2,
-        f"expected truncated.jpg, dropped and named in the message, to be the only failures: {failed}",
+        [r["source_uri"].rsplit("/", 1)[-1] for r in failed] == ["truncated.jpg"] * batches,
+        f"expected truncated.jpg, dropped and named in the messages, to be the only failures: {failed}",
     )
     if with_variants:
         report.check(any(r["variants_model"] for r in rows), f"no row carries variants: {rows}")

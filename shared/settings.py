@@ -324,7 +324,7 @@ class Settings(BaseSettings):
         50, ge=1, le=10_000, description="Most groups one bulk task annotates (fewer when that leaves tasks idle)"
     )
     bulk_concurrency: int = Field(
-        20, ge=1, le=10_000, description="Bulk tasks running at once per execution (the template's BulkConcurrency)"
+        100, ge=1, le=10_000, description="Bulk tasks running at once per execution (the template's BulkConcurrency)"
     )
     state_machine_arn: str = Field("", description="The deployed workflow (AWS mode)")
     results_uri: str = Field("", description="Where results go; empty means data_dir (local mode)")

@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -22,6 +24,7 @@ from shared.batches import image_ref
 from shared.contracts import AnnotationRequest, BulkJob, ImageGroup, ImageTask
 from shared.dependencies import build_dependencies
 from shared.one_image import annotate_image
+from shared.settings import Settings
 from shared.storage import LocalStore
 from tools.bench import BenchOptions, bench_settings
 
@@ -53,15 +56,17 @@ def run_bulk_bench(images: list[Path], copies: int, repeats: int, out_dir: Path)
                 ImageTask(batch_id="b-" + "1" * 20, request=request, image=ref, results_uri=str(root)), models
             )
 
-    def worker(root: Path) -> None:
-        job = BulkJob(
+    def job(root: Path) -> BulkJob:
+        return BulkJob(
             batch_id="b-" + "2" * 20,
             request=request,
             results_uri=str(root),
             planned_at=datetime.now(UTC),
             groups=groups,
         )
-        run_job(job, models)
+
+    def worker(root: Path) -> None:
+        run_job(job(root), models)
 
     one_at_a_time(work / "warm")  # lazy initialisation is not what is measured
     seconds: dict[str, list[float]] = {"one_at_a_time": [], "worker": []}
@@ -71,6 +76,7 @@ def run_bulk_bench(images: list[Path], copies: int, repeats: int, out_dir: Path)
             started = time.perf_counter()
             run(root)
             seconds[side].append(time.perf_counter() - started)
+    task_peak_mb = _task_peak_mb(settings, job(work / "task"), work / "task.json")
     shutil.rmtree(work, ignore_errors=True)
     per_image = {side: statistics.median(values) / len(refs) for side, values in seconds.items()}
     report = {
@@ -81,11 +87,29 @@ def run_bulk_bench(images: list[Path], copies: int, repeats: int, out_dir: Path)
         "seconds_per_image": {side: round(value, 3) for side, value in per_image.items()},
         "images_per_hour": {side: round(3600 / value) for side, value in per_image.items()},
         "worker_over_one_at_a_time": round(per_image["one_at_a_time"] / per_image["worker"], 3),
+        "task_peak_rss_mb": round(task_peak_mb),
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bulk.json").write_text(json.dumps(report, indent=2) + "\n")
     (out_dir / "bulk.md").write_text(markdown_report(report))
     return report
+
+
+def _task_peak_mb(settings: Settings, job: BulkJob, job_file: Path) -> float:
+    """The peak memory (VmHWM) of the worker as its container runs it: a fresh process that loads the models (the
+    sizes its images need) and runs ``job``."""
+    job_file.write_text(job.model_dump_json())
+    task = settings.model_copy(update={"detector_load_all_sizes": False, "bulk_job": str(job_file)})
+    script = (
+        "import sys\n"
+        "from shared.settings import Settings, use_settings\n"
+        "use_settings(Settings.model_validate_json(sys.argv[1]))\n"
+        "from shared.bulk import run_task\n"
+        "assert run_task(lambda: False) == 0\n"
+        "print(int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) / 1024)\n"
+    )
+    command = [sys.executable, "-c", script, task.model_dump_json()]
+    return float(subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()[-1])
 
 
 def markdown_report(report: dict[str, Any]) -> str:
@@ -103,7 +127,9 @@ def markdown_report(report: dict[str, Any]) -> str:
                 f"| the bulk worker (read-ahead, a table write per group) | {per_image['worker']:.2f} | "
                 f"{per_hour['worker']:,} |",
                 "",
-                f"The worker does {report['worker_over_one_at_a_time']:.2f}x the images of one at a time.",
+                f"The worker does {report['worker_over_one_at_a_time']:.2f}x the images of one at a time. As its "
+                f"container runs it (a fresh process: models loaded, the job annotated) its peak memory is "
+                f"{report['task_peak_rss_mb']:,} MB (VmHWM), which a bulk task's memory (BulkMemory) must hold.",
             ]
         )
         + "\n"

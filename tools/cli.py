@@ -439,7 +439,9 @@ def cost(
     from tools.cost import (
         api_costs,
         api_line,
+        bulk_line,
         cost_table,
+        lanes_table,
         load_prices,
         markdown_table,
         with_lambda_cold_start,
@@ -450,6 +452,7 @@ def cost(
         raise _fail(f"{bench_file} does not exist: run annotate bench first")
     lambda_detect = bench_file.with_name("lambda-detect.json")  # annotate bench-lambda-detect's, where it ran
     api_bench = bench_file.with_name("api.json")  # annotate bench-api's
+    bulk_bench = bench_file.with_name("bulk.json")  # annotate bench-bulk's
     try:
         prices = load_prices(prices_file)
         bench = json.loads(bench_file.read_text())
@@ -459,6 +462,9 @@ def cost(
         report = markdown_table(rows, prices, bench)
         if api_bench.is_file():
             report += "\n" + api_line(api_costs(json.loads(api_bench.read_text()), prices)) + "\n"
+        if bulk_bench.is_file():
+            bulk = json.loads(bulk_bench.read_text())
+            report += "\n" + bulk_line(bench, bulk, prices) + "\n\n" + lanes_table(bench, bulk, prices)
     except (KeyError, TypeError, ValueError) as error:
         raise _fail(f"{bench_file} or the prices file is not what annotate bench writes: {error!r}") from None
     out_dir.mkdir(parents=True, exist_ok=True)

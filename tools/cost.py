@@ -40,7 +40,7 @@ STATES_PER_IMAGE = (
 # Per group: the child's own states (billed as transitions only in a Standard child).
 STATES_PER_GROUP = ("AnnotateImages", "WriteGroupTable")
 # Per batch, in the Standard parent: its states (each child it starts is a transition of the Map besides).
-STATES_PER_BATCH = ("AnnotateGroups", "SummarizeBatch", "BatchEnded", "BatchDone")
+STATES_PER_BATCH = ("ChooseLane", "AnnotateGroups", "SummarizeBatch", "BatchEnded", "BatchDone")
 # The functions every image passes through (logical ids in template.yaml) and the bench step whose seconds each bills.
 BILLED_FUNCTIONS = {
     "DetectFunction": "detect",
@@ -226,6 +226,171 @@ def fargate_month(
     tasks = max(1, math.ceil(scenario.peak_images_per_day / per_task_per_day))
     hourly = vcpus * prices["fargate"]["x86_vcpu_hour"] + memory_gb * prices["fargate"]["x86_gb_hour"]
     return tasks * hourly * HOURS_PER_MONTH
+
+
+def _template_default(name: str) -> int:
+    return int(TEMPLATE["Parameters"][name]["Default"])
+
+
+# The bulk lane as template.yaml deploys it by default (EnableBulk=true): its task size and how many run at once.
+BULK_VCPUS = _template_default("BulkCpu") / 1024
+BULK_MEMORY_GB = _template_default("BulkMemory") / 1024
+BULK_CONCURRENCY = _template_default("BulkConcurrency")
+GROUP_CONCURRENCY = _template_default("GroupConcurrency")
+# Not measurable here: pulling the worker's image (about 1.3 GB) and attaching the task's network interface; an
+# estimate, billed (Fargate bills from the image pull on) and waited for by every task.
+TASK_START_S = 60.0
+MODEL_STEPS = ("detect", "classify", "tag", "caption")
+# Per image: the image read once (its steps share the bytes) and a check for its result (a retried job's skip);
+# its JSON and PNG written. Per group: its two table files and its summary.
+BULK_S3_GETS_PER_IMAGE, BULK_S3_PUTS_PER_IMAGE, S3_PUTS_PER_GROUP = 2, 2, 3
+# Both tables' Parquet per image, an upper bound: a 3-image group's files (51 kB) hold mostly Parquet's own overhead.
+ATHENA_BYTES_PER_IMAGE = 17_000
+# Per batch in the bulk lane, in the Standard parent; per job, the Map's start of its Standard child and the child's
+# task (a Spot interruption's retry adds one).
+STATES_PER_BULK_BATCH = ("ChooseLane", "AnnotateGroupsInBulk", "SummarizeBatch", "BatchEnded", "BatchDone")
+TRANSITIONS_PER_BULK_JOB = 3
+
+
+@dataclass(frozen=True)
+class LaneEstimate:
+    """What ``images`` images cost in one lane, by part, and how long they take at the template's concurrency."""
+
+    lane: str
+    images: int
+    parts: dict[str, float]  # compute, S3 requests, orchestration, Athena (one query reading every row)
+    wall_s: float
+    limited_by: str
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+
+def _athena(images: int, prices: dict[str, Any]) -> float:
+    athena = prices["athena"]
+    scanned = max(images * ATHENA_BYTES_PER_IMAGE, athena["minimum_mb_per_query"] * 1e6)
+    return scanned / 1e12 * athena["per_tb_scanned"]
+
+
+def bulk_jobs(images: int) -> tuple[int, int]:
+    """(jobs, images per job) for a batch of ``images`` as ingest plans it at the template's defaults."""
+    from shared.batches import groups_per_bulk_job
+    from shared.settings import Settings
+
+    settings = Settings(
+        images_per_group=IMAGES_PER_GROUP,
+        bulk_concurrency=BULK_CONCURRENCY,
+        groups_per_bulk_job=_template_default("GroupsPerBulkJob"),
+    ).ingest
+    groups = math.ceil(images / IMAGES_PER_GROUP)
+    per_job = groups_per_bulk_job(groups, settings)
+    return math.ceil(groups / per_job), per_job * IMAGES_PER_GROUP
+
+
+def bulk_lane(
+    images: int, bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any], spot: bool = True
+) -> LaneEstimate:
+    """The bulk lane: each task's start and model load (measured by annotate bench), then its images at the worker's
+    seconds (measured by annotate bench-bulk on this machine's cores, as many as a task's vCPUs), on Fargate Spot or
+    on-demand at the template's task size."""
+    jobs, per_job = bulk_jobs(images)
+    seconds_per_image = bulk["seconds_per_image"]["worker"]
+    start_s = TASK_START_S + sum(bench["steps"][step]["cold_start_s"] for step in MODEL_STEPS)
+    fargate = prices["fargate_spot" if spot else "fargate"]
+    hourly = BULK_VCPUS * fargate["x86_vcpu_hour"] + BULK_MEMORY_GB * fargate["x86_gb_hour"]
+    task_seconds = jobs * max(60.0, start_s) + images * seconds_per_image  # Fargate bills a minute at least
+    s3 = prices["s3"]
+    requests = (
+        images * (BULK_S3_GETS_PER_IMAGE * s3["get_per_1000"] + BULK_S3_PUTS_PER_IMAGE * s3["put_per_1000"])
+        + math.ceil(images / IMAGES_PER_GROUP) * S3_PUTS_PER_GROUP * s3["put_per_1000"]
+    ) / 1000
+    transitions = len(STATES_PER_BULK_BATCH) + jobs * TRANSITIONS_PER_BULK_JOB
+    return LaneEstimate(
+        lane="bulk, Fargate Spot" if spot else "bulk, Fargate on-demand",
+        images=images,
+        parts={
+            "compute": task_seconds / 3600 * hourly,
+            "S3 requests": requests,
+            "orchestration": transitions * prices["step_functions"]["standard_per_1000_transitions"] / 1000,
+            "Athena": _athena(images, prices),
+        },
+        wall_s=math.ceil(jobs / BULK_CONCURRENCY) * (start_s + per_job * seconds_per_image),
+        limited_by=(
+            f"Fargate {'Spot ' if spot else ''}vCPUs: {min(jobs, BULK_CONCURRENCY)} tasks x {BULK_VCPUS:g} "
+            "(BulkConcurrency; the account's vCPU quota must allow them)"
+        ),
+    )
+
+
+def lambda_lane(images: int, bench: dict[str, Any], prices: dict[str, Any]) -> LaneEstimate:
+    """The Lambda lane as deployed: ``GroupConcurrency`` groups of ``ImagesPerGroup`` images at once, each image at
+    the pipeline's seconds; every environment those need starts cold once."""
+    in_flight = GROUP_CONCURRENCY * IMAGES_PER_GROUP
+    scenario = Scenario(f"{images} images", images, images, min(1.0, in_flight / images))
+    parts = lambda_month_parts(bench, prices, scenario)
+    s3 = prices["s3"]
+    requests = images * (S3_GETS_PER_IMAGE * s3["get_per_1000"] + S3_PUTS_PER_IMAGE * s3["put_per_1000"]) / 1000
+    return LaneEstimate(
+        lane="lambda",
+        images=images,
+        parts={
+            "compute": parts["compute"],
+            "S3 requests": requests
+            + math.ceil(images / IMAGES_PER_GROUP) * S3_PUTS_PER_GROUP * s3["put_per_1000"] / 1000,
+            "orchestration": parts["orchestration"] + parts["queues_and_storage"] - requests,
+            "Athena": _athena(images, prices),
+        },
+        wall_s=math.ceil(images / in_flight) * bench["whole_image"]["pipeline_s"],
+        limited_by=f"Lambda concurrency: {in_flight} images at once (GroupConcurrency x ImagesPerGroup)",
+    )
+
+
+BATCH_SIZES = (10_000, 100_000, 1_000_000)
+
+
+def lanes_table(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any]) -> str:
+    """Each lane for 10,000, 100,000 and 1,000,000 images: cost by part, wall time and what limits it."""
+
+    def duration(seconds: float) -> str:
+        return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+
+    lines = [
+        "| images | lane | compute | S3 requests | orchestration | Athena | total | per 1,000 | wall time | limited by |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for images in BATCH_SIZES:
+        for lane in (
+            lambda_lane(images, bench, prices),
+            bulk_lane(images, bench, bulk, prices),
+            bulk_lane(images, bench, bulk, prices, spot=False),
+        ):
+            costs = " | ".join(f"${value:,.2f}" for value in lane.parts.values())
+            lines.append(
+                f"| {images:,} | {lane.lane} | {costs} | ${lane.total:,.2f} | ${lane.total / images * 1000:.3f} | "
+                f"{duration(lane.wall_s)} | {lane.limited_by} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def bulk_line(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any]) -> str:
+    """The bulk lane's compute per 1,000 images against the Lambda lane's, and the figures behind it."""
+    images = 1_000_000
+    spot, on_demand = bulk_lane(images, bench, bulk, prices), bulk_lane(images, bench, bulk, prices, spot=False)
+    lam = lambda_lane(images, bench, prices)
+    _, per_job = bulk_jobs(images)
+    per_1000 = {name: lane.parts["compute"] / images * 1000 for name, lane in (("spot", spot), ("od", on_demand))}
+    lambda_per_1000 = lam.parts["compute"] / images * 1000
+    return (
+        f"The bulk lane's compute (EnableBulk=true; a {BULK_VCPUS:g} vCPU, {BULK_MEMORY_GB:g} GB task): "
+        f"${per_1000['spot']:.3f} per 1,000 images on Fargate Spot, ${per_1000['od']:.3f} on-demand, against "
+        f"${lambda_per_1000:.3f} in the Lambda lane ({lambda_per_1000 / per_1000['spot']:.0f}x); from "
+        f"{bulk['seconds_per_image']['worker']:.2f} s an image (annotate bench-bulk, {bulk['cores']} cores, "
+        f"{bulk['measured_at'][:10]}), and each task's start ({TASK_START_S:.0f} s, estimated) and model load "
+        f"({sum(bench['steps'][s]['cold_start_s'] for s in MODEL_STEPS):.1f} s, measured) over its {per_job} images. "
+        f"A million images: ${spot.total:.2f} all told on Spot. Spot prices: {prices['fargate_spot']['date']} "
+        f"({prices['fargate_spot']['source']})."
+    )
 
 
 def rekognition_month(prices: dict[str, Any], scenario: Scenario) -> float:

@@ -10,9 +10,11 @@ import pytest
 from tests.conftest import REPO
 from tools.cost import (
     SCENARIOS,
+    STATES_PER_BULK_BATCH,
     STATES_PER_BATCH,
     STATES_PER_GROUP,
     STATES_PER_IMAGE,
+    bulk_lane,
     cost_table,
     fargate_month,
     lambda_month,
@@ -32,6 +34,7 @@ BENCH = {
     },
     "whole_image": {"pipeline_s": 4.0},
 }
+BULK = {"seconds_per_image": {"worker": 4.0}, "cores": 2, "measured_at": "2026-12-01T00:00:00+00:00"}
 PRICES = load_prices()
 IDLE, STEADY, BURSTS = SCENARIOS
 
@@ -44,9 +47,9 @@ def test_a_steady_month_on_lambda_matches_the_hand_computation() -> None:
     # 10% cold: without SnapStart (the template's default) each cold start of a model function pays its import and
     # model load: Detect 4 s at 6.5 GB, Classify and Tag 2 s and Caption 1 s at 2.9375 GB
     cold = 51_000 * (6.5 * 4 + 2.9375 * (2 + 2 + 1)) * 0.0000166667
-    # The parent: 4 states per batch of 100 and a child started per group of 10; a child: one Express request and
+    # The parent: 5 states per batch of 100 and a child started per group of 10; a child: one Express request and
     # one image's 4 s at 64 MB
-    parent = 510_000 * (4 / 100 + 1 / 10) * 0.025 / 1000
+    parent = 510_000 * (5 / 100 + 1 / 10) * 0.025 / 1000
     children = 51_000 * (1.00 / 1e6 + 4.0 * 0.0625 * 0.00001667)
     queues = 510_000 * 3 * 0.40 / 1e6
     storage = 510_000 * (4 * 0.0004 + 2 * 0.005) / 1000
@@ -57,7 +60,7 @@ def test_a_steady_month_on_lambda_matches_the_hand_computation() -> None:
 
 def test_standard_children_pay_a_transition_per_state_and_express_ones_do_not() -> None:
     standard = orchestration_per_image(BENCH, PRICES, express=False)
-    assert standard == pytest.approx((4 / 100 + 1 / 10 + 9 + 2 / 10) * 0.025 / 1000)
+    assert standard == pytest.approx((5 / 100 + 1 / 10 + 9 + 2 / 10) * 0.025 / 1000)
     assert orchestration_per_image(BENCH, PRICES) < standard / 25
 
 
@@ -110,7 +113,7 @@ def test_the_states_counted_are_states_of_the_workflow_where_they_are_counted() 
     for state in list(image.values()):
         for branch in state.get("Branches", []):
             image |= branch["States"]
-    assert set(STATES_PER_BATCH) <= set(parent)
+    assert set(STATES_PER_BATCH) <= set(parent) and set(STATES_PER_BULK_BATCH) <= set(parent)
     assert set(STATES_PER_GROUP) <= set(group)
     assert set(STATES_PER_IMAGE) <= set(image)
 
@@ -192,3 +195,51 @@ def test_the_api_idles_free_as_deployed_and_under_the_study_s_39_dollars_with_sn
     # AND an answer costs its GB-seconds and its request: 5 GB x 2 s x $0.0000166667 + $0.0000002, per 1,000
     assert costs["per_1000_requests_usd"] == pytest.approx(1000 * (5 * 2.0 * 0.0000166667 + 0.2e-6), abs=1e-3)
     assert costs["per_1000_requests_with_caption_usd"] > costs["per_1000_requests_usd"]
+
+
+def test_a_million_images_in_the_bulk_lane_matches_the_hand_computation() -> None:
+    # GIVEN the template's defaults: groups of 10, 100 tasks at once, at most 50 groups a task, 2 vCPUs and 8 GB
+    lane = bulk_lane(1_000_000, BENCH, BULK, PRICES)
+    # THEN 100,000 groups make 2,000 jobs of 500 images; each task starts (60 s) and loads the models (9 s) first
+    task_seconds = 2_000 * 69 + 1_000_000 * 4.0
+    hourly = 2 * 0.01214398 + 8 * 0.00133315  # Fargate Spot, us-east-1
+    assert lane.parts["compute"] == pytest.approx(task_seconds / 3600 * hourly)
+    # the image read and its result checked, its JSON and PNG written; three files per group
+    assert lane.parts["S3 requests"] == pytest.approx((1e6 * (2 * 0.0004 + 2 * 0.005) + 1e5 * 3 * 0.005) / 1000)
+    assert lane.parts["orchestration"] == pytest.approx((5 + 2_000 * 3) * 0.025 / 1000)
+    assert lane.parts["Athena"] == pytest.approx(1e6 * 17_000 / 1e12 * 5)
+    # AND 20 rounds of 100 tasks, each 69 s and 500 images
+    assert lane.wall_s == pytest.approx(20 * (69 + 500 * 4.0))
+
+
+def test_on_demand_costs_more_than_spot_and_the_lambda_lane_more_than_both() -> None:
+    from tools.cost import lambda_lane
+
+    spot, on_demand = bulk_lane(10_000, BENCH, BULK, PRICES), bulk_lane(10_000, BENCH, BULK, PRICES, spot=False)
+    assert spot.total < on_demand.total < lambda_lane(10_000, BENCH, PRICES).total
+
+
+def test_the_bulk_lane_plans_as_the_template_deploys_it() -> None:
+    from shared.settings import Settings
+    from tools.sam_template import load_template
+
+    parameters = load_template()["Parameters"]
+    defaults = Settings()
+    assert int(parameters["BulkConcurrency"]["Default"]) == defaults.bulk_concurrency
+    assert int(parameters["GroupsPerBulkJob"]["Default"]) == defaults.groups_per_bulk_job
+    assert int(parameters["BulkFromImages"]["Default"]) == defaults.bulk_from_images
+
+
+def test_annotate_cost_adds_the_lanes_where_bench_bulk_ran(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from tools.cli import app
+
+    (tmp_path / "bench.json").write_text(json.dumps(BENCH))
+    (tmp_path / "bulk.json").write_text(json.dumps(BULK))
+    result = CliRunner().invoke(app, ["cost", "--bench", str(tmp_path / "bench.json"), "--out-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    report = (tmp_path / "cost.md").read_text()
+    for images in ("10,000", "100,000", "1,000,000"):
+        assert report.count(f"| {images} |") == 3  # the Lambda lane, bulk on Spot, bulk on-demand
+    assert "The bulk lane's compute" in report and "Spot prices: 2026-11-01" in report

@@ -356,7 +356,8 @@ def lanes_table(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, A
         return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
 
     lines = [
-        "| images | lane | compute | S3 requests | orchestration | Athena | total | per 1,000 | wall time | limited by |",
+        "| images | lane | compute | S3 requests | orchestration | Athena | total | per 1,000 | wall time "
+        "| limited by |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for images in BATCH_SIZES:

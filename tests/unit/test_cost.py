@@ -10,8 +10,8 @@ import pytest
 from tests.conftest import REPO
 from tools.cost import (
     SCENARIOS,
-    STATES_PER_BULK_BATCH,
     STATES_PER_BATCH,
+    STATES_PER_BULK_BATCH,
     STATES_PER_GROUP,
     STATES_PER_IMAGE,
     bulk_lane,

@@ -102,7 +102,7 @@ def choose_lane(message: PromptMessage, images: int, settings: IngestSettings) -
 
 def groups_per_bulk_job(groups: int, settings: IngestSettings) -> int:
     """At most ``groups_per_bulk_job``, and fewer when the batch would otherwise leave some of the tasks that may run
-    at once idle: a batch of 100 groups runs as 20 tasks of 5 groups, not 2 of 50."""
+    at once idle: with 100 tasks at once, 1,000 groups run as 100 tasks of 10 groups, not 20 of 50."""
     return max(1, min(settings.groups_per_bulk_job, -(-groups // settings.bulk_concurrency)))
 
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from shared.batches import image_ref
 from shared.contracts import AnnotationRequest, BulkJob, ImageGroup, ImageTask
@@ -29,16 +29,18 @@ from shared.storage import LocalStore
 from tools.bench import BenchOptions, bench_settings
 
 
-def run_bulk_bench(images: list[Path], copies: int, repeats: int, out_dir: Path) -> dict[str, Any]:
-    """Measure and write ``bulk.json`` and ``bulk.md`` under ``out_dir``."""
+def run_bulk_bench(
+    images: list[Path], copies: int, repeats: int, out_dir: Path, models: Literal["random", "tiny"] = "random"
+) -> dict[str, Any]:
+    """Measure and write ``bulk.json`` and ``bulk.md`` under ``out_dir`` (``models``: as annotate bench's)."""
     import functools
 
     from shared.bulk import run_job
     from tools.tiny_models import build_named_models
 
-    settings = bench_settings(BenchOptions(images=images, models="random"))
+    settings = bench_settings(BenchOptions(images=images, models=models))
     build_named_models(settings, variants=False)
-    models = functools.partial(build_dependencies, settings=settings)
+    dependencies = functools.partial(build_dependencies, settings=settings)
     work = Path(tempfile.mkdtemp(prefix="bench-bulk-"))
     store, refs = LocalStore(), []
     for copy in range(copies):  # distinct files, so that no image is skipped as done
@@ -53,7 +55,7 @@ def run_bulk_bench(images: list[Path], copies: int, repeats: int, out_dir: Path)
     def one_at_a_time(root: Path) -> None:
         for ref in refs:
             annotate_image(
-                ImageTask(batch_id="b-" + "1" * 20, request=request, image=ref, results_uri=str(root)), models
+                ImageTask(batch_id="b-" + "1" * 20, request=request, image=ref, results_uri=str(root)), dependencies
             )
 
     def job(root: Path) -> BulkJob:
@@ -66,7 +68,7 @@ def run_bulk_bench(images: list[Path], copies: int, repeats: int, out_dir: Path)
         )
 
     def worker(root: Path) -> None:
-        run_job(job(root), models)
+        run_job(job(root), dependencies)
 
     one_at_a_time(work / "warm")  # lazy initialisation is not what is measured
     seconds: dict[str, list[float]] = {"one_at_a_time": [], "worker": []}
@@ -82,6 +84,7 @@ def run_bulk_bench(images: list[Path], copies: int, repeats: int, out_dir: Path)
     report = {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "cores": os.cpu_count(),
+        "models": models,
         "images": len(refs),
         "repeats": repeats,
         "seconds_per_image": {side: round(value, 3) for side, value in per_image.items()},
@@ -93,6 +96,9 @@ def run_bulk_bench(images: list[Path], copies: int, repeats: int, out_dir: Path)
     (out_dir / "bulk.json").write_text(json.dumps(report, indent=2) + "\n")
     (out_dir / "bulk.md").write_text(markdown_report(report))
     return report
+
+
+MODELS = {"random": "full-size random weights", "tiny": "tiny models"}
 
 
 def _task_peak_mb(settings: Settings, job: BulkJob, job_file: Path) -> float:
@@ -118,7 +124,7 @@ def markdown_report(report: dict[str, Any]) -> str:
         "\n".join(
             [
                 f"Measured {report['measured_at']} on {report['cores']} cores: {report['images']} images (captions on, "
-                f"full-size random weights), medians of {report['repeats']} alternating runs.",
+                f"{MODELS[report.get('models', 'random')]}), medians of {report['repeats']} alternating runs.",
                 "",
                 "| | seconds per image | images per hour |",
                 "|---|---:|---:|",

@@ -350,6 +350,7 @@ def bench_bulk(
     copies: Annotated[int, typer.Option(help="Copies of each image (distinct files)")] = 5,
     repeats: Annotated[int, typer.Option(help="Alternating runs of each side")] = 3,
     out_dir: Annotated[Path, typer.Option(help="Where bulk.json and bulk.md go")] = Path("bench"),
+    models: Annotated[str, typer.Option(help="random: full-size architectures; tiny: a quick check")] = "random",
 ) -> None:
     """Time the bulk worker against the same images one at a time, and write the report."""
     from tools.bulk_bench import markdown_report, run_bulk_bench
@@ -359,8 +360,14 @@ def bench_bulk(
     missing = [str(path) for path in images or [] if not path.is_file()]
     if missing:
         raise _fail(f"not files: {', '.join(missing)}")
+    if models not in ("random", "tiny"):
+        raise _fail(f"--models is random or tiny, not {models}")
     report = run_bulk_bench(
-        images or [samples / "chelsea-the-cat.jpg", samples / "coffee.webp"], copies, repeats, out_dir
+        images or [samples / "chelsea-the-cat.jpg", samples / "coffee.webp"],
+        copies,
+        repeats,
+        out_dir,
+        "tiny" if models == "tiny" else "random",
     )
     out.print(markdown_report(report), highlight=False)
 

@@ -8,6 +8,7 @@ Lambda, each function serves one invocation at a time.
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import logging
 import os
@@ -321,7 +322,7 @@ def _run_bulk_container(gate: InvocationGate | None, listener: InvocationListene
     from shared.bulk import read_job, run_job
 
     dependencies = dependencies_of(Step.WRITE_RESULT)
-    checks = iter(range(1_000_000))
+    checks = itertools.count()
 
     def stopping() -> bool:  # the gate's exception ends the task between two images, as a kill would
         if gate:

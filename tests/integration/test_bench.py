@@ -72,3 +72,21 @@ def test_the_ingest_bench_plans_a_prefix_from_its_listing_and_writes_its_report(
     assert (report["executions_started"], report["groups"]) == (1, 120) and report["planning"]["peak_python_mb"] > 0
     assert json.loads((tmp_path / "ingest.json").read_text()) == report
     assert "| listing's ETags (now) |" in (tmp_path / "ingest.md").read_text()
+
+
+def test_a_short_bulk_bench_times_both_sides_and_the_tasks_memory(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tools.cli import app
+
+    # GIVEN two copies of a sample, tiny models
+    arguments = ["bench-bulk", str(SAMPLES / "coffee.webp"), "--copies", "2", "--repeats", "1", "--models", "tiny"]
+    # WHEN annotate bench-bulk runs
+    result = CliRunner().invoke(app, [*arguments, "--out-dir", str(tmp_path)])
+    # THEN both sides were timed, and the worker's peak memory measured in a process of its own
+    assert result.exit_code == 0, result.output
+    written = json.loads((tmp_path / "bulk.json").read_text())
+    assert written["images"] == 2 and written["models"] == "tiny"
+    assert all(seconds > 0 for seconds in written["seconds_per_image"].values())
+    assert written["task_peak_rss_mb"] > 100
+    assert "| the bulk worker" in (tmp_path / "bulk.md").read_text()

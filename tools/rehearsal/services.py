@@ -10,6 +10,7 @@ There is one settings override per process, so invocations take turns.
 from __future__ import annotations
 
 import importlib
+import itertools
 import threading
 import time
 import traceback
@@ -182,7 +183,7 @@ class InProcessServices:
             forget_loaded_models()
             forget_model_files()
         self.bulk_tasks += 1
-        asked = iter(range(1_000_000))
+        asked = itertools.count()
         interrupted = self.bulk_tasks == 1
         if run_task(stopping=lambda: interrupted and next(asked) >= 1) != 0:
             raise RuntimeError("the bulk container exited with status 1 (its log says why)")

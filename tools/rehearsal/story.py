@@ -296,8 +296,6 @@ def _dropped_images_are_annotated(services: Any, stack: DeployedStack, report: R
 
 
 def _a_prompt_message_is_annotated(services: Any, stack: DeployedStack, report: Report, with_variants: bool) -> bool:
-    import boto3
-
     started = time.monotonic()
     message: dict[str, Any] = {
         "prompt": "cat. cup.",
@@ -306,23 +304,32 @@ def _a_prompt_message_is_annotated(services: Any, stack: DeployedStack, report: 
     }
     if with_variants:
         message["variants"] = {"prompt": "a watercolor painting", "count": 1, "steps": 1}
+    if not _message_runs(services, stack, report, message, executions=2):
+        return False
+    report.step("a prompt message naming incoming/ (variants: %s) ran" % ("yes" if with_variants else "no"), started)
+    return True
+
+
+def _message_runs(
+    services: Any, stack: DeployedStack, report: Report, message: dict[str, Any], executions: int
+) -> bool:
+    """Send ``message`` to the prompts queue: ingest takes it, and the stack's executions, ``executions`` of them
+    now, all succeed."""
+    import boto3
+
     sqs = boto3.client("sqs", region_name=stack.region)
     sqs.send_message(QueueUrl=stack.outputs["PromptsQueueUrl"], MessageBody=json.dumps(message))
     responses = [poll.response for poll in _drain(services, stack, "PromptsQueueUrl", "IngestFunction")]
-    if not report.check(responses == [{"batchItemFailures": []}], f"ingest failed on the prompt message: {responses}"):
+    if not report.check(responses == [{"batchItemFailures": []}], f"ingest failed on {message}: {responses}"):
         return False
-    executions = _wait_for_executions(stack, 2)
-    for execution in executions:
+    for execution in _wait_for_executions(stack, executions):
         report.check(execution["status"] == "SUCCEEDED", f"execution {execution['name']}: {execution['status']}")
-    report.step("a prompt message naming incoming/ (variants: %s) ran" % ("yes" if with_variants else "no"), started)
     return True
 
 
 def _a_bulk_message_is_annotated(services: Any, stack: DeployedStack, report: Report) -> bool:
     """A message in the bulk lane: its jobs run as Fargate tasks (Spot first, as deployed), the first stopped after
     one image as a Spot interruption stops it and run again; every image still ends as one row."""
-    import boto3
-
     started = time.monotonic()
     message = {
         "prompt": "cat. cup. saucer.",  # another request: another batch, annotated anew
@@ -330,14 +337,8 @@ def _a_bulk_message_is_annotated(services: Any, stack: DeployedStack, report: Re
         "caption": False,
         "lane": "bulk",
     }
-    sqs = boto3.client("sqs", region_name=stack.region)
-    sqs.send_message(QueueUrl=stack.outputs["PromptsQueueUrl"], MessageBody=json.dumps(message))
-    responses = [poll.response for poll in _drain(services, stack, "PromptsQueueUrl", "IngestFunction")]
-    if not report.check(responses == [{"batchItemFailures": []}], f"ingest failed on the bulk message: {responses}"):
+    if not _message_runs(services, stack, report, message, executions=3):
         return False
-    executions = _wait_for_executions(stack, 3)
-    for execution in executions:
-        report.check(execution["status"] == "SUCCEEDED", f"execution {execution['name']}: {execution['status']}")
     report.check(services.bulk_tasks >= 2, f"the stopped bulk task was not run again ({services.bulk_tasks} tasks)")
     report.check(
         services.capacity_providers_used == {"FARGATE_SPOT"},

@@ -1,9 +1,10 @@
 """The bulk lane's worker: a batch of groups on one Fargate (Spot) task, written as the Lambda lane writes them.
 
 Each image goes through the one-image path (shared/one_image.py: the same steps, the same result document) and each
-group's rows through WriteGroupTable's code, once per group. The next image's bytes are read while the current one
-runs. A retried job skips every image whose result document is already written, so a task stopped part way (a Spot
-interruption's SIGTERM, two minutes before the end) loses nothing and writes each image once.
+group's rows through WriteGroupTable's code, once per group. While an image runs, the next one's questions to S3 are
+asked (its result written by an earlier try? if not, its bytes). A retried job skips every image whose result
+document is already written, so a task stopped part way (a Spot interruption's SIGTERM, two minutes before the end)
+loses nothing and writes each image once.
 
     python -m shared.bulk   # ANNOTATE_BULK_JOB=s3://results/manifests/<batch_id>.bulk/<n>.json
 """
@@ -47,27 +48,38 @@ class Stopped(Exception):
 
 @dataclass
 class _ReadAhead:
-    """The images' store, with the next image's bytes read on a second thread while the current one runs."""
+    """What the worker asks S3 of each image, asked on a second thread while the image before it runs: whether an
+    earlier try of the job wrote its result and, if not, its bytes (which its steps then share, as their store)."""
 
     store_for: StoreFor
     max_bytes: int
     _pool: ThreadPoolExecutor
-    _pending: dict[str, Future[bytes]]
+    _results: dict[str, Future[ImageResult | None]]
+    _images: dict[str, Future[bytes]]
 
-    def fetch(self, uri: str) -> None:
-        if uri not in self._pending:
-            # in the caller's context, as if the caller read it: its log keys, and whoever the caller acts as
-            read = contextvars.copy_context().run
-            self._pending[uri] = self._pool.submit(read, self.store_for(uri).read_bytes, uri, self.max_bytes)
+    def fetch(self, task: ImageTask) -> None:
+        uri = task.image.source_uri
+        if uri not in self._results:
+            # in the caller's context, as if the caller asked: its log keys, and whoever the caller acts as
+            run = contextvars.copy_context().run
+            self._results[uri] = self._pool.submit(run, _done, task, self.store_for)
+            self._images[uri] = self._pool.submit(run, self._unless_done, uri, self._results[uri])
+
+    def _unless_done(self, uri: str, result: Future[ImageResult | None]) -> bytes:
+        return b"" if result.result() is not None else self.store_for(uri).read_bytes(uri, self.max_bytes)
+
+    def done(self, uri: str) -> ImageResult | None:
+        return self._results[uri].result()
 
     def forget(self, uri: str) -> None:
-        self._pending.pop(uri, None)
+        self._results.pop(uri, None)
+        self._images.pop(uri, None)
 
     def __call__(self, uri: str) -> ObjectStore:
-        return self if uri in self._pending else self.store_for(uri)  # type: ignore[return-value]
+        return self if uri in self._images else self.store_for(uri)  # type: ignore[return-value]
 
     def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes:
-        return self._pending[uri].result()  # an ImageRejected raised there is raised here, for the step to record
+        return self._images[uri].result()  # an ImageRejected raised there is raised here, for the step to record
 
 
 def _done(task: ImageTask, store_for: StoreFor) -> ImageResult | None:
@@ -93,7 +105,7 @@ def run_job(
     """
     common = dependencies_of(Step.WRITE_RESULT)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead")
-    read_ahead = _ReadAhead(common.store_for, common.image_limits.max_image_bytes, pool, {})
+    read_ahead = _ReadAhead(common.store_for, common.image_limits.max_image_bytes, pool, {}, {})
     annotated = 0
     try:
         for group in job.groups:
@@ -118,18 +130,16 @@ def _run_group(
         return replace(dependencies_of(step), store_for=read_ahead)
 
     outcomes, annotated = [], 0
-    store_for = dependencies_of(Step.WRITE_RESULT).store_for
     for index, ref in enumerate(group.images):
         if stopping():
             raise Stopped(f"stopped in {group.group_id} after {index} of its images; the retry writes the rest")
-        result = _done(task_of(ref), store_for)
+        for ahead in group.images[index : index + 2]:
+            read_ahead.fetch(task_of(ahead))
+        result = read_ahead.done(ref.source_uri)
         if result is None:
-            read_ahead.fetch(ref.source_uri)
-            if index + 1 < len(group.images):
-                read_ahead.fetch(group.images[index + 1].source_uri)
             result = annotate_image(task_of(ref), with_read_ahead)
-            read_ahead.forget(ref.source_uri)
             annotated += 1
+        read_ahead.forget(ref.source_uri)
         outcomes.append(ImageOutcome(image=ref, status=result.status, error=result.error, result_uri=result.result_uri))
         on_image(outcomes[-1])
     table_input = WriteGroupTableInput(

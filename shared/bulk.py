@@ -33,7 +33,7 @@ from shared.contracts import (
 )
 from shared.dependencies import Dependencies, Step, dependencies_of
 from shared.errors import AnnotateError, ImageRejected, validation_reason
-from shared.observability import logger
+from shared.observability import logger, metrics
 from shared.one_image import annotate_image
 from shared.settings import get_settings
 from shared.storage import ObjectStore, StoreFor
@@ -151,6 +151,9 @@ def _run_group(
         outcomes=outcomes,
     )
     steps.write_group_table(table_input, dependencies_of(Step.WRITE_GROUP_TABLE))
+    # The steps add their measurements to Powertools' metrics, which a Lambda handler emits and clears at the end of
+    # each invocation; a task running hundreds of images would keep them all. Its measurements are in its rows.
+    metrics.clear_metrics()
     return annotated
 
 

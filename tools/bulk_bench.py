@@ -23,6 +23,7 @@ from typing import Any, Literal
 from shared.batches import image_ref
 from shared.contracts import AnnotationRequest, BulkJob, ImageGroup, ImageTask
 from shared.dependencies import build_dependencies
+from shared.observability import metrics
 from shared.one_image import annotate_image
 from shared.settings import Settings
 from shared.storage import LocalStore
@@ -78,6 +79,7 @@ def run_bulk_bench(
             started = time.perf_counter()
             run(root)
             seconds[side].append(time.perf_counter() - started)
+            metrics.clear_metrics()  # the steps' measurements, which no handler emits here
     task_peak_mb = _task_peak_mb(settings, job(work / "task"), work / "task.json")
     shutil.rmtree(work, ignore_errors=True)
     per_image = {side: statistics.median(values) / len(refs) for side, values in seconds.items()}

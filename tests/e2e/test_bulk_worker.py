@@ -17,6 +17,7 @@ from shared.bulk import Stopped, run_job
 from shared.contracts import BatchInput, BulkJob, BulkJobRef, ImageGroup, ImageResult, PromptMessage
 from shared.dependencies import dependencies_of
 from shared.ingest import start_batches
+from shared.observability import metrics
 from shared.settings import Settings, use_settings
 from shared.storage import store_for
 from tests.conftest import SAMPLES
@@ -87,6 +88,8 @@ def test_the_bulk_worker_writes_the_lambda_lanes_documents_and_rows(by_workflow:
     annotated = run_job(job, dependencies_of)
     # THEN every image has the workflow's document (boxes, classes, attributes, caption, failure) and row
     assert annotated == 4
+    # AND the steps' metrics, which no handler emits here, are not kept from one group to the next
+    assert not metrics.metric_set
     assert _documents(settings_in.data_dir) == _documents(by_workflow) != {}
     assert run_local_query(ROWS, settings_in.data_dir).to_pylist() == run_local_query(ROWS, by_workflow).to_pylist()
 

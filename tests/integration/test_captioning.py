@@ -16,6 +16,7 @@ from shared.captioning import PREFIX, load_captioner
 from shared.contracts import AnnotationRequest, DetectOutput, ImageRef, ImageState, ImageTask
 from shared.errors import ModelUnavailable
 from shared.model_sources import resolve_model_file
+from shared.observability import metrics
 from shared.settings import Settings, use_settings
 from tests.conftest import SAMPLES
 from tests.gguf_factory import write_tiny_llama
@@ -97,6 +98,7 @@ def test_the_caption_handler_emits_its_measurements_as_emf_metrics(
     from tools.local_runner import LocalContext
 
     monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
+    metrics.clear_metrics()  # what other tests' in-process steps left: the handler emits what is pending
     use_settings(tiny_llm_settings)
     task = ImageTask(
         batch_id="b-" + "0" * 20,

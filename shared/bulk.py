@@ -130,6 +130,7 @@ def _run_group(
         return replace(dependencies_of(step), store_for=read_ahead)
 
     outcomes, annotated = [], 0
+    written: dict[str, ImageResult] = {}  # by location: the table write reads none of them back
     for index, ref in enumerate(group.images):
         if stopping():
             raise Stopped(f"stopped in {group.group_id} after {index} of its images; the retry writes the rest")
@@ -140,6 +141,8 @@ def _run_group(
             result = annotate_image(task_of(ref), with_read_ahead)
             annotated += 1
         read_ahead.forget(ref.source_uri)
+        if result.result_uri:
+            written[result.result_uri] = result
         outcomes.append(ImageOutcome(image=ref, status=result.status, error=result.error, result_uri=result.result_uri))
         on_image(outcomes[-1])
     table_input = WriteGroupTableInput(
@@ -150,7 +153,7 @@ def _run_group(
         planned_at=job.planned_at,
         outcomes=outcomes,
     )
-    steps.write_group_table(table_input, dependencies_of(Step.WRITE_GROUP_TABLE))
+    steps.write_group_table(table_input, dependencies_of(Step.WRITE_GROUP_TABLE), known=written)
     # The steps add their measurements to Powertools' metrics, which a Lambda handler emits and clears at the end of
     # each invocation; a task running hundreds of images would keep them all. Its measurements are in its rows.
     metrics.clear_metrics()

@@ -66,7 +66,4 @@ def annotate_image(task: ImageTask, dependencies_of: DependenciesOf) -> ImageRes
             caption = _run(lambda: steps.caption(state, dependencies_of(Step.CAPTION)))
             update = {"failures": {FailedStep.CAPTION: caption}} if isinstance(caption, StepFailure) else {}
             state = state.model_copy(update=update or {"caption": caption})
-    write = dependencies_of(Step.WRITE_RESULT)
-    steps.write_result(state, write)
-    document, _ = steps.result_uris(task)
-    return ImageResult.model_validate_json(write.store_for(document).read_bytes(document))
+    return steps.write_result_document(state, dependencies_of(Step.WRITE_RESULT))

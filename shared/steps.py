@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -195,6 +195,12 @@ def caption(state: ImageState, deps: Dependencies) -> CaptionOutput:
 
 def write_result(state: ImageState, deps: Dependencies) -> ImageOutcome:
     """Write the image's result document (and, when it was detected, the annotated picture)."""
+    result = write_result_document(state, deps)
+    return ImageOutcome(image=state.task.image, status=result.status, error=result.error, result_uri=result.result_uri)
+
+
+def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
+    """``write_result``'s document, as written (the one-image path keeps it rather than read it back)."""
     task = state.task
     json_uri, png_uri = result_uris(task)
     detections, failures = describe_detections(state.detection.detections if state.detection else [], state.description)
@@ -236,7 +242,7 @@ def write_result(state: ImageState, deps: Dependencies) -> ImageOutcome:
     )
     deps.store_for(json_uri).write_bytes(json_uri, result.model_dump_json(indent=2).encode(), "application/json")
     logger.info("result written", extra={"image_id": result.image_id, "status": result.status, "error": result.error})
-    return ImageOutcome(image=task.image, status=result.status, error=result.error, result_uri=json_uri)
+    return result
 
 
 def _made_by(state: ImageState) -> dict[str, MadeBy]:
@@ -263,13 +269,16 @@ def _variants_document(state: ImageState, deps: Dependencies) -> tuple[VariantsO
         return None, StepFailure(Error="NoVariantsDocument", Cause=f"the Variants task wrote no {document_uri}")
 
 
-def write_group_table(state: WriteGroupTableInput, deps: Dependencies) -> GroupSummary:
+def write_group_table(
+    state: WriteGroupTableInput, deps: Dependencies, known: Mapping[str, ImageResult] | None = None
+) -> GroupSummary:
     """Gather the group's result documents into its files of the ``images`` and ``detections`` tables, and keep
-    the group's summary where SummarizeBatch finds it."""
+    the group's summary where SummarizeBatch finds it. A document in ``known`` (by its location) is not read
+    again: the bulk worker holds what it wrote."""
     from shared.tables import write_table_files  # pyarrow: only WriteGroupTable's and SummarizeBatch's packages
 
     now = datetime.now(UTC)
-    results = [_result_of(outcome, state, deps, now) for outcome in state.outcomes]
+    results = [_result_of(outcome, state, deps, now, known or {}) for outcome in state.outcomes]
     uris = write_table_files(
         results, state.results_uri, f"{state.batch_id}-{state.group_id}", state.planned_at, deps.store_for
     )
@@ -350,8 +359,16 @@ def summarize_batch(state: SummarizeInput, deps: Dependencies) -> BatchSummary:
     return summary
 
 
-def _result_of(outcome: ImageOutcome, state: WriteGroupTableInput, deps: Dependencies, now: datetime) -> ImageResult:
+def _result_of(
+    outcome: ImageOutcome,
+    state: WriteGroupTableInput,
+    deps: Dependencies,
+    now: datetime,
+    known: Mapping[str, ImageResult],
+) -> ImageResult:
     """The image's result document; when there is none (writing it failed), a failure row from the outcome."""
+    if outcome.result_uri is not None and outcome.result_uri in known:
+        return known[outcome.result_uri]
     if outcome.result_uri:
         try:
             document = deps.store_for(outcome.result_uri).read_bytes(outcome.result_uri)

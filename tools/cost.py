@@ -102,7 +102,8 @@ IMAGES_PER_GROUP = images_per_group(TEMPLATE)
 WRITE_RESULT_SECONDS = 0.3  # drawing and writing one result; not benchmarked
 GROUP_TABLE_GB_SECONDS = 1.0 * 1.0  # WriteGroupTable per group: about a second at 1 GB; not benchmarked
 SUMMARY_GB_SECONDS = 1.0 * 2.0  # SummarizeBatch per batch: about a second at 2 GB; not benchmarked
-S3_GETS_PER_IMAGE, S3_PUTS_PER_IMAGE = 4, 2  # Detect, Classify, Tag, WriteResult read; JSON and PNG written
+# Detect, Classify, Tag and WriteResult read the image, WriteGroupTable its result; the JSON and the PNG written
+S3_GETS_PER_IMAGE, S3_PUTS_PER_IMAGE = 5, 2
 SQS_REQUESTS_PER_IMAGE = 3  # send, receive, delete
 # Dropped images: one execution per batch of the ingest queue's event source
 BATCH_SIZE = int(
@@ -241,8 +242,8 @@ GROUP_CONCURRENCY = _template_default("GroupConcurrency")
 # estimate, billed (Fargate bills from the image pull on) and waited for by every task.
 TASK_START_S = 60.0
 MODEL_STEPS = ("detect", "classify", "tag", "caption")
-# Per image: the image read once (its steps share the bytes) and a check for its result (a retried job's skip);
-# its JSON and PNG written. Per group: its two table files and its summary.
+# Per image: the image read once (its steps share the bytes) and a check for its result (a retried job's skip; the
+# table write reads nothing back); its JSON and PNG written. Per group: its two table files and its summary.
 BULK_S3_GETS_PER_IMAGE, BULK_S3_PUTS_PER_IMAGE, S3_PUTS_PER_GROUP = 2, 2, 3
 # Both tables' Parquet per image, an upper bound: a 3-image group's files (51 kB) hold mostly Parquet's own overhead.
 ATHENA_BYTES_PER_IMAGE = 17_000

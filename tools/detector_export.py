@@ -8,7 +8,8 @@ proposals look their centres up in a table divided here, by torch, rather than d
 is kept if its centre is below 0.99, and OpenVINO divides as a multiplication by the reciprocal: its 49.5 / 50 is
 0.98999995, below the cut-off, where torch's is 0.99000001, and it decoded other queries); and the deformable
 attention sums each feature level's samples as it takes them rather than stacking all four levels first (the same
-sum in another order: one fewer copy of the largest tensor in the encoder). The model
+sum in another order: one fewer copy of the largest tensor in the encoder), each level sampled point-major
+(`deformable_attention`). The model
 keeps the attention it loads with: in transformers 5.23 its eager attention gives other outputs than SDPA for
 Grounding DINO's boolean text mask, so an eager export would not match the model it came from. Tracing
 freezes every size computed from the image (Swin's window padding, the feature maps' shapes), so each export
@@ -283,21 +284,24 @@ def deformable_attention(
     im2col_step: int,
 ) -> Any:
     """``MultiScaleDeformableAttention.forward`` (the pure-torch one) summing each level's weighted samples as it
-    takes them, rather than stacking the four levels' samples (a copy of 0.3 GB at 800x1200) and summing once."""
+    takes them, rather than stacking the four levels' samples (a copy of 0.3 GB at 800x1200) and summing once; and
+    sampling each level point-major, (point, query), so that the sum over a query's 4 points adds 4 contiguous
+    planes instead of reducing an innermost axis of 4, which OpenVINO did slowly (the same sums: its outputs are the
+    same bits, and Detect 1.05-1.13x faster on it by size; no change on ONNX Runtime; measured side by side)."""
     import torch
 
     batch_size, _, heads, head_dim = value.shape
-    _, queries, _, levels, points, _ = sampling_locations.shape
+    queries = sampling_locations.shape[1]
     values = value.split([height * width for height, width in value_spatial_shapes_list], dim=1)
-    grids = 2 * sampling_locations - 1
-    weights = attention_weights.transpose(1, 2).reshape(batch_size * heads, 1, queries, levels, points)
+    # (batch x heads, level, point, query, xy) and (batch x heads, level, point, query)
+    grids = (2 * sampling_locations - 1).permute(0, 2, 3, 4, 1, 5).flatten(0, 1)
+    weights = attention_weights.permute(0, 2, 3, 4, 1).flatten(0, 1)
     output: Any = None
     for level, (height, width) in enumerate(value_spatial_shapes_list):
         level_value = values[level].flatten(2).transpose(1, 2).reshape(batch_size * heads, head_dim, height, width)
-        level_grid = grids[:, :, :, level].transpose(1, 2).flatten(0, 1)
         samples = torch.nn.functional.grid_sample(
-            level_value, level_grid, mode="bilinear", padding_mode="zeros", align_corners=False
+            level_value, grids[:, level], mode="bilinear", padding_mode="zeros", align_corners=False
         )
-        weighted = (samples * weights[:, :, :, level]).sum(-1)
+        weighted = (samples * weights[:, level, None]).sum(2)
         output = weighted if output is None else output + weighted
     return output.view(batch_size, heads * head_dim, queries).transpose(1, 2).contiguous()

@@ -6,6 +6,7 @@ runner."""
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,10 @@ from shared.dependencies import dependencies_of
 from shared.ingest import start_batches
 from shared.observability import metrics
 from shared.settings import Settings, use_settings
-from shared.storage import store_for
+from shared.storage import LocalStore, store_for
 from tests.conftest import SAMPLES
 from tools.cli import app
+from tools.cost import BULK_S3_GETS_PER_IMAGE
 from tools.local_runner import LocalStarter, local_workflow
 from tools.query import run_local_query
 
@@ -92,6 +94,29 @@ def test_the_bulk_worker_writes_the_lambda_lanes_documents_and_rows(by_workflow:
     assert not metrics.metric_set
     assert _documents(settings_in.data_dir) == _documents(by_workflow) != {}
     assert run_local_query(ROWS, settings_in.data_dir).to_pylist() == run_local_query(ROWS, by_workflow).to_pylist()
+
+
+def test_the_worker_asks_the_store_for_each_image_once_and_reads_nothing_back(
+    by_workflow: Path, settings_in: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN the workflow's batch as a bulk job, and every read of the store counted
+    job = _job(by_workflow, str(settings_in.data_dir.resolve()))
+    reads: Counter[str] = Counter()
+    read_bytes = LocalStore.read_bytes
+
+    def counted(store: LocalStore, uri: str, max_bytes: int | None = None) -> bytes:
+        reads[uri] += 1
+        return read_bytes(store, uri, max_bytes)
+
+    monkeypatch.setattr(LocalStore, "read_bytes", counted)
+    # WHEN the worker runs it
+    run_job(job, dependencies_of)
+    # THEN it read each image once (its steps share the bytes) and asked once whether its result was written (a
+    # retried job's skip): the GETs annotate cost prices; what it wrote, it did not read back for the table
+    images = [image.source_uri for group in job.groups for image in group.images]
+    assert sorted(uri for uri in reads if uri in images) == sorted(images)
+    assert reads.total() == len(images) * BULK_S3_GETS_PER_IMAGE
+    assert set(reads.values()) == {1}
 
 
 def test_annotate_run_in_the_bulk_lane_gives_the_lambda_lanes_documents_and_rows(

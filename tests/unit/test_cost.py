@@ -52,7 +52,8 @@ def test_a_steady_month_on_lambda_matches_the_hand_computation() -> None:
     parent = 510_000 * (5 / 100 + 1 / 10) * 0.025 / 1000
     children = 51_000 * (1.00 / 1e6 + 4.0 * 0.0625 * 0.00001667)
     queues = 510_000 * 3 * 0.40 / 1e6
-    storage = 510_000 * (4 * 0.0004 + 2 * 0.005) / 1000
+    # four steps read the image and WriteGroupTable its result document; the JSON and the PNG written
+    storage = 510_000 * (5 * 0.0004 + 2 * 0.005) / 1000
     expected = compute + requests + cold + parent + children + queues + storage
     assert lambda_month(BENCH, PRICES, STEADY) == pytest.approx(expected, rel=1e-9)
     assert orchestration_share(BENCH, PRICES, STEADY) == pytest.approx((parent + children) / expected)

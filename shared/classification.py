@@ -1,5 +1,5 @@
-"""Per-box image classification on ONNX Runtime: an exported ConvNeXt (transformers), or an exported traced
-TorchScript model with its labels (tools/describe_export.py makes both)."""
+"""Per-box image classification on ONNX Runtime or OpenVINO: an exported ConvNeXt (transformers), or an exported
+traced TorchScript model with its labels (tools/describe_export.py makes both)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,17 @@ from shared.contracts import ClassScore
 from shared.errors import ModelUnavailable
 from shared.model_cache import cached_per_settings
 from shared.observability import logger
-from shared.onnx_runtime import center_crop, find_export, normalized, ort_session, resize_short_side, softmax
+from shared.onnx_runtime import (
+    center_crop,
+    find_export,
+    normalized,
+    openvino_graph_file,
+    openvino_session,
+    ort_session,
+    resize_short_side,
+    softmax,
+    weights_file,
+)
 from shared.settings import DescriptionSettings
 
 _ID_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -112,11 +122,33 @@ class ImageClassifier:
 
 @cached_per_settings
 def load_classifier(settings: DescriptionSettings) -> ImageClassifier:
-    """The classifier the settings name, on ONNX Runtime from its export, loaded once per process."""
+    """The classifier the settings name, from its export on ``classifier_runtime``, loaded once per process.
+
+    Raises:
+        ModelUnavailable: no export, or openvino asked for where it is not installed.
+    """
     folder = find_export(settings.classifier_model, settings, CLASSIFIER_MANIFEST)
     export = ClassifierExport.model_validate_json((folder / CLASSIFIER_MANIFEST).read_text())
-    session = ort_session(folder / CLASSIFIER_GRAPH, settings.torch_threads)
-    logger.info("classifier loaded", extra={"model": settings.classifier_model, "classes": len(export.labels)})
+    graph, runtime = folder / CLASSIFIER_GRAPH, settings.classifier_runtime
+    if runtime == "openvino" and not openvino_graph_file(graph).is_file():
+        # An export pushed before exports had OpenVINO's form: the same classes on the slower runtime beat none.
+        logger.warning(
+            "the classifier's export has no OpenVINO form: on ONNX Runtime until it is exported again "
+            "(`annotate models push`)",
+            extra={"model": settings.classifier_model},
+        )
+        runtime = "onnxruntime"
+    session = (
+        openvino_session(
+            openvino_graph_file(graph), weights_file(graph), settings.torch_threads, setting="classifier_runtime"
+        )
+        if runtime == "openvino"
+        else ort_session(graph, settings.torch_threads)
+    )
+    logger.info(
+        "classifier loaded",
+        extra={"model": settings.classifier_model, "classes": len(export.labels), "runtime": runtime},
+    )
     return ImageClassifier(
         forward=lambda crops: session.run(None, {"pixel_values": export.preprocess(crops)})[0],
         labels=export.labels,

@@ -24,8 +24,9 @@ from shared.model_sources import resolve_model_dir
 from shared.observability import logger
 from shared.settings import ModelFiles
 
-# Raised whenever the files of an export change form, so that no older export is taken for a current one.
-EXPORT_FORMAT = 4
+# Raised whenever the files of an export change form, so that no older export is taken for a current one
+# (5: the classifier's export has OpenVINO's form; Detect's samples its attention point-major).
+EXPORT_FORMAT = 5
 
 
 def find_export(source: str, files: ModelFiles, manifest: str, extra: object = None) -> Path:
@@ -121,7 +122,9 @@ def ort_session(graph: Path, threads: int, weights: Path | None = None) -> Any:
     return ort.InferenceSession(graph.read_bytes(), options, providers=["CPUExecutionProvider"])
 
 
-def openvino_session(graph: Path, weights: Path, threads: int, compiled_cache: Path | None = None) -> Any:
+def openvino_session(
+    graph: Path, weights: Path, threads: int, compiled_cache: Path | None = None, setting: str = "detector_runtime"
+) -> Any:
     """An exported graph in OpenVINO's form (``graph``, its IR: tools/onnx_graphs.py), whose constants are in the
     file ``weights``, compiled for this CPU in fp32 (OpenVINO's default on CPUs with bf16 or fp16 is those, which
     change the outputs), run as ONNX Runtime's sessions are. OpenVINO is handed the graph's text and the mapped
@@ -132,12 +135,12 @@ def openvino_session(graph: Path, weights: Path, threads: int, compiled_cache: P
     all of them match. A folder that cannot be made is said in the log and done without: the cache only saves time.
 
     Raises:
-        ModelUnavailable: OpenVINO is not installed here.
+        ModelUnavailable: OpenVINO is not installed here (``setting`` asked for it).
     """
     try:
         import openvino
     except ImportError as error:
-        raise ModelUnavailable("detector_runtime is openvino, which is not installed here") from error
+        raise ModelUnavailable(f"{setting} is openvino, which is not installed here") from error
     core = openvino.Core()
     model = core.read_model(graph.read_bytes(), openvino.Tensor(mapped_file(weights), shared_memory=True))
     options: dict[str, Any] = {

@@ -2,8 +2,9 @@
 
 The worker (shared/bulk.run_job: the next image read ahead, one table write per group) and the Lambda lane's way (each
 image through the one-image path on its own, nothing overlapped) run the same images with the same models
-(full-size architectures with random weights, captions on), alternating, in this process; images per hour on this
-machine's cores is what a Fargate task of as many vCPUs would do, less its start and model load.
+(full-size architectures with random weights, captions on), alternating, in this process, each lane on the runtimes
+it is deployed with (the bulk task's container sets its own: template.yaml); images per hour on this machine's cores
+is what a Fargate task of as many vCPUs would do, less its start and model load.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from shared.one_image import annotate_image
 from shared.settings import Settings
 from shared.storage import LocalStore
 from tools.bench import BenchOptions, bench_settings
+from tools.sam_template import bulk_task_runtimes, load_template
 
 
 def run_bulk_bench(
@@ -41,7 +43,10 @@ def run_bulk_bench(
 
     settings = bench_settings(BenchOptions(images=images, models=models))
     build_named_models(settings, variants=False)
+    task_runtimes = bulk_task_runtimes(load_template())
+    task_settings = settings.model_copy(update=task_runtimes)
     dependencies = functools.partial(build_dependencies, settings=settings)
+    task_dependencies = functools.partial(build_dependencies, settings=task_settings)
     work = Path(tempfile.mkdtemp(prefix="bench-bulk-"))
     store, refs = LocalStore(), []
     for copy in range(copies):  # distinct files, so that no image is skipped as done
@@ -69,9 +74,11 @@ def run_bulk_bench(
         )
 
     def worker(root: Path) -> None:
-        run_job(job(root), dependencies)
+        run_job(job(root), task_dependencies)
 
-    one_at_a_time(work / "warm")  # lazy initialisation is not what is measured
+    one_at_a_time(work / "warm")  # lazy initialisation is not what is measured; the task's own models too:
+    warm_task = ImageTask(batch_id="b-" + "3" * 20, request=request, image=refs[0], results_uri=str(work / "warm"))
+    annotate_image(warm_task, task_dependencies)
     seconds: dict[str, list[float]] = {"one_at_a_time": [], "worker": []}
     for repeat in range(repeats):
         for side, run in sorted({"one_at_a_time": one_at_a_time, "worker": worker}.items(), reverse=repeat % 2 == 1):
@@ -80,7 +87,7 @@ def run_bulk_bench(
             run(root)
             seconds[side].append(time.perf_counter() - started)
             metrics.clear_metrics()  # the steps' measurements, which no handler emits here
-    task_peak_mb = _task_peak_mb(settings, job(work / "task"), work / "task.json")
+    task_peak_mb = _task_peak_mb(task_settings, job(work / "task"), work / "task.json")
     shutil.rmtree(work, ignore_errors=True)
     per_image = {side: statistics.median(values) / len(refs) for side, values in seconds.items()}
     report = {
@@ -93,6 +100,10 @@ def run_bulk_bench(
         "images_per_hour": {side: round(3600 / value) for side, value in per_image.items()},
         "worker_over_one_at_a_time": round(per_image["one_at_a_time"] / per_image["worker"], 3),
         "task_peak_rss_mb": round(task_peak_mb),
+        "runtimes": {
+            "one_at_a_time": {name: getattr(settings, name) for name in task_runtimes},
+            "worker": task_runtimes,
+        },
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bulk.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -122,6 +133,11 @@ def _task_peak_mb(settings: Settings, job: BulkJob, job_file: Path) -> float:
 
 def markdown_report(report: dict[str, Any]) -> str:
     per_image, per_hour = report["seconds_per_image"], report["images_per_hour"]
+
+    def runtimes(side: str) -> str:  # each lane's, as deployed: the Lambda functions' and the bulk task's
+        chosen = report.get("runtimes", {}).get(side, {})
+        return ", ".join(f"{name}={value}" for name, value in sorted(chosen.items())) or "the same runtimes"
+
     return (
         "\n".join(
             [
@@ -130,9 +146,11 @@ def markdown_report(report: dict[str, Any]) -> str:
                 "",
                 "| | seconds per image | images per hour |",
                 "|---|---:|---:|",
-                f"| one at a time (the Lambda lane's per-image path) | {per_image['one_at_a_time']:.2f} | "
+                f"| one at a time (the Lambda lane's per-image path; {runtimes('one_at_a_time')}) | "
+                f"{per_image['one_at_a_time']:.2f} | "
                 f"{per_hour['one_at_a_time']:,} |",
-                f"| the bulk worker (read-ahead, a table write per group) | {per_image['worker']:.2f} | "
+                f"| the bulk worker (read-ahead, a table write per group; {runtimes('worker')}) | "
+                f"{per_image['worker']:.2f} | "
                 f"{per_hour['worker']:,} |",
                 "",
                 f"The worker does {report['worker_over_one_at_a_time']:.2f}x the images of one at a time. As its "

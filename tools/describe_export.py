@@ -1,6 +1,6 @@
 """Classify's and Tag's models exported to ONNX once, for the torch-free functions (shared/classification.py,
-shared/tagging.py): the ConvNeXt (transformers) with its preprocessing, and both CLIP towers (open_clip) with a
-`tokenizers` copy of open_clip's tokenizer."""
+shared/tagging.py): the ConvNeXt (transformers) with its preprocessing, and OpenVINO's form of it, and both CLIP
+towers (open_clip) with a `tokenizers` copy of open_clip's tokenizer."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def export_classifier(model_dir: Path, out_dir: Path) -> None:
         image_mean=mean,
         image_std=std,
     )
-    _export(module, torch.rand(1, 3, size, size), out_dir / CLASSIFIER_GRAPH, "pixel_values", "logits")
+    # With OpenVINO's form beside it (classifier_runtime=openvino, the bulk task's), sharing its weights file.
+    _export(module, torch.rand(1, 3, size, size), out_dir / CLASSIFIER_GRAPH, "pixel_values", "logits", openvino=True)
     (out_dir / CLASSIFIER_MANIFEST).write_text(manifest.model_dump_json(indent=2))
 
 
@@ -122,7 +123,7 @@ def _calling(model: Any, call: Callable[[Any, Any], Any]) -> Any:
     return Calling()
 
 
-def _export(module: Any, example: Any, path: Path, input_name: str, output_name: str) -> None:
+def _export(module: Any, example: Any, path: Path, input_name: str, output_name: str, openvino: bool = False) -> None:
     import torch
 
     # Not under no_grad: there, CLIP's attention takes a fused kernel that has no ONNX form.
@@ -138,4 +139,4 @@ def _export(module: Any, example: Any, path: Path, input_name: str, output_name:
             dynamo=False,  # the TorchScript exporter handles both towers; the dynamo one needs onnxscript
             opset_version=17,
         )
-    finish_graphs({traced: path}, weights_file(path))
+    finish_graphs({traced: path}, weights_file(path), openvino=openvino)

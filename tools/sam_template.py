@@ -78,3 +78,13 @@ def layer_ids(layers: Any) -> list[str]:
     if isinstance(layers, dict):
         return [layers["Ref"]] if "Ref" in layers else layer_ids(list(layers.values()))
     return []
+
+
+def bulk_task_runtimes(template: dict[str, Any]) -> dict[str, str]:
+    """The settings of runtimes (``detector_runtime``, ...) that the bulk task's container sets."""
+    [container] = template["Resources"]["BulkTaskDefinition"]["Properties"]["ContainerDefinitions"]
+    return {
+        item["Name"].removeprefix("ANNOTATE_").lower(): item["Value"]
+        for item in container["Environment"]
+        if item["Name"].endswith("_RUNTIME")
+    }

@@ -89,4 +89,7 @@ def test_a_short_bulk_bench_times_both_sides_and_the_tasks_memory(tmp_path: Path
     assert written["images"] == 2 and written["models"] == "tiny"
     assert all(seconds > 0 for seconds in written["seconds_per_image"].values())
     assert written["task_peak_rss_mb"] > 100
+    # AND each side ran on its lane's runtimes: the worker on the bulk task's, the other on the Classify function's
+    assert written["runtimes"]["worker"]["classifier_runtime"] == "openvino"
+    assert written["runtimes"]["one_at_a_time"]["classifier_runtime"] == "onnxruntime"
     assert "| the bulk worker" in (tmp_path / "bulk.md").read_text()

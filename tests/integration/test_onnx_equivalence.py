@@ -1,14 +1,18 @@
-"""Classify's and Tag's exports on ONNX Runtime give torch's numbers on the same weights, and their torch-free
-preprocessing and tokenizer give what the libraries' own do."""
+"""Classify's and Tag's exports on ONNX Runtime (and the classifier's on OpenVINO) give torch's numbers on the same
+weights, and their torch-free preprocessing and tokenizer give what the libraries' own do."""
 
 from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from shared.classification import CLASSIFIER_GRAPH, CLASSIFIER_MANIFEST, ClassifierExport, load_classifier
-from shared.onnx_runtime import find_export, ort_session
+from shared.onnx_runtime import find_export, openvino_graph_file, openvino_session, ort_session, weights_file
 from shared.settings import Settings
 from shared.tagging import IMAGE_GRAPH, TAGGER_MANIFEST, TEXT_GRAPH, TOKENIZER_FILE, ClipExport, load_tagger
 from tests.integration.test_describe import CAT
@@ -44,6 +48,47 @@ def test_the_onnx_classifier_gives_torchs_logits_and_classes(tiny_settings: Sett
     assert [[c.label for c in r] for r in onnx_side.classify(CROPS, labels, 3)] == [
         [c.label for c in r] for r in torch_side.classify(CROPS, labels, 3)
     ]
+
+
+def test_the_classifiers_openvino_form_gives_torchs_logits_and_the_same_scores(
+    tiny_settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = find_export(tiny_settings.classifier_model, tiny_settings.model_files, CLASSIFIER_MANIFEST)
+    export = ClassifierExport.model_validate_json((folder / CLASSIFIER_MANIFEST).read_text())
+    graph = folder / CLASSIFIER_GRAPH
+    pixels = export.preprocess(CROPS)
+    # GIVEN the export's ONNX graph and its OpenVINO form, which reads the same weights file
+    on_onnx = ort_session(graph, 1).run(None, {"pixel_values": pixels})[0]
+    # WHEN OpenVINO runs it
+    on_openvino = openvino_session(openvino_graph_file(graph), weights_file(graph), 1).run(
+        None, {"pixel_values": pixels}
+    )[0]
+    # THEN the logits are ONNX Runtime's (and so torch's, above) to float rounding
+    assert np.abs(on_openvino - on_onnx).max() < 1e-4
+    # AND the classifier on classifier_runtime=openvino gives the same classes and scores
+    settings = tiny_settings.description
+    labels = ["cat", "dog", "hamster"]
+    openvino_side = load_classifier(settings.model_copy(update={"classifier_runtime": "openvino"}))
+    assert openvino_side.classify(CROPS, labels, 3) == load_classifier(settings).classify(CROPS, labels, 3)
+    loaded = [json.loads(line) for line in capsys.readouterr().err.splitlines() if '"classifier loaded"' in line]
+    assert loaded[0]["runtime"] == "openvino"
+
+
+def test_an_export_without_its_openvino_form_classifies_on_onnx_runtime_and_says_so(
+    tiny_settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN a classifier export made before exports had OpenVINO's form
+    folder = find_export(tiny_settings.classifier_model, tiny_settings.model_files, CLASSIFIER_MANIFEST)
+    older = shutil.copytree(folder, tmp_path / "older-export")
+    openvino_graph_file(older / CLASSIFIER_GRAPH).unlink()
+    settings = tiny_settings.description.model_copy(update={"classifier_model": str(older)})
+    # WHEN the settings ask for OpenVINO
+    classifier = load_classifier(settings.model_copy(update={"classifier_runtime": "openvino"}))
+    # THEN it classifies as ONNX Runtime does, and the log says why and what to do
+    labels = ["cat", "dog", "hamster"]
+    assert classifier.classify(CROPS, labels, 3) == load_classifier(settings).classify(CROPS, labels, 3)
+    [warning] = [json.loads(line) for line in capsys.readouterr().err.splitlines() if "no OpenVINO form" in line]
+    assert warning["level"] == "WARNING" and "annotate models push" in warning["message"]
 
 
 def test_the_onnx_clip_towers_give_torchs_features(tiny_settings: Settings) -> None:

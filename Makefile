@@ -8,7 +8,7 @@ PROMPT ?= dog. cat.
 .PHONY: install demo test test-fast lint bench clean rehearse sam-build chaos
 
 $(INSTALLED): pyproject.toml package.json scripts/install.sh scripts/native_wheels.sh
-	scripts/install.sh
+	LLAMA_CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" scripts/install.sh
 	touch $@
 
 install: $(INSTALLED)
@@ -48,7 +48,8 @@ clean:
 	rm -rf $(VENV) .venv-sam .aws-sam node_modules $(DATA_DIR)
 
 # llama.cpp for Lambda: every Lambda CPU (AVX2), and ggml's own thread pool instead of OpenMP, whose libgomp.so.1
-# Lambda's runtime does not have (tools/native_libs.py checks every layer's libraries against the runtime).
+# Lambda's runtime does not have (tools/native_libs.py checks every layer's libraries against the runtime). The
+# virtual environment has the same build (scripts/install.sh), so local captions and annotate bench are Lambda's.
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF
 
 # `sam build` (BuildMethod: makefile) calls these with ARTIFACTS_DIR set. pip fetches the wheels for Lambda's

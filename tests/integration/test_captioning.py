@@ -143,3 +143,14 @@ def test_json_output_from_the_real_gemma_follows_the_schema(tiny_settings: Setti
     output = load_captioner(settings.caption).caption(FACTS, as_json=True)
     assert isinstance(output.caption, str) and isinstance(output.tags, list)
     assert len(output.tags) <= 8 and all(len(tag) <= 40 for tag in output.tags)
+
+
+def test_the_environment_captions_with_the_llama_cpp_build_the_stack_deploys() -> None:
+    import llama_cpp
+
+    # GIVEN the llama.cpp this environment installed (scripts/install.sh)
+    features = llama_cpp.llama_print_system_info().decode()
+    # THEN it is the Caption layer's and the bulk image's build: portable (AVX2 at most) and without OpenMP, so that
+    # local captions are the deployed ones and annotate bench times what runs there
+    assert "AVX2 = 1" in features
+    assert "AVX512" not in features and "OPENMP" not in features

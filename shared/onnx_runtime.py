@@ -115,6 +115,11 @@ def ort_session(graph: Path, threads: int, weights: Path | None = None) -> Any:
     # Prepacking copies every matrix weight into a layout of its own, per session: Detect's three sessions held
     # 1.8 GB of copies beside the mapped 0.9 GB, and ran no faster (measured side by side, 3 runs per size).
     options.add_session_config_entry("session.disable_prepacking", "1")
+    # Its threads would spin after every run, waiting for another (ONNX Runtime, "Thread management":
+    # session.intra_op.allow_spinning, 1 by default), on the cores the next step needs where one process runs the
+    # steps one after another (the bulk worker, the API): the caption after Tag took 15-18% longer, side by side, and
+    # Classify's and Tag's own runs were no faster for it.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     mapped = mapped_file(weights)
     if mapped.size:
         options.add_session_config_entry("session.use_external_initializer_file_buffers_directly", "1")

@@ -148,6 +148,9 @@ class _Sides:
             n_threads=settings.caption_threads or None,
             verbose=False,
         )
+        from shared.captioning import PREFIX
+
+        self._llm_prefix_tokens = len(self._llm.tokenize(PREFIX.encode(), add_bos=True))
 
     @staticmethod
     def _transformers_pipelines(detector_dir: Path, classifier_dir: Path) -> tuple[Any, Any]:
@@ -198,6 +201,9 @@ class _Sides:
                         text_features /= text_features.norm(dim=-1, keepdim=True)
                         (100.0 * image_features @ text_features.T).softmax(dim=-1)
         else:
+            # As after another image's prompt: llama-cpp-python keeps what the two prompts share (the instructions),
+            # not this image's facts, which the bench's repeats of one image would otherwise find cached whole.
+            self._llm.n_tokens = min(self._llm.n_tokens, self._llm_prefix_tokens)
             self._llm(build_prompt(facts), max_tokens=self.settings.caption_max_tokens, temperature=0.0, stop=["\n"])
 
     def transformers_pipeline_detect(self, image: Image.Image) -> None:

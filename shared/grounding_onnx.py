@@ -22,7 +22,7 @@ from shared.detection import phrase_detections, phrase_spans
 from shared.errors import ModelUnavailable, RequestRejected
 from shared.observability import logger
 from shared.onnx_runtime import find_export, normalized, openvino_graph_file, openvino_session, ort_session
-from shared.settings import DetectionSettings, DetectorRuntime
+from shared.settings import DetectionSettings, ExportRuntime
 
 EXPORT_MANIFEST = "grounding-dino-export.json"
 WEIGHTS_FILE = "grounding-dino.weights"  # the large initializers of every size's graph, mapped once
@@ -116,7 +116,7 @@ class OnnxGroundingDino:
     folder: Path
     manifest: ExportManifest
     tokenizer: Any
-    runtime: DetectorRuntime
+    runtime: ExportRuntime
     threads: int
     max_detections: int
     nms_iou: float

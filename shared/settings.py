@@ -20,10 +20,10 @@ from pydantic_settings.sources.utils import parse_env_vars
 
 from shared.contracts import MAX_IMAGES_PER_GROUP
 
-DetectorRuntime = Literal["onnxruntime", "openvino"]  # what runs an exported graph: Detect's, Classify's
+ExportRuntime = Literal["onnxruntime", "openvino"]  # what runs an exported graph (Detect's, Classify's)
 
 
-def default_detector_runtime() -> DetectorRuntime:
+def default_detector_runtime() -> ExportRuntime:
     """The runtime annotate bench measured faster for Grounding DINO on this kind of CPU, at the same boxes:
     OpenVINO on x86 (about twice ONNX Runtime's speed); ONNX Runtime elsewhere (OpenVINO is unmeasured on arm64)."""
     return "openvino" if platform.machine().lower() in ("x86_64", "amd64") else "onnxruntime"
@@ -100,7 +100,7 @@ class DetectionSettings(ModelFiles):
     detector_model: str
     detector_int8: bool
     detector_max_queries: int
-    detector_runtime: DetectorRuntime
+    detector_runtime: ExportRuntime
     detector_compiled_cache: bool
     detector_load_all_sizes: bool
     detector_aspect_ratios: list[float]
@@ -128,7 +128,7 @@ class DescriptionSettings(ModelFiles):
     """Classify's and Tag's: the models, their threads, and the crops they share."""
 
     classifier_model: str
-    classifier_runtime: DetectorRuntime
+    classifier_runtime: ExportRuntime
     class_filter: dict[str, list[str]] | None
     tagger_models: list[str] | None
     crop_margin: float
@@ -209,7 +209,7 @@ class Settings(BaseSettings):
         description="Run Grounding DINO with int8 weights (ONNX Runtime dynamic quantization of the export): "
         "lossy, and faster only on CPUs with int8 dot products; see annotate bench",
     )
-    detector_runtime: DetectorRuntime = Field(
+    detector_runtime: ExportRuntime = Field(
         default_factory=default_detector_runtime,
         description="What runs Grounding DINO's export, with the same boxes: openvino (the default on x86, where it "
         "is the faster; it keeps its own layout of the weights per exported size, 0.76 GB a size at 800 px, and the "
@@ -236,7 +236,7 @@ class Settings(BaseSettings):
         description="ConvNeXt: hub id, local folder, s3:// prefix, tiny:convnext, or a folder with "
         "torchscript.pt + labels.txt (a traced fine-tuned model)",
     )
-    classifier_runtime: DetectorRuntime = Field(
+    classifier_runtime: ExportRuntime = Field(
         "onnxruntime",
         description="What runs the classifier's export: onnxruntime (the Classify function's, whose package has no "
         "OpenVINO) or openvino (the bulk task's: about twice as fast on x86, scores equal to 4 decimals but for a "

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from shared.classification import CLASSIFIER_GRAPH, CLASSIFIER_MANIFEST, ClassifierExport, load_classifier
+from shared.model_cache import forget_loaded_models
 from shared.onnx_runtime import find_export, openvino_graph_file, openvino_session, ort_session, weights_file
 from shared.settings import Settings
 from shared.tagging import IMAGE_GRAPH, TAGGER_MANIFEST, TEXT_GRAPH, TOKENIZER_FILE, ClipExport, load_tagger
@@ -65,9 +66,10 @@ def test_the_classifiers_openvino_form_gives_torchs_logits_and_the_same_scores(
     )[0]
     # THEN the logits are ONNX Runtime's (and so torch's, above) to float rounding
     assert np.abs(on_openvino - on_onnx).max() < 1e-4
-    # AND the classifier on classifier_runtime=openvino gives the same classes and scores
+    # AND the classifier on classifier_runtime=openvino, loaded afresh, gives the same classes and scores
     settings = tiny_settings.description
     labels = ["cat", "dog", "hamster"]
+    forget_loaded_models()
     openvino_side = load_classifier(settings.model_copy(update={"classifier_runtime": "openvino"}))
     assert openvino_side.classify(CROPS, labels, 3) == load_classifier(settings).classify(CROPS, labels, 3)
     loaded = [json.loads(line) for line in capsys.readouterr().err.splitlines() if '"classifier loaded"' in line]

@@ -25,7 +25,9 @@ from shared.onnx_runtime import find_export, normalized, openvino_graph_file, op
 from shared.settings import DetectionSettings, ExportRuntime
 
 EXPORT_MANIFEST = "grounding-dino-export.json"
-WEIGHTS_FILE = "grounding-dino.weights"  # the large initializers of every size's graph, mapped once
+WEIGHTS_FILE = "grounding-dino.weights"  # the large initializers of every graph, mapped once
+TEXT_GRAPH = "grounding-dino-text.onnx"  # the text encoder, run once per prompt; each size's graph takes its output
+ENCODED_PROMPTS_KEPT = 16
 ImageSize = tuple[int, int]  # (height, width)
 
 
@@ -109,9 +111,9 @@ def phrase_masks(input_ids: np.ndarray, special_token_ids: list[int]) -> tuple[n
 
 @dataclass
 class OnnxGroundingDino:
-    """Detector (shared/detection.py) on the export: one session per exported size, made on the first image of
-    that size (or all at load: ``detector_load_all_sizes``, before Lambda's snapshot), reading one copy of the
-    weights (OpenVINO also keeps its own layout of the matrices, per size)."""
+    """Detector (shared/detection.py) on the export: the text encoder's session, and one per exported size made
+    on the first image of that size (or all at load: ``detector_load_all_sizes``, before Lambda's snapshot), all
+    reading one copy of the weights (OpenVINO also keeps its own layout of the matrices, per graph)."""
 
     folder: Path
     manifest: ExportManifest
@@ -122,6 +124,8 @@ class OnnxGroundingDino:
     nms_iou: float
     compiled_cache: Path | None = None  # where OpenVINO keeps what it compiled, if anywhere
     _sessions: dict[ImageSize, Any] = field(default_factory=dict)
+    _text: Any = None
+    _encoded: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _run_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -147,21 +151,38 @@ class OnnxGroundingDino:
         """The graph's outputs for ``image`` and the prompt of ``phrases``: boxes are relative to the image, not
         to its padding (the pixel mask tells the model which is which)."""
         pixels, pixel_mask = self.image_inputs(image)
-        text = self.text_inputs(". ".join(phrases) + ".")
-        feeds = {"pixel_values": pixels, "pixel_mask": pixel_mask, **text}
+        feeds = {"pixel_values": pixels, "pixel_mask": pixel_mask, **self.encoded_text(". ".join(phrases) + ".")}
         size = (pixels.shape[2], pixels.shape[3])
         session = self.session(size)
         if self.runtime == "onnxruntime":  # its sessions keep no buffers between runs, and may run side by side
             logits, boxes, selection = session.run(None, feeds)
         else:
-            # An OpenVINO size keeps its run's buffers (about 1 GB at 800 px, a long prompt): only the size that
-            # runs keeps them, so that Detect's memory holds one size's, not four
+            # An OpenVINO size keeps its run's buffers (about 0.3 GB at 800 px): only the size that runs keeps
+            # them, so that Detect's memory holds one size's, not four
             with self._run_lock:
                 for other_size, other in self._sessions.items():
                     if other_size != size:
                         other.release_memory()
                 logits, boxes, selection = session.run(None, feeds)
         return {"logits": logits, "pred_boxes": boxes, "selection_scores": selection}
+
+    def encoded_text(self, text: str) -> dict[str, np.ndarray]:
+        """A size graph's text inputs for the prompt ``text``: the text encoder runs once for the last few
+        prompts (a batch asks one prompt of all its images)."""
+        with self._lock:
+            if text in self._encoded:
+                return self._encoded[text]
+        inputs = self.text_inputs(text)
+        (text_hidden,) = self.text_session().run(
+            None, {name: inputs[name] for name in ("input_ids", "token_type_ids", "text_mask", "position_ids")}
+        )
+        encoded = {name: inputs[name] for name in ("attention_mask", "text_mask", "position_ids")}
+        encoded["text_hidden"] = text_hidden
+        with self._lock:
+            if len(self._encoded) >= ENCODED_PROMPTS_KEPT:
+                del self._encoded[next(iter(self._encoded))]
+            self._encoded[text] = encoded
+        return encoded
 
     def image_inputs(self, image: Image.Image) -> tuple[np.ndarray, np.ndarray]:
         """Pixels (1, 3, H, W) normalized and padded to an exported size, and their mask."""
@@ -204,16 +225,23 @@ class OnnxGroundingDino:
     def session(self, size: ImageSize) -> Any:
         with self._lock:
             if size not in self._sessions:
-                graph = self.folder / export_file_name(size)
-                if self.runtime == "openvino":
-                    graph = openvino_graph_file(graph)
-                    self._sessions[size] = openvino_session(
-                        graph, self.folder / WEIGHTS_FILE, self.threads, self.compiled_cache
-                    )
-                else:
-                    self._sessions[size] = ort_session(graph, self.threads, self.folder / WEIGHTS_FILE)
+                self._sessions[size] = self._load(export_file_name(size))
                 logger.info("detector session ready", extra={"size": f"{size[0]}x{size[1]}", "runtime": self.runtime})
             return self._sessions[size]
+
+    def text_session(self) -> Any:
+        with self._lock:
+            if self._text is None:
+                self._text = self._load(TEXT_GRAPH)
+            return self._text
+
+    def _load(self, graph_name: str) -> Any:
+        graph = self.folder / graph_name
+        if self.runtime == "openvino":
+            return openvino_session(
+                openvino_graph_file(graph), self.folder / WEIGHTS_FILE, self.threads, self.compiled_cache
+            )
+        return ort_session(graph, self.threads, self.folder / WEIGHTS_FILE)
 
 
 def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundingDino:
@@ -228,7 +256,7 @@ def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundi
     if not is_export(folder):
         raise ModelUnavailable(f"{folder} holds no Grounding DINO export; `annotate models export` makes one")
     manifest = ExportManifest.model_validate_json((folder / EXPORT_MANIFEST).read_text())
-    graphs = [export_file_name(size) for size in manifest.sizes]
+    graphs = [TEXT_GRAPH, *(export_file_name(size) for size in manifest.sizes)]
     if settings.detector_runtime == "openvino":
         graphs = [openvino_graph_file(Path(graph)).name for graph in graphs]
     missing = [name for name in [*graphs, WEIGHTS_FILE] if not (folder / name).is_file()]
@@ -255,6 +283,7 @@ def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundi
         settings.model_cache_dir / "openvino" if settings.detector_compiled_cache else None,
     )
     if settings.detector_load_all_sizes:
+        detector.text_session()
         for size in manifest.sizes:
             detector.session(size)
     return detector

@@ -227,6 +227,7 @@ def _cold_start(step: str, settings: Settings, image: Path, runs: int = 3) -> di
         + (
             "from PIL import Image\n"
             "pixels, _ = model.image_inputs(Image.open(sys.argv[2]))\n"
+            "model.text_session()\n"
             "model.session(pixels.shape[2:])\n"
             if step == "detect"
             else ""

@@ -9,6 +9,7 @@ is what a Fargate task of as many vCPUs would do, less its start and model load.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -22,14 +23,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from shared.batches import image_ref
-from shared.contracts import AnnotationRequest, BulkJob, ImageGroup, ImageTask
+from shared.contracts import MAX_PHRASES, MAX_PROMPT_CHARS, AnnotationRequest, BulkJob, ImageGroup, ImageTask
 from shared.dependencies import build_dependencies
 from shared.observability import metrics
 from shared.one_image import annotate_image
 from shared.settings import Settings
 from shared.storage import LocalStore
 from tools.bench import BenchOptions, bench_settings
-from tools.sam_template import bulk_task_runtimes, load_template
+from tools.lambda_detect import LONG_PROMPT_WORDS
+from tools.sam_template import bulk_task_settings, load_template
 
 
 def run_bulk_bench(
@@ -43,8 +45,8 @@ def run_bulk_bench(
 
     settings = bench_settings(BenchOptions(images=images, models=models))
     build_named_models(settings, variants=False)
-    task_runtimes = bulk_task_runtimes(load_template())
-    task_settings = settings.model_copy(update=task_runtimes)
+    task_settings = settings.model_copy(update=bulk_task_settings(load_template()))
+    task_runtimes = {name: getattr(task_settings, name) for name in RUNTIMES}
     dependencies = functools.partial(build_dependencies, settings=settings)
     task_dependencies = functools.partial(build_dependencies, settings=task_settings)
     work = Path(tempfile.mkdtemp(prefix="bench-bulk-"))
@@ -64,7 +66,7 @@ def run_bulk_bench(
                 ImageTask(batch_id="b-" + "1" * 20, request=request, image=ref, results_uri=str(root)), dependencies
             )
 
-    def job(root: Path) -> BulkJob:
+    def job(root: Path, request: AnnotationRequest = request) -> BulkJob:
         return BulkJob(
             batch_id="b-" + "2" * 20,
             request=request,
@@ -87,7 +89,8 @@ def run_bulk_bench(
             run(root)
             seconds[side].append(time.perf_counter() - started)
             metrics.clear_metrics()  # the steps' measurements, which no handler emits here
-    task_peak_mb = _task_peak_mb(task_settings, job(work / "task"), work / "task.json")
+    longest = AnnotationRequest(prompt=longest_prompt())
+    task_peak_mb = _task_peak_mb(task_settings, job(work / "task", longest), work / "task.json")
     shutil.rmtree(work, ignore_errors=True)
     per_image = {side: statistics.median(values) / len(refs) for side, values in seconds.items()}
     report = {
@@ -112,13 +115,27 @@ def run_bulk_bench(
 
 
 MODELS = {"random": "full-size random weights", "tiny": "tiny models"}
+RUNTIMES = ("classifier_runtime", "detector_runtime")
+
+
+def longest_prompt() -> str:
+    """As many phrases as a request may name, as long as its characters allow: the most text Detect, Tag and
+    Caption are given."""
+    length = MAX_PROMPT_CHARS // MAX_PHRASES - len(". ")
+    words = itertools.cycle(LONG_PROMPT_WORDS)
+    phrases = [
+        f"{' '.join(next(words) for _ in range(3))[: length - len(f' {index}')].strip()} {index}"
+        for index in range(MAX_PHRASES)
+    ]
+    return ". ".join(phrases) + "."
 
 
 def _task_peak_mb(settings: Settings, job: BulkJob, job_file: Path) -> float:
-    """The peak memory (VmHWM) of the worker as its container runs it: a fresh process that loads the models (the
-    sizes its images need) and runs ``job``."""
+    """The peak memory (VmHWM) of the worker as its container runs it: a fresh process that loads the models, with
+    every size of Detect compiled (as for a job whose images come in every shape), and runs ``job`` (the
+    longest prompt)."""
     job_file.write_text(job.model_dump_json())
-    task = settings.model_copy(update={"detector_load_all_sizes": False, "bulk_job": str(job_file)})
+    task = settings.model_copy(update={"detector_load_all_sizes": True, "bulk_job": str(job_file)})
     script = (
         "import sys\n"
         "from shared.settings import Settings, use_settings\n"
@@ -154,8 +171,9 @@ def markdown_report(report: dict[str, Any]) -> str:
                 f"{per_hour['worker']:,} |",
                 "",
                 f"The worker does {report['worker_over_one_at_a_time']:.2f}x the images of one at a time. As its "
-                f"container runs it (a fresh process: models loaded, the job annotated) its peak memory is "
-                f"{report['task_peak_rss_mb']:,} MB (VmHWM), which a bulk task's memory (BulkMemory) must hold.",
+                f"container runs it (a fresh process: models loaded, every size of Detect compiled, the job "
+                f"annotated) its peak memory is {report['task_peak_rss_mb']:,} MB (VmHWM), which a bulk task's "
+                "memory (BulkMemory) must hold.",
             ]
         )
         + "\n"

@@ -1,20 +1,21 @@
 """Grounding DINO exported once to ONNX, at fixed image sizes, for the torch-free Detect (shared/grounding_onnx.py).
 
-The transformers class traces with the TorchScript exporter after four changes, each made only while exporting:
-the text self-attention mask and position ids become graph inputs (in the graph they are built with `isin` and
-`cummax`, which the exporter cannot translate, and a traced loop would freeze the export prompt's phrase count);
-the encoder's reference points are built with `arange + 0.5` rather than a float64 `linspace`; the encoder's
-proposals look their centres up in a table divided here, by torch, rather than dividing in the graph (a proposal
-is kept if its centre is below 0.99, and OpenVINO divides as a multiplication by the reciprocal: its 49.5 / 50 is
-0.98999995, below the cut-off, where torch's is 0.99000001, and it decoded other queries); and the deformable
-attention sums each feature level's samples as it takes them rather than stacking all four levels first (the same
-sum in another order: one fewer copy of the largest tensor in the encoder), each level sampled point-major
-(`deformable_attention`). The model
-keeps the attention it loads with: in transformers 5.23 its eager attention gives other outputs than SDPA for
-Grounding DINO's boolean text mask, so an eager export would not match the model it came from. Tracing
-freezes every size computed from the image (Swin's window padding, the feature maps' shapes), so each export
-takes exactly one image size: the runtime pads to it, and ONNX Runtime refuses any other. The sizes' graphs are
-optimized here and share one weights file (tools/onnx_graphs.py).
+The text encoder (BERT) is exported as a graph of its own, which the runtime runs once per prompt, and each size's
+graph takes its output: OpenVINO keeps a compiled copy of a graph's weights, and BERT's are two thirds of them. The
+transformers class traces with the TorchScript exporter after five changes, each made only while exporting: the text
+encoder's output becomes a graph input; the text self-attention mask and position ids become graph inputs (in the
+graph they are built with `isin` and `cummax`, which the exporter cannot translate, and a traced loop would freeze
+the export prompt's phrase count); the encoder's reference points are built with `arange + 0.5` rather than a
+float64 `linspace`; the encoder's proposals look their centres up in a table divided here, by torch, rather than
+dividing in the graph (a proposal is kept if its centre is below 0.99, and OpenVINO divides as a multiplication by
+the reciprocal: its 49.5 / 50 is 0.98999995, below the cut-off, where torch's is 0.99000001, and it decoded other
+queries); and the deformable attention sums each feature level's samples as it takes them rather than stacking all
+four levels first (the same sum in another order: one fewer copy of the largest tensor in the encoder), each level
+sampled point-major (`deformable_attention`). The model keeps the attention it loads with: in transformers 5.23 its
+eager attention gives other outputs than SDPA for Grounding DINO's boolean text mask, so an eager export would not
+match the model it came from. Tracing freezes every size computed from the image (Swin's window padding, the feature
+maps' shapes), so each export takes exactly one image size: the runtime pads to it, and ONNX Runtime refuses any
+other. The sizes' graphs are optimized here and share one weights file (tools/onnx_graphs.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from shared.grounding_onnx import (
     EXPORT_MANIFEST,
+    TEXT_GRAPH,
     WEIGHTS_FILE,
     ExportManifest,
     ImageSize,
@@ -41,15 +43,13 @@ from tools.torch_models import export_once, prepare_torch
 # Outputs of every export. ``selection_scores`` is each encoder position's best text score, which picks the
 # decoder's queries: equal selection scores show the graph equal to torch before the (tie-sensitive) top-k.
 OUTPUT_NAMES = ["logits", "pred_boxes", "selection_scores"]
-INPUT_NAMES = [
-    "pixel_values",
-    "pixel_mask",
-    "input_ids",
-    "token_type_ids",
-    "attention_mask",
-    "text_mask",
-    "position_ids",
-]
+INPUT_NAMES = ["pixel_values", "pixel_mask", "text_hidden", "attention_mask", "text_mask", "position_ids"]
+# The text encoder (BERT, two thirds of the weights) is its own graph, run once per prompt: in every size's graph,
+# OpenVINO would keep its own copy of BERT's weights (0.45 GB a size at fp32)
+TEXT_INPUT_NAMES = ["input_ids", "token_type_ids", "text_mask", "position_ids"]
+TEXT_OUTPUT_NAMES = ["text_hidden"]
+TOKEN_AXES = {"text_mask": {1: "tokens", 2: "tokens"}}  # every other text input's axis 1
+IMAGE_INPUTS = {"pixel_values", "pixel_mask"}  # fixed: one graph per size
 
 
 def exported_detector_dir(settings: DetectionSettings) -> Path:
@@ -89,8 +89,20 @@ def export_grounding_dino(
     text = processor.tokenizer("a cat. a remote control.", return_tensors="pt")
     text_mask, position_ids = phrase_masks(text["input_ids"], model.model.special_tokens)
 
+    text_backbone = model.model.text_backbone  # the size graphs are traced with it replaced (_exportable)
+
+    class TracedText(torch.nn.Module):
+        """The text encoder as Grounding DINO calls it: the phrases' mask, as one attention head's."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.text_backbone = text_backbone
+
+        def forward(self, input_ids: Any, token_type_ids: Any, text_mask: Any, position_ids: Any) -> Any:
+            return self.text_backbone(input_ids, text_mask[:, None], token_type_ids, position_ids).last_hidden_state
+
     class Traceable(torch.nn.Module):
-        """The graph's inputs and outputs: the mask and position ids in, the selection scores out."""
+        """The graph's inputs and outputs: the encoded text, mask and position ids in, the selection scores out."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -100,59 +112,39 @@ def export_grounding_dino(
             self,
             pixel_values: Any,
             pixel_mask: Any,
-            input_ids: Any,
-            token_type_ids: Any,
+            text_hidden: Any,
             attention_mask: Any,
             text_mask: Any,
             position_ids: Any,
         ) -> tuple[Any, Any, Any]:
             _TracedInputs.text_mask, _TracedInputs.position_ids = text_mask, position_ids
+            _TracedInputs.text_hidden = text_hidden
             outputs = self.model(
                 pixel_values=pixel_values,
                 pixel_mask=pixel_mask,
-                input_ids=input_ids,
-                token_type_ids=token_type_ids,
+                input_ids=attention_mask,  # only its shape is read: the text encoder's output is given
                 attention_mask=attention_mask,
             )
             return outputs.logits, outputs.pred_boxes, outputs.enc_outputs_class.max(-1).values
 
     traced_graphs = {}
     with _exportable(model):
+        text_example = (text["input_ids"], text["token_type_ids"], text_mask, position_ids)
+        text_graph = out_dir / TEXT_GRAPH
+        traced = _traced(TracedText(), text_example, text_graph, TEXT_INPUT_NAMES, TEXT_OUTPUT_NAMES, int8)
+        traced_graphs[traced] = text_graph
+        text_hidden = TracedText()(*text_example)
         for height, width in sizes:
             example = (
                 torch.zeros(1, 3, height, width),
                 torch.ones(1, height, width, dtype=torch.int64),
-                text["input_ids"],
-                text["token_type_ids"],
+                text_hidden,
                 text["attention_mask"],
                 text_mask,
                 position_ids,
             )
             path = out_dir / export_file_name((height, width))
-            traced = path.with_suffix(".traced")
-            torch.onnx.export(
-                Traceable().eval(),
-                example,
-                str(traced),
-                input_names=INPUT_NAMES,
-                output_names=OUTPUT_NAMES,
-                dynamic_axes={
-                    "input_ids": {1: "tokens"},
-                    "token_type_ids": {1: "tokens"},
-                    "attention_mask": {1: "tokens"},
-                    "text_mask": {1: "tokens", 2: "tokens"},
-                    "position_ids": {1: "tokens"},
-                },
-                dynamo=False,  # the dynamo exporter fails on Swin's views and on cummax
-                opset_version=17,
-            )
-            if int8:
-                from onnxruntime.quantization import QuantType, quantize_dynamic
-
-                quantized = path.with_suffix(".int8")
-                quantize_dynamic(traced, quantized, weight_type=QuantType.QInt8)
-                quantized.replace(traced)
-            traced_graphs[traced] = path
+            traced_graphs[_traced(Traceable(), example, path, INPUT_NAMES, OUTPUT_NAMES, int8)] = path
             logger.info("detector exported", extra={"size": f"{height}x{width}", "path": str(path), "int8": int8})
     finish_graphs(traced_graphs, out_dir / WEIGHTS_FILE, openvino=True)
     image = processor.image_processor
@@ -193,17 +185,45 @@ def phrase_masks(input_ids: Any, special_tokens: Any) -> tuple[Any, Any]:
     return modeling_grounding_dino.generate_masks_with_special_tokens_and_transfer_map(input_ids, special_tokens)
 
 
+def _traced(module: Any, example: tuple, path: Path, inputs: list[str], outputs: list[str], int8: bool) -> Path:
+    """``module`` traced on ``example`` into a file beside ``path`` (the prompt's length left free), quantized if
+    ``int8``: the graph that tools/onnx_graphs.py finishes as ``path``."""
+    import torch
+
+    traced = path.with_suffix(".traced")
+    torch.onnx.export(
+        module.eval(),
+        example,
+        str(traced),
+        input_names=inputs,
+        output_names=outputs,
+        dynamic_axes={name: TOKEN_AXES.get(name, {1: "tokens"}) for name in inputs if name not in IMAGE_INPUTS},
+        dynamo=False,  # the dynamo exporter fails on Swin's views and on cummax
+        opset_version=17,
+    )
+    if int8:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantized = path.with_suffix(".int8")
+        quantize_dynamic(traced, quantized, weight_type=QuantType.QInt8)
+        quantized.replace(traced)
+    return traced
+
+
 class _TracedInputs:
-    """The mask and position ids of the forward being traced, handed to the model in place of its own."""
+    """The mask, position ids and encoded text of the forward being traced, handed to the model in place of its
+    own."""
 
     text_mask: Any = None
     position_ids: Any = None
+    text_hidden: Any = None
 
 
 @contextlib.contextmanager
 def _exportable(model: Any) -> Iterator[None]:
     """The export-time changes (module docstring), undone afterwards."""
     import torch
+    from transformers.modeling_outputs import BaseModelOutput
     from transformers.models.grounding_dino import modeling_grounding_dino as gd
 
     def given_masks(input_ids: Any, special_tokens: Any) -> tuple[Any, Any]:
@@ -222,6 +242,12 @@ def _exportable(model: Any) -> Iterator[None]:
             points.append(torch.stack((ref_x, ref_y), -1))
         return torch.cat(points, 1)[:, :, None] * valid_ratios[:, None]
 
+    class GivenText(torch.nn.Module):
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return BaseModelOutput(last_hidden_state=_TracedInputs.text_hidden)
+
+    text_backbone = model.model.text_backbone
+    model.model.text_backbone = GivenText()
     encoder, grounding_dino = type(model.model.encoder), type(model.model)
     attention: Any = gd.MultiScaleDeformableAttention
     saved = (
@@ -240,6 +266,7 @@ def _exportable(model: Any) -> Iterator[None]:
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             yield
     finally:
+        model.model.text_backbone = text_backbone
         gd.generate_masks_with_special_tokens_and_transfer_map = saved[0]
         encoder.get_reference_points = staticmethod(saved[1])
         grounding_dino.generate_encoder_output_proposals = saved[2]

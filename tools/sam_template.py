@@ -6,6 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import TypeAdapter
+
+from shared.settings import Settings
 
 TEMPLATE_PATH = Path(__file__).resolve().parent.parent / "template.yaml"
 
@@ -80,11 +83,13 @@ def layer_ids(layers: Any) -> list[str]:
     return []
 
 
-def bulk_task_runtimes(template: dict[str, Any]) -> dict[str, str]:
-    """The settings of runtimes (``detector_runtime``, ...) that the bulk task's container sets."""
+def bulk_task_settings(template: dict[str, Any]) -> dict[str, Any]:
+    """The settings of how models run (``detector_runtime``, ..., ``detector_compiled_cache``) that the bulk
+    task's container sets, typed as the settings type them."""
     [container] = template["Resources"]["BulkTaskDefinition"]["Properties"]["ContainerDefinitions"]
+    environment = {item["Name"].removeprefix("ANNOTATE_").lower(): item["Value"] for item in container["Environment"]}
     return {
-        item["Name"].removeprefix("ANNOTATE_").lower(): item["Value"]
-        for item in container["Environment"]
-        if item["Name"].endswith("_RUNTIME")
+        name: TypeAdapter(Settings.model_fields[name].annotation).validate_python(value)
+        for name, value in environment.items()
+        if name.endswith("_runtime") or name == "detector_compiled_cache"
     }

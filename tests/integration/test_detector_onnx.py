@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -85,9 +86,10 @@ def both_runtimes(detector: OnnxGroundingDino, model: Any, image: Image.Image, p
     import torch
 
     pixels, pixel_mask = detector.image_inputs(image)
-    text = detector.text_inputs(". ".join(phrases) + ".")
+    prompt = ". ".join(phrases) + "."
+    text = detector.text_inputs(prompt)
     logits, boxes, selection = detector.session((pixels.shape[2], pixels.shape[3])).run(
-        None, {"pixel_values": pixels, "pixel_mask": pixel_mask, **text}
+        None, {"pixel_values": pixels, "pixel_mask": pixel_mask, **detector.encoded_text(prompt)}
     )
     with torch.inference_mode():
         reference = model(
@@ -380,7 +382,7 @@ def test_a_compiled_cache_that_cannot_be_made_is_done_without(
 
 def test_an_input_of_another_size_is_refused(each_runtime: OnnxGroundingDino, cat: Image.Image) -> None:
     pixels, mask = each_runtime.image_inputs(cat)
-    text = each_runtime.text_inputs("cat.")
+    text = each_runtime.encoded_text("cat.")
     other = each_runtime.manifest.sizes[-1]
     assert other != pixels.shape[2:]
     with pytest.raises(Exception, match=r"(?i)invalid dimensions|shape"):
@@ -448,3 +450,61 @@ def test_a_prompt_longer_than_the_detector_reads_is_refused_by_name(
     phrases = [f"word{index}" if index % 2 else "cat" for index in range(150)]
     with pytest.raises(RequestRejected, match="Grounding DINO reads at most 256"):
         exported.detect(cat, phrases, 0.3, 0.25)
+
+
+def test_the_text_encoder_runs_once_for_the_images_of_one_prompt(
+    each_runtime: OnnxGroundingDino, onnx_settings: Settings, cat: Image.Image, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a detector that counts its text encoder's runs
+    settings = onnx_settings.detection.model_copy(update={"detector_runtime": each_runtime.runtime})
+    detector = load_onnx_detector(each_runtime.folder, settings)
+    encoder = detector.text_session()
+    runs: list[object] = []
+    monkeypatch.setattr(encoder, "run", lambda *args: runs.append(args) or type(encoder).run(encoder, *args))
+    # WHEN it detects in images of two sizes with one prompt, then with another
+    tall = cat.transpose(Image.Transpose.ROTATE_90)
+    found = [detector.detect(image, ["cat", "remote control"], 0.0, 0.0) for image in (cat, tall, cat)]
+    detector.detect(cat, ["dog"], 0.0, 0.0)
+    # THEN the text was encoded once per prompt
+    assert len(runs) == 2
+    # AND the encoding kept for the prompt finds what encoding it anew finds
+    assert (
+        found[2]
+        == found[0]
+        == load_onnx_detector(each_runtime.folder, settings).detect(cat, ["cat", "remote control"], 0.0, 0.0)
+    )
+
+
+def test_openvino_lets_go_of_the_weights_it_read_while_compiling_unless_they_are_in_memory_files(
+    exported: OnnxGroundingDino, onnx_settings: Settings, cat: Image.Image, tmp_path
+) -> None:
+    import os
+
+    settings = onnx_settings.detection.model_copy(update={"detector_runtime": "openvino"})
+    # GIVEN the export on disk, and a copy whose weights are in a memory file (as Lambda reads an s3:// export)
+    folder = shutil.copytree(exported.folder, tmp_path / "export", ignore=shutil.ignore_patterns(WEIGHTS_FILE))
+    memory_file = os.memfd_create(WEIGHTS_FILE)
+    os.write(memory_file, (exported.folder / WEIGHTS_FILE).read_bytes())
+    (folder / WEIGHTS_FILE).symlink_to(f"/proc/self/fd/{memory_file}")
+    # WHEN OpenVINO has compiled a size of each (into its own layout of the weights) and detected with it
+    for export in (exported.folder, folder):
+        load_onnx_detector(export, settings).detect(cat, ["cat"], 0.3, 0.25)
+    # THEN little of the file on disk stays in the process's memory, as the file holds it
+    on_disk = (exported.folder / WEIGHTS_FILE).resolve()
+    assert mapped_resident_kb(on_disk) < 0.25 * on_disk.stat().st_size / 1024
+    # AND the memory file's pages stay counted: they are in memory whatever the mapping does
+    in_memory = (folder / WEIGHTS_FILE).resolve()
+    assert mapped_resident_kb(in_memory) > 0.75 * on_disk.stat().st_size / 1024
+    os.close(memory_file)
+
+
+def mapped_resident_kb(path: Path) -> int:
+    """How much of the file's mappings in this process is in memory (/proc/self/smaps)."""
+    resident, in_file = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            in_file = line.endswith(f" {path}")
+        elif in_file and fields[0] == "Rss:":
+            resident += int(fields[1])
+    return resident

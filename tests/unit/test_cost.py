@@ -199,11 +199,11 @@ def test_the_api_idles_free_as_deployed_and_under_the_study_s_39_dollars_with_sn
 
 
 def test_a_million_images_in_the_bulk_lane_matches_the_hand_computation() -> None:
-    # GIVEN the template's defaults: groups of 10, 100 tasks at once, at most 50 groups a task, 2 vCPUs and 8 GB
+    # GIVEN the template's defaults: groups of 10, 100 tasks at once, at most 50 groups a task, 2 vCPUs and 6 GB
     lane = bulk_lane(1_000_000, BENCH, BULK, PRICES)
     # THEN 100,000 groups make 2,000 jobs of 500 images; each task starts (60 s) and loads the models (9 s) first
     task_seconds = 2_000 * 69 + 1_000_000 * 4.0
-    hourly = 2 * 0.01214398 + 8 * 0.00133315  # Fargate Spot, us-east-1
+    hourly = 2 * 0.01214398 + 6 * 0.00133315  # Fargate Spot, us-east-1
     assert lane.parts["compute"] == pytest.approx(task_seconds / 3600 * hourly)
     # the image read and its result checked, its JSON and PNG written; three files per group
     assert lane.parts["S3 requests"] == pytest.approx((1e6 * (2 * 0.0004 + 2 * 0.005) + 1e5 * 3 * 0.005) / 1000)

@@ -220,3 +220,15 @@ def test_a_new_layer_or_parameter_value_publishes_a_new_version_and_the_old_one_
         assert not missing, f"{name}: a new value of {sorted(missing)} would publish no version"
         for layer in layer_ids(properties["Layers"]):
             assert RESOURCES[layer]["Properties"]["PublishLambdaVersion"] is True, (name, layer)
+
+
+def test_a_bulk_task_holds_the_workers_measured_peak_with_a_sixth_to_spare() -> None:
+    # GIVEN the bulk task's size as deployed, and the worker's peak as annotate bench-bulk measured it (every size
+    # of Detect compiled, the longest prompt)
+    parameters = template()["Parameters"]
+    cpu, memory = int(parameters["BulkCpu"]["Default"]), int(parameters["BulkMemory"]["Default"])
+    peak = json.loads((REPO / "bench" / "bulk.json").read_text())["task_peak_rss_mb"]
+    # THEN the task's memory holds it with a sixth of it to spare, in a size Fargate takes for 2 vCPUs: 4 to 16 GB in
+    # 1 GB steps (ECS Developer Guide, "Fargate task CPU and memory")
+    assert peak * 7 / 6 <= memory
+    assert cpu == 2048 and memory in range(4096, 16385, 1024)

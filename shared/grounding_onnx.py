@@ -157,8 +157,8 @@ class OnnxGroundingDino:
         if self.runtime == "onnxruntime":  # its sessions keep no buffers between runs, and may run side by side
             logits, boxes, selection = session.run(None, feeds)
         else:
-            # An OpenVINO size keeps its run's buffers (about 0.3 GB at 800 px): only the size that runs keeps
-            # them, so that Detect's memory holds one size's, not four
+            # An OpenVINO size keeps its run's buffers (about 1 GB at 800 px, a long prompt): only the size that
+            # runs keeps them, so that Detect's memory holds one size's, not four
             with self._run_lock:
                 for other_size, other in self._sessions.items():
                     if other_size != size:

@@ -175,7 +175,6 @@ def openvino_session(
                 "compiling without OpenVINO's cache", extra={"cache": str(compiled_cache), "error": str(error)}
             )
     compiled = core.compile_model(model, "CPU", options)
-    del model
     # The compiled model holds its own layout of the weights and reads 7% of the mapped file again as it runs
     # (Detect at 800 px): the pages compiling read would count against the task's or function's memory until
     # the kernel needed them (0.7 GB of Detect's).

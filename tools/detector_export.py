@@ -1,21 +1,21 @@
 """Grounding DINO exported once to ONNX, at fixed image sizes, for the torch-free Detect (shared/grounding_onnx.py).
 
 The text encoder (BERT) is exported as a graph of its own, which the runtime runs once per prompt, and each size's
-graph takes its output: OpenVINO keeps a compiled copy of a graph's weights, and BERT's are two thirds of them. The
-transformers class traces with the TorchScript exporter after five changes, each made only while exporting: the text
-encoder's output becomes a graph input; the text self-attention mask and position ids become graph inputs (in the
-graph they are built with `isin` and `cummax`, which the exporter cannot translate, and a traced loop would freeze
-the export prompt's phrase count); the encoder's reference points are built with `arange + 0.5` rather than a
-float64 `linspace`; the encoder's proposals look their centres up in a table divided here, by torch, rather than
-dividing in the graph (a proposal is kept if its centre is below 0.99, and OpenVINO divides as a multiplication by
-the reciprocal: its 49.5 / 50 is 0.98999995, below the cut-off, where torch's is 0.99000001, and it decoded other
-queries); and the deformable attention sums each feature level's samples as it takes them rather than stacking all
-four levels first (the same sum in another order: one fewer copy of the largest tensor in the encoder), each level
-sampled point-major (`deformable_attention`). The model keeps the attention it loads with: in transformers 5.23 its
-eager attention gives other outputs than SDPA for Grounding DINO's boolean text mask, so an eager export would not
-match the model it came from. Tracing freezes every size computed from the image (Swin's window padding, the feature
-maps' shapes), so each export takes exactly one image size: the runtime pads to it, and ONNX Runtime refuses any
-other. The sizes' graphs are optimized here and share one weights file (tools/onnx_graphs.py).
+graph takes its output: OpenVINO keeps a compiled copy of each graph's weights. The transformers class traces with
+the TorchScript exporter after five changes, each made only while exporting: the text encoder's output becomes a
+graph input; the text self-attention mask and position ids become graph inputs (in the graph they are built with
+`isin` and `cummax`, which the exporter cannot translate, and a traced loop would freeze the export prompt's phrase
+count); the encoder's reference points are built with `arange + 0.5` rather than a float64 `linspace`; the encoder's
+proposals look their centres up in a table divided here, by torch, rather than dividing in the graph (a proposal is
+kept if its centre is below 0.99, and OpenVINO divides as a multiplication by the reciprocal: its 49.5 / 50 is
+0.98999995, below the cut-off, where torch's is 0.99000001, and it decoded other queries); and the deformable
+attention sums each feature level's samples as it takes them rather than stacking all four levels first (the same
+sum in another order: one fewer copy of the largest tensor in the encoder), each level sampled point-major
+(`deformable_attention`). The model keeps the attention it loads with: in transformers 5.23 its eager attention
+gives other outputs than SDPA for Grounding DINO's boolean text mask, so an eager export would not match the model
+it came from. Tracing freezes every size computed from the image (Swin's window padding, the feature maps' shapes),
+so each export takes exactly one image size: the runtime pads to it, and ONNX Runtime refuses any other. The sizes'
+graphs are optimized here and share one weights file (tools/onnx_graphs.py).
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from tools.torch_models import export_once, prepare_torch
 # decoder's queries: equal selection scores show the graph equal to torch before the (tie-sensitive) top-k.
 OUTPUT_NAMES = ["logits", "pred_boxes", "selection_scores"]
 INPUT_NAMES = ["pixel_values", "pixel_mask", "text_hidden", "attention_mask", "text_mask", "position_ids"]
-# The text encoder (BERT, two thirds of the weights) is its own graph, run once per prompt: in every size's graph,
-# OpenVINO would keep its own copy of BERT's weights (0.45 GB a size at fp32)
+# The text encoder (BERT, two thirds of the weights file) is a graph of its own, run once per prompt: in every
+# size's graph, OpenVINO kept its own compiled copy of BERT's weights (0.2 GB a size)
 TEXT_INPUT_NAMES = ["input_ids", "token_type_ids", "text_mask", "position_ids"]
 TEXT_OUTPUT_NAMES = ["text_hidden"]
 TOKEN_AXES = {"text_mask": {1: "tokens", 2: "tokens"}}  # every other text input's axis 1

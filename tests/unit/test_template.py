@@ -232,3 +232,14 @@ def test_a_bulk_task_holds_the_workers_measured_peak_with_a_sixth_to_spare() -> 
     # 1 GB steps (ECS Developer Guide, "Fargate task CPU and memory")
     assert peak * 7 / 6 <= memory
     assert cpu == 2048 and memory in range(4096, 16385, 1024)
+
+
+def test_a_bulk_task_compiles_detect_without_the_cache_a_fresh_task_never_reads() -> None:
+    from tools.sam_template import bulk_task_settings
+
+    # GIVEN the bulk task definition's environment, read as the settings type it
+    task = bulk_task_settings(template())
+    # THEN OpenVINO's compiled cache is off (each Fargate task starts on empty ephemeral storage: writing the cache
+    # would cost 1.5 s a size and never be read), and the runtimes are the task image's
+    assert task["detector_compiled_cache"] is False
+    assert task["detector_runtime"] == task["classifier_runtime"] == "openvino"

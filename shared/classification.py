@@ -18,11 +18,10 @@ from shared.model_cache import cached_per_settings
 from shared.observability import logger
 from shared.onnx_runtime import (
     center_crop,
+    exported_session,
     find_export,
     normalized,
     openvino_graph_file,
-    openvino_session,
-    ort_session,
     resize_short_side,
     softmax,
     weights_file,
@@ -138,12 +137,8 @@ def load_classifier(settings: DescriptionSettings) -> ImageClassifier:
             extra={"model": settings.classifier_model},
         )
         runtime = "onnxruntime"
-    session = (
-        openvino_session(
-            openvino_graph_file(graph), weights_file(graph), settings.torch_threads, setting="classifier_runtime"
-        )
-        if runtime == "openvino"
-        else ort_session(graph, settings.torch_threads)
+    session = exported_session(
+        graph, runtime, settings.torch_threads, weights_file(graph), setting="classifier_runtime"
     )
     logger.info(
         "classifier loaded",

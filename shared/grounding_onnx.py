@@ -21,7 +21,7 @@ from shared.contracts import Detection
 from shared.detection import phrase_detections, phrase_spans
 from shared.errors import ModelUnavailable, RequestRejected
 from shared.observability import logger
-from shared.onnx_runtime import find_export, normalized, openvino_graph_file, openvino_session, ort_session
+from shared.onnx_runtime import exported_session, find_export, normalized, openvino_graph_file
 from shared.settings import DetectionSettings, ExportRuntime
 
 EXPORT_MANIFEST = "grounding-dino-export.json"
@@ -236,12 +236,8 @@ class OnnxGroundingDino:
             return self._text
 
     def _load(self, graph_name: str) -> Any:
-        graph = self.folder / graph_name
-        if self.runtime == "openvino":
-            return openvino_session(
-                openvino_graph_file(graph), self.folder / WEIGHTS_FILE, self.threads, self.compiled_cache
-            )
-        return ort_session(graph, self.threads, self.folder / WEIGHTS_FILE)
+        weights = self.folder / WEIGHTS_FILE
+        return exported_session(self.folder / graph_name, self.runtime, self.threads, weights, self.compiled_cache)
 
 
 def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundingDino:

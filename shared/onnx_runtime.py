@@ -22,7 +22,7 @@ from PIL import Image
 from shared.errors import ModelUnavailable
 from shared.model_sources import resolve_model_dir
 from shared.observability import logger
-from shared.settings import ModelFiles
+from shared.settings import ExportRuntime, ModelFiles
 
 # Raised whenever the files of an export change form, so that no older export is taken for a current one
 # (6: Detect's text encoder is a graph of its own).
@@ -180,6 +180,21 @@ def openvino_session(
     # the kernel needed them (0.7 GB of Detect's).
     drop_mapped_pages(weights)
     return OpenVinoSession(compiled)
+
+
+def exported_session(
+    graph: Path,
+    runtime: ExportRuntime,
+    threads: int,
+    weights: Path,
+    compiled_cache: Path | None = None,
+    setting: str = "detector_runtime",
+) -> Any:
+    """A session for an exported ONNX graph on ``runtime``: the graph itself on ONNX Runtime, its OpenVINO form
+    (``openvino_session``, named by ``setting`` if OpenVINO is missing) on OpenVINO."""
+    if runtime == "openvino":
+        return openvino_session(openvino_graph_file(graph), weights, threads, compiled_cache, setting)
+    return ort_session(graph, threads, weights)
 
 
 class OpenVinoSession:

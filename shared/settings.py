@@ -195,7 +195,7 @@ class Settings(BaseSettings):
         description="Aspect ratios (width/height) Grounding DINO is also exported at, beside the two sizes that "
         "hold any image: an image of such a ratio (a camera's 3:2, a phone's 4:3; portrait ones are below 1) runs "
         "unpadded, any other is padded to the smallest export that holds it; each ratio adds 65 MB to the export "
-        "(the sizes share their weights) and one more size to load: about 3 s compiled, 0.76 GB on OpenVINO",
+        "(the sizes share their weights) and one more size to load: about 3 s compiled, 0.55 GB on OpenVINO",
     )
     detector_max_queries: int = Field(
         900,
@@ -212,14 +212,14 @@ class Settings(BaseSettings):
     detector_runtime: ExportRuntime = Field(
         default_factory=default_detector_runtime,
         description="What runs Grounding DINO's export, with the same boxes: openvino (the default on x86, where it "
-        "is the faster; it keeps its own layout of the weights per exported size, 0.76 GB a size at 800 px, and the "
+        "is the faster; it keeps its own layout of the weights per exported size, 0.55 GB a size at 800 px, and the "
         "running size's buffers) or onnxruntime (the default elsewhere; half the memory); see annotate bench",
     )
     detector_compiled_cache: bool = Field(
         True,
-        description="Keep what OpenVINO compiles for this CPU in the model cache (0.8 GB a size at 800 px), so that "
+        description="Keep what OpenVINO compiles for this CPU in the model cache (0.4 GB a size at 800 px), so that "
         "a later process loads a size in about 1 s instead of compiling it in 3 s; off in Lambda, whose snapshot "
-        "holds the compiled sizes",
+        "holds the compiled sizes, and in the bulk task, which starts on empty storage",
     )
     detector_load_all_sizes: bool = Field(
         False,

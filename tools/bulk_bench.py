@@ -45,8 +45,9 @@ def run_bulk_bench(
 
     settings = bench_settings(BenchOptions(images=images, models=models))
     build_named_models(settings, variants=False)
-    task_settings = settings.model_copy(update=bulk_task_settings(load_template()))
-    task_runtimes = {name: getattr(task_settings, name) for name in RUNTIMES}
+    task = bulk_task_settings(load_template())
+    task_settings = settings.model_copy(update=task)
+    task_runtimes = {name: value for name, value in task.items() if name.endswith("_runtime")}
     dependencies = functools.partial(build_dependencies, settings=settings)
     task_dependencies = functools.partial(build_dependencies, settings=task_settings)
     work = Path(tempfile.mkdtemp(prefix="bench-bulk-"))
@@ -115,7 +116,6 @@ def run_bulk_bench(
 
 
 MODELS = {"random": "full-size random weights", "tiny": "tiny models"}
-RUNTIMES = ("classifier_runtime", "detector_runtime")
 
 
 def longest_prompt() -> str:

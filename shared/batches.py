@@ -110,7 +110,8 @@ def plan_batches(
     message: PromptMessage, settings: IngestSettings, store_for: StoreFor, now: datetime | None = None
 ) -> list[PlannedBatch]:
     """The executions that annotate everything ``message`` names: one, unless it names more images than one
-    execution takes (``max_images_per_batch``), each in groups of ``images_per_group``."""
+    execution takes (``max_images_per_batch``), each in groups of ``images_per_group`` (``bulk_images_per_group`` in
+    the bulk lane)."""
     request = message.request()
     planned_at = now or datetime.now(UTC)
     refs = [image_ref(uri, fingerprint) for uri, fingerprint in expand_locations(message.images, store_for).items()]
@@ -118,7 +119,7 @@ def plan_batches(
     lane = choose_lane(message, min(len(refs), settings.max_images_per_batch), settings)
     for start in range(0, len(refs), settings.max_images_per_batch):
         chunk = refs[start : start + settings.max_images_per_batch]
-        size = settings.images_per_group
+        size = settings.bulk_images_per_group if lane == "bulk" else settings.images_per_group
         groups = [
             ImageGroup(group_id=f"g-{index:06d}", images=chunk[offset : offset + size])
             for index, offset in enumerate(range(0, len(chunk), size))

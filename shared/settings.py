@@ -155,6 +155,7 @@ class IngestSettings(_Section):
     ingest_prompt: str
     max_images_per_batch: int
     images_per_group: int
+    bulk_images_per_group: int
     group_concurrency: int
     idempotency_table: str
     idempotency_expiry_s: int
@@ -327,8 +328,15 @@ class Settings(BaseSettings):
     bulk_from_images: int = Field(
         10_000, ge=1, le=10_000_000, description="A message with lane auto runs in the bulk lane from this many images"
     )
+    bulk_images_per_group: int = Field(
+        MAX_IMAGES_PER_GROUP,
+        ge=1,
+        le=MAX_IMAGES_PER_GROUP,
+        description="Images per group (and per table file) in the bulk lane, where a group is not a child workflow:"
+        " its three files cost S3 writes per group, and Athena reads few large files faster than many small ones",
+    )
     groups_per_bulk_job: int = Field(
-        50, ge=1, le=10_000, description="Most groups one bulk task annotates (fewer when that leaves tasks idle)"
+        25, ge=1, le=10_000, description="Most groups one bulk task annotates (fewer when that leaves tasks idle)"
     )
     bulk_concurrency: int = Field(
         100, ge=1, le=10_000, description="Bulk tasks running at once per execution (the template's BulkConcurrency)"

@@ -137,7 +137,7 @@ def test_a_bulk_task_killed_mid_job_is_run_again_and_every_image_ends_as_one_row
 ) -> None:
     # GIVEN one bulk job of two groups of two images, whose first task is killed before its third image
     settings = use_settings(
-        tiny_settings.model_copy(update={"data_dir": tmp_path, "images_per_group": 2, "bulk_concurrency": 1})
+        tiny_settings.model_copy(update={"data_dir": tmp_path, "bulk_images_per_group": 2, "bulk_concurrency": 1})
     )
     message = PromptMessage(prompt="dog. cat.", images=[str(inputs)], lane="bulk")
     tries: list[int] = []

@@ -67,6 +67,27 @@ def test_large_messages_are_split_into_bounded_batches_of_bounded_groups(tmp_pat
     assert [group.group_id for group in batches[0].groups] == ["g-000000", "g-000001", "g-000002"]
 
 
+def test_the_bulk_lane_groups_more_images_per_table_file_and_runs_its_groups_as_jobs(tmp_path: Path) -> None:
+    # GIVEN seven images, groups of two in the Lambda lane and of three in the bulk lane, two groups a job
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for index in range(7):
+        (folder / f"{index}.jpg").write_bytes(bytes([index]))
+    settings = Settings(
+        results_uri="/results", images_per_group=2, bulk_images_per_group=3, groups_per_bulk_job=2, bulk_concurrency=1
+    ).ingest
+    # WHEN the same images are planned for each lane
+    [in_lambda] = plan_batches(PromptMessage(prompt="dog.", images=[str(folder)], lane="lambda"), settings, store_for)
+    [in_bulk] = plan_batches(PromptMessage(prompt="dog.", images=[str(folder)], lane="bulk"), settings, store_for)
+    # THEN each lane's groups are its own size, and the bulk lane's make jobs of at most two groups
+    assert [len(group.images) for group in in_lambda.groups] == [2, 2, 2, 1]
+    assert [len(group.images) for group in in_bulk.groups] == [3, 3, 1]
+    assert (in_bulk.input.groups, in_bulk.input.bulk_jobs, in_bulk.groups_per_job) == (3, 2, 2)
+    assert [ref for group in in_bulk.groups for ref in group.images] == [
+        ref for group in in_lambda.groups for ref in group.images
+    ]
+
+
 def test_the_groups_manifest_is_the_json_array_the_distributed_map_reads(tmp_path: Path) -> None:
     folder = make_inputs(tmp_path / "in")
     [batch] = plan_batches(

@@ -199,18 +199,29 @@ def test_the_api_idles_free_as_deployed_and_under_the_study_s_39_dollars_with_sn
 
 
 def test_a_million_images_in_the_bulk_lane_matches_the_hand_computation() -> None:
-    # GIVEN the template's defaults: groups of 10, 100 tasks at once, at most 50 groups a task, 2 vCPUs and 6 GB
+    # GIVEN the template's defaults: groups of 40, 100 tasks at once, at most 25 groups a task, 2 vCPUs and 6 GB
     lane = bulk_lane(1_000_000, BENCH, BULK, PRICES)
-    # THEN 100,000 groups make 2,000 jobs of 500 images; each task starts (60 s) and loads the models (9 s) first
-    task_seconds = 2_000 * 69 + 1_000_000 * 4.0
+    # THEN 25,000 groups make 1,000 jobs of 1,000 images; each task starts (60 s) and loads the models (9 s) first
+    task_seconds = 1_000 * 69 + 1_000_000 * 4.0
     hourly = 2 * 0.01214398 + 6 * 0.00133315  # Fargate Spot, us-east-1
     assert lane.parts["compute"] == pytest.approx(task_seconds / 3600 * hourly)
     # the image read and its result checked, its JSON and PNG written; three files per group
-    assert lane.parts["S3 requests"] == pytest.approx((1e6 * (2 * 0.0004 + 2 * 0.005) + 1e5 * 3 * 0.005) / 1000)
-    assert lane.parts["orchestration"] == pytest.approx((5 + 2_000 * 3) * 0.025 / 1000)
+    assert lane.parts["S3 requests"] == pytest.approx((1e6 * (2 * 0.0004 + 2 * 0.005) + 25_000 * 3 * 0.005) / 1000)
+    assert lane.parts["orchestration"] == pytest.approx((5 + 1_000 * 3) * 0.025 / 1000)
     assert lane.parts["Athena"] == pytest.approx(1e6 * 17_000 / 1e12 * 5)
-    # AND 20 rounds of 100 tasks, each 69 s and 500 images
-    assert lane.wall_s == pytest.approx(20 * (69 + 500 * 4.0))
+    # AND 10 rounds of 100 tasks, each 69 s and 1,000 images
+    assert lane.wall_s == pytest.approx(10 * (69 + 1_000 * 4.0))
+
+
+def test_a_bulk_task_compiles_every_size_of_detect_it_meets_where_a_warm_machine_reads_one_from_its_cache() -> None:
+    # GIVEN a bench that measured Detect's cold start from the compiled cache (4 s) and compiling every size (15 s)
+    compiling = copy.deepcopy(BENCH)
+    compiling["steps"]["detect"]["cold_start_all_sizes_s"] = 15.0
+    # WHEN the bulk lane is priced
+    lane, without = bulk_lane(1_000_000, compiling, BULK, PRICES), bulk_lane(1_000_000, BENCH, BULK, PRICES)
+    # THEN each of its 1,000 tasks pays the 11 s more, since a task starts on empty storage
+    hourly = 2 * 0.01214398 + 6 * 0.00133315
+    assert lane.parts["compute"] == pytest.approx(without.parts["compute"] + 1_000 * 11 / 3600 * hourly)
 
 
 def test_on_demand_costs_more_than_spot_and_the_lambda_lane_more_than_both() -> None:
@@ -221,6 +232,7 @@ def test_on_demand_costs_more_than_spot_and_the_lambda_lane_more_than_both() -> 
 
 
 def test_the_bulk_lane_plans_as_the_template_deploys_it() -> None:
+    from shared.contracts import MAX_IMAGES_PER_GROUP
     from shared.settings import Settings
     from tools.sam_template import load_template
 
@@ -228,6 +240,8 @@ def test_the_bulk_lane_plans_as_the_template_deploys_it() -> None:
     defaults = Settings()
     assert int(parameters["BulkConcurrency"]["Default"]) == defaults.bulk_concurrency
     assert int(parameters["GroupsPerBulkJob"]["Default"]) == defaults.groups_per_bulk_job
+    assert int(parameters["BulkImagesPerGroup"]["Default"]) == defaults.bulk_images_per_group
+    assert int(parameters["BulkImagesPerGroup"]["MaxValue"]) == MAX_IMAGES_PER_GROUP
     assert int(parameters["BulkFromImages"]["Default"]) == defaults.bulk_from_images
 
 

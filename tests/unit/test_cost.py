@@ -213,6 +213,20 @@ def test_a_million_images_in_the_bulk_lane_matches_the_hand_computation() -> Non
     assert lane.wall_s == pytest.approx(10 * (69 + 1_000 * 4.0))
 
 
+def test_a_bulk_job_of_the_default_size_ends_well_within_the_time_its_child_waits_for_its_task() -> None:
+    from tools.cost import TASK_START_S, bulk_jobs, bulk_model_load_s
+
+    # GIVEN the worker's seconds as measured here and a job of the template's default size
+    bench = json.loads((REPO / "bench" / "bench.json").read_text())
+    seconds_per_image = json.loads((REPO / "bench" / "bulk.json").read_text())["seconds_per_image"]["worker"]
+    _, images_per_job = bulk_jobs(1_000_000)
+    job_s = TASK_START_S + bulk_model_load_s(bench) + images_per_job * seconds_per_image
+    # THEN on a CPU half as fast, the task still ends before Step Functions stops waiting for it (States.Timeout: a
+    # Spot task's moves the rest of the job to on-demand, an on-demand task's leaves the rest as failure rows)
+    states = json.loads(DEFINITION_PATH.read_text())["States"]["AnnotateGroupsInBulk"]["ItemProcessor"]["States"]
+    assert all(2 * job_s < states[name]["TimeoutSeconds"] for name in ("RunBulkJob", "RunBulkJobOnDemand"))
+
+
 def test_a_bulk_task_compiles_every_size_of_detect_it_meets_where_a_warm_machine_reads_one_from_its_cache() -> None:
     # GIVEN a bench that measured Detect's cold start from the compiled cache (4 s) and compiling every size (15 s)
     compiling = copy.deepcopy(BENCH)

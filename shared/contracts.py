@@ -214,13 +214,16 @@ class ImageRef(Frozen):
     source_uri: str
 
 
-MAX_IMAGES_PER_GROUP = 40  # a group's images run side by side in an inline Map, which runs at most 40 at once
+# A Lambda lane group's images run side by side in an inline Map, which runs at most 40 at once; a bulk lane group
+# (a run of a task's images and one table write) keeps the same bound
+MAX_IMAGES_PER_GROUP = 40
 MANIFESTS_PREFIX = "manifests"  # under the results root: each batch's input and groups manifest
 MAX_LISTED_GROUPS = 100
 
 
 class ImageGroup(Frozen):
-    """A child workflow's share of a batch: images annotated together and written as one table file."""
+    """A child workflow's share of a batch (in the bulk lane, a run of a task's images): images annotated together
+    and written as one table file."""
 
     group_id: str = Field(pattern=r"^g-\d{6}$")
     images: list[ImageRef] = Field(min_length=1, max_length=MAX_IMAGES_PER_GROUP)

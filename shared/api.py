@@ -10,21 +10,21 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
-import json
 import statistics
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
-from starlette.datastructures import UploadFile
+from starlette.datastructures import Headers, UploadFile
 from starlette.exceptions import HTTPException
 
 from shared.dependencies import Dependencies, Step, build_dependencies
@@ -37,17 +37,19 @@ from shared.serving import (
     DependenciesOf,
     RecordRows,
     annotate_one,
+    chat_chunks,
     chat_completion,
     generate_pictures,
     image_source,
     rows_by_function,
     rows_in_process,
-    server_sent_events,
+    server_sent_event,
     variants_request,
 )
 from shared.settings import Settings, get_settings
 
 T = TypeVar("T")
+STREAM_END = b"data: [DONE]\n\n"
 ANNOTATION_MODEL = "annotate"  # the id /v1/models lists for the annotation pipeline (detect, classify, tag)
 
 
@@ -68,9 +70,11 @@ class ApiError(Exception):
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
         self.headers = headers or {}
 
+    def body(self) -> dict[str, Any]:
+        return {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+
     def response(self) -> JSONResponse:
-        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
-        return JSONResponse({"error": error}, status_code=self.status, headers=self.headers)
+        return JSONResponse({"error": self.body()}, status_code=self.status, headers=self.headers)
 
 
 class Admission:
@@ -81,6 +85,7 @@ class Admission:
         self._limit = 1 + waiting
         self._inside = 0
         self._seconds: deque[float] = deque([1.0], maxlen=32)  # recent calls' durations, for Retry-After
+        self._started = 0.0
 
     @property
     def inside(self) -> int:
@@ -89,9 +94,8 @@ class Admission:
     def retry_after(self) -> int:
         return max(1, round(statistics.median(self._seconds) * self._inside))
 
-    @asynccontextmanager
-    async def ticket(self) -> AsyncIterator[None]:
-        """Held for the whole call (a stream included). Raises ApiError(429) at once when the queue is full."""
+    async def enter(self) -> None:
+        """Wait for the models. Raises ApiError(429) at once when the queue is full."""
         if self._inside >= self._limit:
             raise ApiError(
                 429,
@@ -102,12 +106,26 @@ class Admission:
             )
         self._inside += 1
         try:
-            async with self._running:
-                started = time.monotonic()
-                yield
-                self._seconds.append(time.monotonic() - started)
-        finally:
+            await self._running.acquire()
+        except BaseException:  # a caller that left while queued holds nothing
             self._inside -= 1
+            raise
+        self._started = time.monotonic()
+
+    def leave(self) -> None:
+        """Give the models to the next call; synchronous, so that a stream's end releases them wherever it ends."""
+        self._seconds.append(time.monotonic() - self._started)
+        self._running.release()
+        self._inside -= 1
+
+    @asynccontextmanager
+    async def ticket(self) -> AsyncIterator[None]:
+        """Held for the whole call."""
+        await self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
 
 
 class ImageGeneration(BaseModel):
@@ -129,15 +147,40 @@ class ImageEdit(ImageGeneration):
     strength: float | None = None
 
 
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message as this model reads it: a role and text (a string, or OpenAI's text parts)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
 class ChatCompletionCall(BaseModel):
     """The fields checked before llama-cpp-python's own request type reads the rest."""
 
     model_config = ConfigDict(extra="allow")
 
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's current name for max_tokens")
     n: int | None = 1
     stream: bool = False
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    grammar: Any = None  # llama.cpp's own field, not OpenAI's: refused
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
 
 
 def _bearer_check(settings: Settings) -> Callable[[Request], None]:
@@ -145,8 +188,12 @@ def _bearer_check(settings: Settings) -> Callable[[Request], None]:
         expected = api_key(settings)
         if not expected:
             return
-        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), expected.encode()):  # constant time: no key guessed by timing
+        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer":  # RFC 6750: the scheme is case-insensitive, and it is required
+            given = ""
+        if not hmac.compare_digest(
+            given.strip().encode(), expected.encode()
+        ):  # constant time: no key guessed by timing
             raise ApiError(401, "a valid API key is required: Authorization: Bearer <key>", code="invalid_api_key")
 
     return check
@@ -173,11 +220,83 @@ def _validation_error(error: ValidationError | RequestValidationError) -> ApiErr
     return ApiError(400, message, param=param, code="invalid_value")
 
 
-def _unexpected(error: Exception) -> JSONResponse:
-    logger.error("api call failed", exc_info=error)
-    return ApiError(
-        500, f"the server failed ({type(error).__name__}); its log has the details", kind="server_error"
-    ).response()
+class _AnswerFailures:
+    """A failure of the server's own is a 500 in OpenAI's shape on a connection that stays open (Starlette's own
+    last resort answers and then re-raises, which makes the server drop the client's keep-alive connection)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        started = False
+
+        async def watched_send(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched_send)
+        except Exception as error:
+            if started or scope["type"] != "http":
+                raise
+            logger.error("api call failed", exc_info=error)
+            failure = ApiError(
+                500, f"the server failed ({type(error).__name__}); its log has the details", kind="server_error"
+            )
+            await failure.response()(scope, receive, send)
+
+
+# What each route reads from a body. A browser sends text/plain, form-urlencoded and multipart bodies to any site
+# without asking first (a "simple" request): a page elsewhere could make it call the models. JSON is never sent
+# cross-site without a CORS preflight, which this server does not answer; multipart is checked by its Origin.
+BODY_TYPES = {
+    "/v1/annotations": ("application/json", "multipart/form-data"),
+    "/v1/chat/completions": ("application/json",),
+    "/v1/images/generations": ("application/json",),
+    "/v1/images/edits": ("multipart/form-data",),
+}
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+
+
+class _SameSiteOnly:
+    """Calls from this server's own pages and from programs only: a body of the type its route reads; no ``Origin``
+    but the server's own; and, without a key, a ``Host`` the server is named by (a DNS-rebinding page names its own).
+    """
+
+    def __init__(self, app: Any, hosts: frozenset[str], key_required: bool) -> None:
+        self.app, self.hosts, self.key_required = app, LOOPBACK_NAMES | hosts, key_required
+
+    def refusal(self, scope: Any) -> ApiError | None:
+        headers = Headers(scope=scope)
+        host = headers.get("host", "")
+        if not self.key_required and urlsplit(f"//{host}").hostname not in {h.strip("[]") for h in self.hosts}:
+            return ApiError(403, f"Host {host[:80]!r} is not a name this server answers to", code="host_not_allowed")
+        origin = headers.get("origin")
+        if origin is not None and urlsplit(origin).netloc != host:
+            return ApiError(
+                403,
+                f"calls from {origin[:80]!r} are not accepted: only this server's own pages",
+                code="origin_not_allowed",
+            )
+        accepted = BODY_TYPES.get(scope["path"])
+        if scope["method"] == "POST" and accepted:
+            media_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            if media_type not in accepted:
+                return ApiError(
+                    415,
+                    f"Content-Type {media_type or 'none'!r}: {scope['path']} reads {' or '.join(accepted)}",
+                    code="unsupported_media_type",
+                )
+        return None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        refused = self.refusal(scope) if scope["type"] == "http" else None
+        if refused is not None:
+            logger.warning("call refused", extra={"status": refused.status, "reason": refused.message})
+            await refused.response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def _handlers() -> dict[Any, Any]:
@@ -195,7 +314,6 @@ def _handlers() -> dict[Any, Any]:
         ModelUnavailable: lambda _, error: answer(
             ApiError(503, f"a model is unavailable: {error}", kind="server_error", code="model_unavailable")
         ),
-        Exception: lambda _, error: _unexpected(error),
         HTTPException: lambda _, error: answer(
             ApiError(error.status_code, str(error.detail), code=str(error.status_code))
         ),
@@ -321,24 +439,30 @@ def _annotation_routes(calls: _Calls) -> APIRouter:
 
 
 def _chat_arguments(body: bytes, settings: Settings) -> dict[str, Any]:
-    """The request as llama-cpp-python's own type reads it, within this server's bounds."""
+    """The request as llama-cpp-python's own type reads it, within this server's bounds; every caller's mistake is
+    found here, before a stream starts."""
     from llama_cpp.server.types import CreateChatCompletionRequest  # llama-cpp-python's OpenAI request type
 
     checked = ChatCompletionCall.model_validate_json(body)
     # Within the model's context with room for the answer: about four characters a token, so at most half of it
     longest = settings.caption_context * 2
-    if len(json.dumps([m.get("content") for m in checked.messages])) > longest:
+    if sum(len(message.text()) for message in checked.messages) > longest:
         raise ApiError(400, f"messages: at most {longest:,} characters in all", param="messages", code="invalid_value")
     if (checked.n or 1) != 1:
         raise ApiError(400, "n: one choice per call", param="n", code="invalid_value")
-    if (checked.max_tokens or 0) > settings.api_max_chat_tokens:
-        raise ApiError(
-            400, f"max_tokens: at most {settings.api_max_chat_tokens}", param="max_tokens", code="invalid_value"
-        )
+    limit = checked.token_limit
+    if (limit or 0) > settings.api_max_chat_tokens:
+        name = "max_completion_tokens" if checked.max_completion_tokens else "max_tokens"
+        raise ApiError(400, f"{name}: at most {settings.api_max_chat_tokens}", param=name, code="invalid_value")
+    if checked.logprobs or checked.top_logprobs is not None:
+        raise ApiError(400, "logprobs: this server returns no log probabilities", param="logprobs")
+    if checked.grammar is not None:
+        raise ApiError(400, "grammar: not part of OpenAI's API; ask for response_format instead", param="grammar")
     completion = CreateChatCompletionRequest.model_validate_json(body).model_dump(exclude_none=True)
     if completion.get("tools") or completion.get("functions"):
         raise ApiError(400, "tools and functions are not supported by this model", param="tools")
-    return completion | {"max_tokens": checked.max_tokens or settings.api_max_chat_tokens}
+    messages = [message.model_dump(exclude_none=True) | {"content": message.text()} for message in checked.messages]
+    return completion | {"messages": messages, "max_tokens": limit or settings.api_max_chat_tokens}
 
 
 def _openai_routes(calls: _Calls) -> APIRouter:
@@ -360,24 +484,63 @@ def _openai_routes(calls: _Calls) -> APIRouter:
         completion = _chat_arguments(await request.body(), settings)
         if not completion.get("stream"):
             return await calls.run(lambda: chat_completion(completion, settings.caption_model, calls.dependencies_of))
-        ticket = calls.admission.ticket()
-        await ticket.__aenter__()  # 429 now, before the stream's headers are sent
+        await calls.admission.enter()  # 429 now, before the stream's headers are sent
+        chunks: Generator[dict[str, Any]] | None = None
         try:
-            chunks = await run_in_threadpool(chat_completion, completion, settings.caption_model, calls.dependencies_of)
+            chunks = await run_in_threadpool(chat_chunks, completion, settings.caption_model, calls.dependencies_of)
+            # The first chunk before the headers: a failure to start is answered with its status, not a 200
+            first = await run_in_threadpool(_next_or_none, chunks)
         except BaseException:
-            await ticket.__aexit__(None, None, None)
+            _close_stream(chunks, calls)
             raise
-
-        async def events() -> AsyncIterator[bytes]:
-            try:
-                async for event in iterate_in_threadpool(server_sent_events(chunks)):  # type: ignore[arg-type]
-                    yield event
-            finally:
-                await ticket.__aexit__(None, None, None)
-
-        return StreamingResponse(events(), media_type="text/event-stream")
+        stream = chunks
+        return _EventStream(_events(first, stream), release=lambda: _close_stream(stream, calls))
 
     return router
+
+
+def _next_or_none(chunks: Iterator[dict[str, Any]]) -> dict[str, Any] | None:
+    return next(chunks, None)
+
+
+def _close_stream(chunks: Generator[dict[str, Any]] | None, calls: _Calls) -> None:
+    """Close the model's stream (its generator holds the model) and give the models to the next call."""
+    try:
+        if chunks is not None:
+            chunks.close()
+    finally:
+        calls.after_call()
+        calls.admission.leave()
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events that release what they hold when the response ends, however it ends: sent whole, failed,
+    or abandoned by a client that closed the stream or the connection (Starlette then ends this call)."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self._release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+async def _events(first: dict[str, Any] | None, chunks: Iterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """OpenAI's stream of ``first`` and the rest; a failure once it has started is an error event, as OpenAI sends."""
+    try:
+        if first is not None:
+            yield server_sent_event(first)
+            async for chunk in iterate_in_threadpool(chunks):
+                yield server_sent_event(chunk)
+    except Exception as error:
+        logger.error("chat stream failed", exc_info=error)
+        failure = ApiError(500, f"the stream failed ({type(error).__name__})", kind="server_error")
+        yield server_sent_event({"error": failure.body()})
+        return
+    yield STREAM_END
 
 
 def _image_routes(calls: _Calls) -> APIRouter:
@@ -431,7 +594,13 @@ def create_app(
         lifespan=lifespan,
         exception_handlers=_handlers(),
     )
+    app.add_middleware(_AnswerFailures)
     app.add_middleware(_BodyLimit, max_bytes=settings.api_max_body_bytes)
+    app.add_middleware(
+        _SameSiteOnly,
+        hosts=frozenset(settings.api_hosts),
+        key_required=bool(settings.api_key_secret or settings.api_key.get_secret_value()),
+    )
     authorized = [Depends(_bearer_check(settings))]
     app.include_router(_annotation_routes(calls), dependencies=authorized)
     app.include_router(_openai_routes(calls), dependencies=authorized)

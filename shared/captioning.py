@@ -18,7 +18,7 @@ import resource
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -210,8 +210,8 @@ class LlamaCaptioner:
             self._prefix_length = 0  # the chat's tokens replace the cached prefix
             return self.llm.create_chat_completion(**completion, stream=False)  # type: ignore[no-any-return]
 
-    def chat_stream(self, completion: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """:meth:`chat` as OpenAI's chunks; the model is this stream's until it ends or is closed."""
+    def chat_stream(self, completion: dict[str, Any]) -> Generator[dict[str, Any]]:
+        """:meth:`chat` as OpenAI's chunks; the model is this stream's until it ends or is closed (close it)."""
         with self._lock:
             self._prefix_length = 0
             yield from self.llm.create_chat_completion(**completion, stream=True)

@@ -54,6 +54,8 @@ def decode_image(data: bytes, *, max_pixels: int) -> LoadedImage:
         raise ImageRejected("not an image, or a format that is not accepted") from error
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
         raise ImageRejected(f"refused as a decompression bomb: {error}") from error
+    except Exception as error:  # a damaged header: Pillow's plugins raise what their parsers meet (struct, index...)
+        raise ImageRejected(f"a damaged image header: {type(error).__name__}: {error}") from error
     if image.format not in ACCEPTED_FORMATS:
         raise ImageRejected(f"{image.format} images are not accepted; use one of {sorted(ACCEPTED_FORMATS)}")
     width, height = image.size
@@ -63,10 +65,10 @@ def decode_image(data: bytes, *, max_pixels: int) -> LoadedImage:
     try:
         image.seek(0)  # animated GIF/WebP: the first frame
         image.load()
-        oriented = ImageOps.exif_transpose(image)
-    except (OSError, SyntaxError, ValueError) as error:  # Pillow's ways of saying truncated or corrupt
+        pixels = _to_rgb(ImageOps.exif_transpose(image))
+    except Exception as error:  # Pillow's ways of saying truncated or corrupt: OSError, SyntaxError, struct...
         raise ImageRejected(f"truncated or corrupt {source_format} image: {error}") from error
-    return LoadedImage(pixels=_to_rgb(oriented), source_format=source_format)
+    return LoadedImage(pixels=pixels, source_format=source_format)
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

@@ -8,8 +8,9 @@ import base64
 import hashlib
 import io
 import json
+import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -91,14 +92,22 @@ def image_source(image: bytes | str, settings: Settings) -> Source:
     if isinstance(image, bytes):
         data = image
     elif is_s3(image):
-        bucket, key = split_s3(image)
-        if bucket not in settings.input_buckets or not key:
+        try:
+            bucket, key = split_s3(image)
+        except ValueError:
+            bucket, key = "", ""
+        if not (bucket and key):
+            raise RequestRejected(f"{image[:80]!r} names no object: give s3://BUCKET/KEY")
+        if bucket not in settings.input_buckets:
             allowed = ", ".join(settings.input_buckets) or "none: pass the image's bytes"
             raise RequestRejected(f"{image[:80]!r} is not in a bucket this deployment reads (allowed: {allowed})")
         data = store_for(image).read_bytes(image, max_bytes=settings.max_image_bytes)
         return Source(uri=image, data=data, kept=True)
     else:
-        encoded = image.split(",", 1)[1] if image.startswith("data:") else image
+        _, comma, data_part = image.partition(",")
+        if image.startswith("data:") and not comma:
+            raise RequestRejected("image: a data: URI has its base64 after a comma (data:image/png;base64,...)")
+        encoded = data_part if image.startswith("data:") else image
         try:
             data = base64.b64decode(encoded, validate=True)
         except ValueError as error:
@@ -206,7 +215,7 @@ def variants_request(prompt: str, count: int, size: str, mode: str, strength: fl
         RequestRejected: a size that is not square.
     """
     width, _, height = size.partition("x")
-    if not (width.isdigit() and width == height):
+    if not (re.fullmatch("[0-9]{1,5}", width) and width == height):
         raise RequestRejected(f"size {size[:20]!r}: give a square size such as 512x512")
     fields: dict[str, Any] = {"prompt": prompt, "count": count, "size": int(width), "mode": mode}
     if strength is not None:
@@ -244,23 +253,40 @@ def generate_pictures(
 NOT_FOR_THE_MODEL = {"model", "n", "user", "logit_bias_type", "min_tokens", "functions", "function_call", "tools"}
 
 
-def chat_completion(
-    completion: dict[str, Any], model_name: str, dependencies_of: DependenciesOf
-) -> dict[str, Any] | Iterator[dict[str, Any]]:
-    """llama-cpp-python's chat completion (OpenAI's shape; chunks when ``stream``), named as the API lists it."""
+def _captioner(dependencies_of: DependenciesOf) -> Any:
     from shared.captioning import LlamaCaptioner
 
     captioner = dependencies_of(Step.CAPTION).captioner
     if not isinstance(captioner, LlamaCaptioner):
         raise TypeError("the Caption dependencies have no llama.cpp model")
-    arguments = {name: value for name, value in completion.items() if name not in NOT_FOR_THE_MODEL | {"stream"}}
-    if completion.get("stream"):
-        return ({**chunk, "model": model_name} for chunk in captioner.chat_stream(arguments))
-    return {**captioner.chat(arguments), "model": model_name}
+    return captioner
 
 
-def server_sent_events(chunks: Iterator[dict[str, Any]]) -> Iterator[bytes]:
-    """OpenAI's stream: one ``data:`` event per chunk, then ``data: [DONE]``."""
-    for chunk in chunks:
-        yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-    yield b"data: [DONE]\n\n"
+def _model_arguments(completion: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in completion.items() if name not in NOT_FOR_THE_MODEL | {"stream"}}
+
+
+def chat_completion(completion: dict[str, Any], model_name: str, dependencies_of: DependenciesOf) -> dict[str, Any]:
+    """llama-cpp-python's chat completion (OpenAI's shape), named as the API lists it."""
+    return {**_captioner(dependencies_of).chat(_model_arguments(completion)), "model": model_name}
+
+
+def chat_chunks(
+    completion: dict[str, Any], model_name: str, dependencies_of: DependenciesOf
+) -> Generator[dict[str, Any]]:
+    """:func:`chat_completion` as OpenAI's chunks. The model is the stream's until it ends or is closed: close it."""
+    return _named_chunks(_captioner(dependencies_of).chat_stream(_model_arguments(completion)), model_name)
+
+
+def _named_chunks(chunks: Generator[dict[str, Any]], model_name: str) -> Generator[dict[str, Any]]:
+    """The chunks named as the API lists the model; closing this closes the model's stream (it holds the model)."""
+    try:
+        for chunk in chunks:
+            yield {**chunk, "model": model_name}
+    finally:
+        chunks.close()
+
+
+def server_sent_event(data: dict[str, Any]) -> bytes:
+    """One event of OpenAI's stream (which ends with ``data: [DONE]``)."""
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"

@@ -364,6 +364,11 @@ class Settings(BaseSettings):
         True, description="Whether the API generates pictures (stable-diffusion.cpp); the Lambda API does not"
     )
     api_max_chat_tokens: int = Field(512, ge=1, le=4096, description="Most tokens one chat completion writes")
+    api_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names the API answers to besides localhost, 127.0.0.1 and [::1] when no key is set (a"
+        " DNS-rebinding page calls it by a name of its own); annotate serve adds its --host",
+    )
 
     @model_validator(mode="after")
     def _fill_profile_models(self) -> Settings:

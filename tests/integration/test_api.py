@@ -10,6 +10,7 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -171,12 +172,32 @@ HOSTILE = {
         400,
         "invalid_value",
     ),
+    "a data: URI without a comma": (
+        {"json": {"prompt": "cat.", "image": "data:image/png;base64"}},
+        400,
+        "invalid_value",
+    ),
+    "s3:// with no bucket": ({"json": {"prompt": "cat.", "image": "s3://"}}, 400, "invalid_value"),
+    "s3:// with no key": ({"json": {"prompt": "cat.", "image": "s3://bucket"}}, 400, "invalid_value"),
+    "a text/plain body, as a web page elsewhere sends one": (
+        {
+            "content": json.dumps({"prompt": "cat.", "image": base64.b64encode(CAT).decode()}),
+            "headers": {"content-type": "text/plain"},
+        },
+        415,
+        "unsupported_media_type",
+    ),
     "body over the limit": (
         {"content": b"x" * 1_200_000, "headers": {"content-type": "application/json"}},
         413,
         "body_too_large",
     ),
 }
+
+
+def _local_address(response: httpx.Response) -> Any:
+    """The client side of the connection that carried ``response``: the same for two responses on one connection."""
+    return response.extensions["network_stream"].get_extra_info("client_addr")
 
 
 @pytest.mark.parametrize("case", HOSTILE)
@@ -186,7 +207,149 @@ def test_a_hostile_annotation_gets_its_status_and_openai_s_error_shape(http: htt
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == code and error["message"]
-    assert http.get("/health").json()["status"] == "ok"  # the server is still there
+    health = http.get("/health")
+    assert health.json()["status"] == "ok"  # the server is still there
+    if status < 413:  # a caller's mistake leaves the keep-alive connection up (413 closes it: its body is unread)
+        assert _local_address(health) == _local_address(response)
+
+
+def _damaged_header(image_format: str) -> bytes:
+    """The sample with bytes of its header changed, the first way (by seed) that Pillow's opening refuses with an
+    error other than "not an image" (a truncated read, no decoder, a bad struct)."""
+    import random
+
+    from PIL import UnidentifiedImageError
+
+    good = encode(Image.open(io.BytesIO(CAT)).convert("RGB").resize((64, 48)), image_format)
+    for seed in range(5000):
+        draw, damaged = random.Random(seed), bytearray(good)
+        for _ in range(3):
+            damaged[draw.randrange(64)] = draw.randrange(256)
+        try:
+            Image.open(io.BytesIO(bytes(damaged))).load()
+        except UnidentifiedImageError:
+            continue
+        except Exception:
+            return bytes(damaged)
+    raise AssertionError(f"no damaged {image_format} header found")
+
+
+@pytest.mark.parametrize("image_format", ["BMP", "JPEG", "PNG", "WEBP"])
+def test_an_image_whose_header_pillow_refuses_gets_400_on_a_connection_that_stays_up(
+    http: httpx.Client, image_format: str
+) -> None:
+    body = {"prompt": "cat.", "image": base64.b64encode(_damaged_header(image_format)).decode()}
+    response = http.post("/v1/annotations", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "invalid_image"
+    assert _local_address(http.get("/health")) == _local_address(response)
+
+
+def test_calls_a_web_page_elsewhere_could_make_are_refused_and_write_nothing(
+    http: httpx.Client, api_settings: Settings
+) -> None:
+    uploads = api_settings.data_dir / "uploads"
+    before = sorted(uploads.rglob("*")) if uploads.exists() else []
+    body = {"prompt": "cat.", "caption": False, "record": True, "image": base64.b64encode(CAT).decode()}
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    port = http.base_url.port
+
+    answers = {
+        "another site's page": http.post("/v1/annotations", json=body, headers={"origin": "https://evil.example"}),
+        "a multipart form from elsewhere": http.post(
+            "/v1/annotations", files={"image": ("cat.jpg", CAT)}, headers={"origin": "http://evil.example"}
+        ),
+        "a chat as text/plain": http.post(
+            "/v1/chat/completions", content=json.dumps(chat), headers={"content-type": "text/plain"}
+        ),
+        "a rebound DNS name": http.post("/v1/annotations", json=body, headers={"host": f"evil.example:{port}"}),
+        "a rebound name reading the models": http.get("/v1/models", headers={"host": "evil.example"}),
+    }
+
+    assert {case: answer.status_code for case, answer in answers.items()} == {
+        "another site's page": 403,
+        "a multipart form from elsewhere": 403,
+        "a chat as text/plain": 415,
+        "a rebound DNS name": 403,
+        "a rebound name reading the models": 403,
+    }
+    assert all(set(answer.json()["error"]) == {"message", "type", "param", "code"} for answer in answers.values())
+    assert (sorted(uploads.rglob("*")) if uploads.exists() else []) == before  # nothing was recorded
+    # the server's own page, by any of its names, is answered
+    own = http.post(
+        "/v1/chat/completions", json=chat, headers={"origin": f"http://localhost:{port}", "host": f"localhost:{port}"}
+    )
+    assert own.status_code == 200, own.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_mistakes_are_400s_the_openai_client_raises_as_bad_requests_streamed_or_not(
+    client: openai.OpenAI, stream: bool
+) -> None:
+    hi = [{"role": "user", "content": "hi"}]
+    mistakes: dict[str, dict[str, Any]] = {
+        "content": {"messages": [{"role": "user", "content": None}]},
+        "grammar": {"messages": hi, "extra_body": {"grammar": 'root ::= "a"'}},
+        "logprobs": {"messages": hi, "logprobs": True, "top_logprobs": 2},
+        "max_completion_tokens": {"messages": hi, "max_completion_tokens": 100_000},
+    }
+    for param, call in mistakes.items():
+        with pytest.raises(openai.BadRequestError, match=param):
+            answer = client.chat.completions.create(model="m", stream=stream, **call)
+            list(answer) if stream else None  # type: ignore[call-overload]
+
+
+def test_max_completion_tokens_bounds_the_answer(client: openai.OpenAI) -> None:
+    answer = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Tell me a long story."}], max_completion_tokens=3
+    )
+    assert answer.usage and answer.usage.completion_tokens <= 3
+
+
+def test_an_image_size_that_is_not_ascii_digits_is_a_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="square"):
+        client.images.generate(prompt="a cat", size="\u00b2x\u00b2")  # type: ignore[arg-type]
+
+
+def test_a_stream_abandoned_mid_way_releases_the_model_at_once_and_ctrl_c_stops_the_server(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.servers import free_port, serving_in_process
+
+    # GIVEN `annotate serve` in its own process, as a user runs it
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "annotate"), "serve", "--port", str(port), "--profile", "tiny"]
+    with serving_in_process([*command, "--data-dir", str(tmp_path)], port) as server:
+        url = f"http://127.0.0.1:{port}"
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+        story = [{"role": "user", "content": "Tell me a long story about a cat."}]
+
+        # WHEN three streamed chats are each left after two chunks (the client closes the stream)
+        for _ in range(3):
+            stream = client.chat.completions.create(model="m", messages=story, max_tokens=300, stream=True)
+            chunks = [chunk for chunk, _ in zip(stream, range(2), strict=False)]
+            stream.close()
+            assert len(chunks) == 2 and not any(c.choices and c.choices[0].finish_reason for c in chunks)
+
+        # THEN the model is free within moments: the server holds no call, a chat and an annotation are answered
+        deadline = time.monotonic() + 5
+        while httpx.get(f"{url}/health").json()["calls_held"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert httpx.get(f"{url}/health").json()["calls_held"] == 0
+        assert client.chat.completions.create(model="m", messages=story, max_tokens=4).choices[0].message.content
+        body = {"prompt": "cat.", "caption": False, "image": base64.b64encode(CAT).decode()}
+        assert httpx.post(f"{url}/v1/annotations", json=body, timeout=30).status_code == 200
+
+        # AND Ctrl-C stops the server
+        os.killpg(server.pid, signal.SIGINT)
+        try:
+            assert server.wait(timeout=15) == 0
+        except subprocess.TimeoutExpired:
+            pytest.fail("the server did not stop on Ctrl-C")
 
 
 def test_hostile_chat_and_image_calls_are_refused_by_the_openai_client(client: openai.OpenAI) -> None:
@@ -239,6 +402,9 @@ def test_with_a_key_set_a_call_without_it_or_with_another_gets_401(
             with pytest.raises(openai.AuthenticationError):
                 openai.OpenAI(base_url=f"{url}/v1", api_key=key or "x", max_retries=0).models.list()
         assert httpx.post(f"{url}/v1/annotations", json={}).status_code == 401
+        # RFC 6750: the scheme is case-insensitive, and a bare key is not a Bearer credential
+        assert httpx.get(f"{url}/v1/models", headers={"authorization": "bearer s3cret-key"}).status_code == 200
+        assert httpx.get(f"{url}/v1/models", headers={"authorization": "s3cret-key"}).status_code == 401
         models = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret-key", max_retries=0).models.list()
         assert len(models.data) == 3
         assert httpx.get(f"{url}/health").status_code == 200  # health needs no key

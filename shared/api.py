@@ -261,16 +261,17 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 
 class _SameSiteOnly:
     """Calls from this server's own pages and from programs only: a body of the type its route reads; no ``Origin``
-    but the server's own; and, without a key, a ``Host`` the server is named by (a DNS-rebinding page names its own).
+    but the server's own; and, where calls need no key, a ``Host`` the server is named by (a DNS-rebinding page
+    names its own, and only a key it cannot know would stop it then).
     """
 
-    def __init__(self, app: Any, hosts: frozenset[str], key_required: bool) -> None:
-        self.app, self.hosts, self.key_required = app, LOOPBACK_NAMES | hosts, key_required
+    def __init__(self, app: Any, hosts: frozenset[str], authenticated: bool) -> None:
+        self.app, self.hosts, self.authenticated = app, LOOPBACK_NAMES | hosts, authenticated
 
     def refusal(self, scope: Any) -> ApiError | None:
         headers = Headers(scope=scope)
         host = headers.get("host", "")
-        if not self.key_required and urlsplit(f"//{host}").hostname not in {h.strip("[]") for h in self.hosts}:
+        if not self.authenticated and urlsplit(f"//{host}").hostname not in {h.strip("[]") for h in self.hosts}:
             return ApiError(403, f"Host {host[:80]!r} is not a name this server answers to", code="host_not_allowed")
         origin = headers.get("origin")
         if origin is not None and urlsplit(origin).netloc != host:
@@ -576,9 +577,12 @@ def create_app(
     dependencies_of: DependenciesOf,
     record_rows: RecordRows,
     after_call: Callable[[], None] = metrics.clear_metrics,
+    behind_function_url: bool = False,
 ) -> FastAPI:
     """The API on ``settings``' models; ``record_rows`` writes a recorded call's table rows. ``after_call``: what
-    becomes of the steps' metrics after each call: dropped here; on Lambda the handler flushes them as EMF."""
+    becomes of the steps' metrics after each call: dropped here; on Lambda the handler flushes them as EMF.
+    ``behind_function_url``: every call was authenticated before it arrived (the URL's IAM auth, or the key), and
+    it is named by the URL's own host."""
     calls = _Calls(settings, dependencies_of, record_rows, after_call)
 
     @asynccontextmanager
@@ -599,7 +603,7 @@ def create_app(
     app.add_middleware(
         _SameSiteOnly,
         hosts=frozenset(settings.api_hosts),
-        key_required=bool(settings.api_key_secret or settings.api_key.get_secret_value()),
+        authenticated=behind_function_url or bool(settings.api_key_secret or settings.api_key.get_secret_value()),
     )
     authorized = [Depends(_bearer_check(settings))]
     app.include_router(_annotation_routes(calls), dependencies=authorized)
@@ -629,11 +633,17 @@ def lambda_adapter() -> Any:
     key = settings.model_dump_json()
     if key not in _adapters:
         _adapters.clear()
-        _adapters[key] = Mangum(serving_app(settings, after_call=lambda: None), lifespan="off")
+        _adapters[key] = Mangum(
+            serving_app(settings, after_call=lambda: None, behind_function_url=True), lifespan="off"
+        )
     return _adapters[key]
 
 
-def serving_app(settings: Settings | None = None, after_call: Callable[[], None] = metrics.clear_metrics) -> FastAPI:
+def serving_app(
+    settings: Settings | None = None,
+    after_call: Callable[[], None] = metrics.clear_metrics,
+    behind_function_url: bool = False,
+) -> FastAPI:
     """The API on the settings in force and the real models; a recorded call's rows are written here, or in AWS by
     the stack's WriteGroupTable function."""
     settings = settings or get_settings()
@@ -643,4 +653,4 @@ def serving_app(settings: Settings | None = None, after_call: Callable[[], None]
 
     function = settings.write_group_table_function
     rows = rows_by_function(function) if function else rows_in_process(models)
-    return create_app(settings, models, rows, after_call)
+    return create_app(settings, models, rows, after_call, behind_function_url)

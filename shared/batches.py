@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,23 +23,43 @@ from shared.settings import IngestSettings
 from shared.storage import StoreFor, is_s3, local_path, local_uri
 
 
-def expand_locations(locations: list[str], store_for: StoreFor) -> dict[str, str]:
+def expand_locations(locations: list[str], store_for: StoreFor, results_root: str | None = None) -> dict[str, str]:
     """Every image a message names, with its fingerprint (content digest, or S3's ETag): files as they are, local
     folders and S3 prefixes ending in '/' expanded. A prefix's ETags come from its listing (one request per 1,000
-    objects); a named object costs one HEAD.
+    objects); a named object costs one HEAD. Nothing under ``results_root`` is an input: the results of a run in a
+    folder of photos sit inside that folder.
 
     A location that does not exist is kept (fingerprint 'missing'), so that it ends as a failure row rather than
-    silently vanishing.
+    silently vanishing; so is a symlink loop.
+
+    Raises:
+        RequestRejected: a location is the results folder or lies inside it.
     """
+    results = results_root.rstrip("/") + "/" if results_root else None
     found: dict[str, str] = {}
     for location in locations:
         if not is_s3(location):
-            location = local_uri(local_path(location).expanduser().resolve())
+            path = local_path(location).expanduser().absolute()
+            with contextlib.suppress(
+                RuntimeError, OSError
+            ):  # a symlink loop: named as given, it ends as its failure row
+                path = path.resolve()
+            location = local_uri(path)
+        if results and (location + "/").startswith(results):
+            raise RequestRejected(f"{location} is where results are written, not an image or a folder of images")
         store = store_for(location)
-        folder = location.endswith("/") if is_s3(location) else local_path(location).is_dir()
-        listed = store.list_fingerprinted(location) if folder else [(location, store.fingerprint(location))]
+        if is_s3(location):
+            listed = (
+                store.list_fingerprinted(location)
+                if location.endswith("/")
+                else [(location, store.fingerprint(location))]
+            )
+        else:  # a local fingerprint reads the file: the results folder's files are left out before
+            uris = store.list_uris(location) if local_path(location).is_dir() else [location]
+            listed = ((uri, store.fingerprint(uri)) for uri in uris if not (results and uri.startswith(results)))
         for uri, fingerprint in listed:
-            found.setdefault(uri, fingerprint)
+            if not (results and uri.startswith(results)):
+                found.setdefault(uri, fingerprint)
     return found
 
 
@@ -114,7 +135,10 @@ def plan_batches(
     the bulk lane)."""
     request = message.request()
     planned_at = now or datetime.now(UTC)
-    refs = [image_ref(uri, fingerprint) for uri, fingerprint in expand_locations(message.images, store_for).items()]
+    refs = [
+        image_ref(uri, fingerprint)
+        for uri, fingerprint in expand_locations(message.images, store_for, settings.results_root).items()
+    ]
     batches = []
     lane = choose_lane(message, min(len(refs), settings.max_images_per_batch), settings)
     for start in range(0, len(refs), settings.max_images_per_batch):

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from shared.contracts import Detection
 from shared.detection import phrase_detections, phrase_spans
-from shared.errors import ModelUnavailable, RequestRejected
+from shared.errors import ImageRejected, ModelUnavailable, RequestRejected
 from shared.observability import logger
 from shared.onnx_runtime import exported_session, find_export, normalized, openvino_graph_file
 from shared.settings import DetectionSettings, ExportRuntime
@@ -195,6 +195,11 @@ class OnnxGroundingDino:
             height, width = int(height * scale), int(width * scale)
             size = largest
             logger.info("image shrunk to the largest exported size", extra={"size": f"{height}x{width}"})
+        if min(height, width) < 1:
+            raise ImageRejected(
+                f"{image.width}x{image.height} is too thin to detect in: at the detector's resolution its short side is"
+                f" under one pixel (the long side may be at most about {2 * manifest.longest_edge} times the short)"
+            )
         resized = image.convert("RGB").resize((width, height), Image.Resampling.BILINEAR)
         pixels = np.zeros((1, 3, *size), np.float32)
         pixels[:, :, :height, :width] = normalized([resized], manifest.image_mean, manifest.image_std)

@@ -76,7 +76,10 @@ class LocalStore:
     def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes:
         path = self._path(uri)
         if not path.is_file():
-            raise ImageRejected(f"{uri} does not exist or is not a file")
+            broken = path.is_symlink() and not path.exists()
+            raise ImageRejected(
+                f"{uri} " + ("is a broken symlink or a symlink loop" if broken else "does not exist or is not a file")
+            )
         size = path.stat().st_size
         if max_bytes is not None and size > max_bytes:
             raise _too_large(uri, size, max_bytes)
@@ -86,15 +89,21 @@ class LocalStore:
         path = self._path(uri)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + ".partial")
-        partial.write_bytes(data)
-        partial.replace(path)  # readers never see half a file
+        try:
+            partial.write_bytes(data)
+            partial.replace(path)  # readers never see half a file
+        except BaseException:  # a full disk, a signal: no half file is left either
+            partial.unlink(missing_ok=True)
+            raise
 
     def list_uris(self, prefix_uri: str) -> Iterator[str]:
         root = self._path(prefix_uri)
         if root.is_file():
             yield local_uri(root)
-        elif root.is_dir():
-            yield from (local_uri(p) for p in sorted(root.rglob("*")) if p.is_file() and not p.name.startswith("."))
+        elif root.is_dir():  # hidden files and what hidden folders hold (.thumbs/, .git/) are not the user's images
+            for path in sorted(root.rglob("*")):
+                if path.is_file() and not any(part.startswith(".") for part in path.relative_to(root).parts):
+                    yield local_uri(path)
 
     def list_fingerprinted(self, prefix_uri: str) -> Iterator[tuple[str, str]]:
         """Each file under ``prefix_uri`` with :meth:`fingerprint`'s digest (a read of each file)."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -103,7 +105,7 @@ def serve(
     from shared.api import api_key, serving_app
 
     _quiet_logs(verbose)
-    settings = use_settings(profile=profile, data_dir=data_dir, preload_models=True)
+    settings = use_settings(profile=profile, data_dir=data_dir, preload_models=True, api_hosts=[host])
     try:
         local = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -151,6 +153,29 @@ def _refuse_file_as_folder(out_dir: Path) -> None:
         raise _fail(f"--out {out_dir} is a file: name a folder to write into")
 
 
+def _refuse_inside_data_dir(out_dir: Path, data_dir: Path) -> None:
+    if out_dir.resolve().is_relative_to(data_dir.resolve()):
+        raise _fail(f"--out {out_dir} is inside the data folder {data_dir}, which holds the results: write elsewhere")
+
+
+def _unwritable(out_dir: Path, error: OSError) -> str:
+    return f"cannot write into {out_dir}: {error.strerror or error}" + (
+        f" ({error.filename})" if error.filename else ""
+    )
+
+
+def _something_to_take(images: list[Any], where: str | None, data_dir: Path, stack: str | None, verb: str) -> list[Any]:
+    from shared.tables import TABLES_PREFIX
+
+    if images:
+        return images
+    if stack:
+        raise _fail(f"nothing to {verb}: stack {stack} has no annotated images" + (f" where {where}" if where else ""))
+    if not (data_dir / TABLES_PREFIX).is_dir():
+        raise _fail(f"nothing to {verb}: {data_dir} holds no results (is --data-dir the folder annotate run wrote?)")
+    raise _fail(f"nothing to {verb}: no image in {data_dir}" + (f" where {where}" if where else ""))
+
+
 def _refuse_remote_locations(locations: list[str]) -> None:
     elsewhere = [location for location in locations if "://" in location and not location.startswith("file://")]
     if elsewhere:
@@ -161,7 +186,8 @@ def _refuse_remote_locations(locations: list[str]) -> None:
 
 
 def _annotate(message: Any, delivery: str, settings: Settings) -> None:
-    """Start the message's batches on the local workflow, show progress, print the summary and exit."""
+    """Start the message's batches on the local workflow, show progress, print the summary and exit. Ctrl-C or
+    SIGTERM stops it between images: what is under way ends, the rest is left for the same command to finish."""
     from shared.errors import ModelUnavailable, RequestRejected
     from shared.ingest import start_batches
     from shared.storage import store_for
@@ -176,34 +202,53 @@ def _annotate(message: Any, delivery: str, settings: Settings) -> None:
         raise _fail(str(error)) from None
 
     columns = (TextColumn("annotating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as progress:
+    with (
+        _stopped_by_signals() as stop,
+        _disk_full_said(settings.data_dir),
+        Progress(*columns, console=err, transient=True) as progress,
+    ):
         task = progress.add_task("images", total=0)
 
         def on_invocation(function: str, payload: dict, error: BaseException | None) -> None:
             if function in ("write_result", "bulk"):  # an image ended, in either lane
                 progress.advance(task)
 
-        with local_workflow(on_invocation) as run_batch:
+        with local_workflow(on_invocation, stopping=stop.requested) as run_batch:
 
             def run_counted(batch: Any, name: str) -> ExecutionResult:
                 progress.update(task, total=(progress.tasks[0].total or 0) + batch.images)
                 err.print(f"batch {batch.batch_id}: execution {name}", highlight=False)
                 return run_batch(batch, name)
 
-            starter = LocalStarter(run_counted, settings.data_dir, delivery)
+            starter = LocalStarter(run_counted, settings.data_dir, delivery, stop.requested)
             try:
                 start_batches(message, delivery, settings.ingest, starter, store_for)
             except RequestRejected as error:
                 raise _fail(str(error)) from None
-    succeeded = failed = 0
-    for batch, result in starter.results:
+            if stop.requested.is_set():
+                progress.stop()
+                _say_stopped([batch.batch_id for batch, _ in starter.results], settings)
+                stop.exit()
+    _summarize(starter.results, message, settings)
+
+
+def _summarize(results: list[Any], message: Any, settings: Settings) -> None:
+    """Each image: succeeded, failed (with its reason), or not annotated (its batch ended before it); then exit."""
+    from shared.storage import store_for
+    from tools.status import batch_status
+
+    succeeded = failed = left = 0
+    for batch, result in results:
+        progress = batch_status(batch.batch_id, settings.results_root, store_for, None)
         if result.summary is None:
-            err.print(f"[red]batch {batch.batch_id} failed:[/red] {result.error}", highlight=False)
-            failed += batch.images
-        else:
-            succeeded += result.summary.succeeded
-            failed += result.summary.failed
-    batch_ids = [batch.batch_id for batch, _ in starter.results]
+            reason = result.error or result.status
+            if "No space left on device" in reason:
+                reason = f"the disk is full where results are written ({settings.data_dir.resolve()}): free space there"
+            err.print(f"[red]batch {batch.batch_id} did not finish:[/red] {reason}", highlight=False, soft_wrap=True)
+            left += progress.images - progress.done - progress.failed
+        succeeded += progress.done
+        failed += progress.failed
+    batch_ids = [batch.batch_id for batch, _ in results]
     if failed:
         _print_batch_rows(
             "failed images",
@@ -220,12 +265,84 @@ def _annotate(message: Any, delivery: str, settings: Settings) -> None:
             batch_ids,
             settings.data_dir,
         )
-    out.print(f"{succeeded} succeeded, {failed} failed", highlight=False)
+    out.print(f"{succeeded} succeeded, {failed} failed" + (f", {left} not annotated" if left else ""), highlight=False)
+    if left:
+        out.print("run the same command again to annotate the images not annotated; it skips those that are done")
     out.print(
         f"results in {settings.results_root}; query them with: annotate query --data-dir {settings.data_dir} 'SQL'; "
         f"ask what became of them with: annotate status --data-dir {settings.data_dir} --last"
     )
-    raise typer.Exit(1 if failed else 0)
+    raise typer.Exit(1 if failed or left else 0)
+
+
+def _say_stopped(batch_ids: list[str], settings: Settings) -> None:
+    from shared.storage import store_for
+    from tools.status import batch_status
+
+    progress = [batch_status(batch_id, settings.results_root, store_for, None) for batch_id in batch_ids]
+    done, failed = sum(batch.done for batch in progress), sum(batch.failed for batch in progress)
+    left = sum(batch.images for batch in progress) - done - failed
+    out.print(
+        f"stopped: {done} succeeded, {failed} failed, {left} not annotated yet; run the same command again to "
+        f"annotate the rest (annotate status --data-dir {settings.data_dir} --last says what is left)",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+class _SignalStop:
+    """The first Ctrl-C (or SIGTERM) asks the run to stop; a second one ends the process at once."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.requested = threading.Event()
+        self.signal = 0
+
+    def handle(self, signum: int, _: Any) -> None:
+        if self.requested.is_set():
+            self.exit(signum)
+        self.signal = signum
+        self.requested.set()
+        err.print("stopping: the images under way finish, no other starts (again to stop at once)", highlight=False)
+
+    def exit(self, signum: int | None = None) -> None:
+        """End the process now, with the shell's code for the signal (130 for Ctrl-C, 143 for SIGTERM): not through
+        the interpreter's exit, where native libraries' threads still running abort it ("terminate called...")."""
+        import os
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + (signum or self.signal))
+
+
+@contextmanager
+def _stopped_by_signals() -> Iterator[_SignalStop]:
+    import signal
+
+    stop = _SignalStop()
+    previous = {signum: signal.signal(signum, stop.handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextmanager
+def _disk_full_said(data_dir: Path) -> Iterator[None]:
+    """A full disk, said in one line, whichever write met it."""
+    import errno
+
+    try:
+        yield
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        raise _fail(
+            f"the disk is full where results are written ({data_dir.resolve()}): free space there and run the same"
+            " command again"
+        ) from None
 
 
 def _print_batch_rows(title: str, select: str, batch_ids: list[str], data_dir: Path) -> None:
@@ -538,8 +655,18 @@ def export_command(
         chosen = ExportFormat(export_format)
     except ValueError:
         raise _fail(f"--format must be one of {[f.value for f in ExportFormat]}") from None
+    from shared.errors import RequestRejected
+
     _refuse_file_as_folder(out_dir)
-    report = export(_annotated_images(where, data_dir, stack), chosen, out_dir, store_for)
+    if not stack:
+        _refuse_inside_data_dir(out_dir, data_dir)
+    images = _something_to_take(_annotated_images(where, data_dir, stack), where, data_dir, stack, "export")
+    try:
+        report = export(images, chosen, out_dir, store_for)
+    except RequestRejected as error:
+        raise _fail(str(error)) from None
+    except OSError as error:
+        raise _fail(_unwritable(out_dir, error)) from None
     for source, reason in report.skipped.items():
         err.print(f"[yellow]skipped[/yellow] {source}: {reason}", highlight=False)
     out.print(f"{report.images} images, {report.boxes} boxes written to {out_dir} ({chosen})", highlight=False)
@@ -570,8 +697,13 @@ def gallery(
             return str(s3.generate_presigned_url("get_object", {"Bucket": bucket, "Key": key}, ExpiresIn=expires))
 
     _refuse_file_as_folder(out_dir)
-    images = _annotated_images(where, data_dir, stack)
-    index = write_gallery(images, out_dir, store_for, presign)
+    if not stack:
+        _refuse_inside_data_dir(out_dir, data_dir)
+    images = _something_to_take(_annotated_images(where, data_dir, stack), where, data_dir, stack, "show")
+    try:
+        index = write_gallery(images, out_dir, store_for, presign)
+    except OSError as error:
+        raise _fail(_unwritable(out_dir, error)) from None
     out.print(f"{len(images)} images: open {index}", highlight=False)
 
 

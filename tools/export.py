@@ -20,12 +20,13 @@ from typing import Any
 from PIL import Image
 
 from shared.batches import image_ref
-from shared.errors import ImageRejected
+from shared.errors import ImageRejected, RequestRejected
 from shared.images import decode_image
 from shared.storage import StoreFor
 from tools.annotations import AnnotatedImage, LabelledBox
 
 IMAGES_FOLDER = "images"
+EXPORT_MARKER = ".annotate-export.json"  # what an export wrote into its folder
 EXIF_ORIENTATION = 0x0112
 # Label Studio's own names for the controls its labelling config declares (label_config.xml beside the tasks).
 LS_IMAGE, LS_BOXES, LS_CLASS = "image", "label", "class"
@@ -50,8 +51,14 @@ def export(
     """Write ``images`` in ``export_format`` under ``out_dir``. A failed image (no boxes to give), a source that
     cannot be read any more, is no longer a picture, or is not the one annotated (its content changed) is skipped,
     with the reason, and the rest is exported. The export is written beside ``out_dir`` and moved into it at the
-    end, so a failure leaves no half-written folder."""
+    end, so a failure leaves no half-written folder.
+
+    Raises:
+        RequestRejected: ``out_dir`` holds files an export did not write.
+        OSError: ``out_dir`` cannot be written (a full disk, a path no folder can be made at).
+    """
     report = ExportReport()
+    earlier = _earlier_export(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     try:
@@ -73,7 +80,7 @@ def export(
             ExportFormat.LABEL_STUDIO: _write_label_studio,
         }
         writers[export_format](kept, staging)
-        _move_into(staging, out_dir)
+        _move_into(staging, out_dir, earlier)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     report.images, report.boxes = len(kept), sum(len(image.boxes) for image, _ in kept)
@@ -92,16 +99,45 @@ def _why_not_exported(image: AnnotatedImage, store_for: StoreFor) -> str | None:
     return None
 
 
-def _move_into(staging: Path, out_dir: Path) -> None:
-    """Each entry written aside replaces its namesake in ``out_dir``; nothing else there is touched."""
+def _files_under(folder: Path) -> set[str]:
+    return {str(path.relative_to(folder)) for path in folder.rglob("*") if not path.is_dir() or path.is_symlink()}
+
+
+def _earlier_export(out_dir: Path) -> set[str]:
+    """The files of an earlier export that ``out_dir`` holds, which a new export replaces; none for a new or empty
+    folder.
+
+    Raises:
+        RequestRejected: ``out_dir`` holds anything an export did not write there (a dataset made by hand, notes,
+            another tool's files): an export never deletes or overwrites what it did not write.
+    """
+    if not out_dir.is_dir():
+        return set()
+    present = _files_under(out_dir)
+    marker = out_dir / EXPORT_MARKER
+    written = set(json.loads(marker.read_text()).get("files", [])) | {EXPORT_MARKER} if marker.is_file() else set()
+    foreign = sorted(present - written)
+    if foreign:
+        raise RequestRejected(
+            f"--out {out_dir} already holds files annotate export did not write ({foreign[0]}"
+            f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}): name a new or empty folder"
+        )
+    return present - {EXPORT_MARKER}
+
+
+def _move_into(staging: Path, out_dir: Path, earlier: set[str]) -> None:
+    """The files an earlier export wrote are removed, then the new export moves in, with the list of what it wrote
+    (so that the next export knows them from the user's)."""
+    written = sorted(_files_under(staging))
     out_dir.mkdir(exist_ok=True)
+    for name in earlier:
+        (out_dir / name).unlink(missing_ok=True)
+    for folder in sorted({(out_dir / name).parent for name in earlier}, key=lambda path: -len(path.parts)):
+        if folder != out_dir and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
     for entry in staging.iterdir():
-        target = out_dir / entry.name
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        elif target.exists() or target.is_symlink():
-            target.unlink()
-        entry.replace(target)
+        entry.replace(out_dir / entry.name)
+    (out_dir / EXPORT_MARKER).write_text(json.dumps({"files": written}, indent=1) + "\n")
 
 
 def categories(images: list[AnnotatedImage]) -> list[str]:

@@ -106,16 +106,23 @@ class HandlerDispatcher:
     holds them)."""
 
     def __init__(
-        self, listener: InvocationListener | None = None, gate: InvocationGate | None = None, timeouts: bool = False
+        self,
+        listener: InvocationListener | None = None,
+        gate: InvocationGate | None = None,
+        timeouts: bool = False,
+        stopping: threading.Event | None = None,
     ) -> None:
         self._listener = listener
         self._gate = gate
         self._locks = {name: threading.Lock() for name in FUNCTION_PLACEHOLDERS.values()}
         self._timeouts = step_timeouts() if timeouts else {}
+        self.stopping = stopping or threading.Event()
 
     def invoke(self, function: str, payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """(response payload, whether it is an error payload), as the Lambda Invoke API returns them."""
         name = function.rsplit(":function:", 1)[-1].split(":", 1)[0].removeprefix(FUNCTION_PREFIX)
+        if self.stopping.is_set():
+            threading.Event().wait()  # the run is stopping: no invocation starts; the process ends without it
         try:
             if self._gate:
                 self._gate(name, payload)  # may refuse the invocation: LambdaServiceError reaches the caller
@@ -125,6 +132,13 @@ class HandlerDispatcher:
         if self._listener:
             self._listener(name, payload, error)
         return response, error is not None
+
+    def drain(self, seconds: float) -> bool:
+        """Once ``stopping`` is set: wait for the invocations under way (and a bulk task's image) to end, and keep
+        every function from starting another. False when some were still running after ``seconds``."""
+        deadline = time.monotonic() + seconds
+        held = [*self._locks.values(), _BULK_TASK_AT_A_TIME]
+        return all(lock.acquire(timeout=max(0.0, deadline - time.monotonic())) for lock in held)
 
     def _run(self, name: str, payload: dict[str, Any]) -> tuple[dict[str, Any], BaseException | None]:
         handler = importlib.import_module(f"functions.{name}.app").handler
@@ -296,6 +310,7 @@ def local_definition() -> str:
 def _run_container(
     gate: InvocationGate | None,
     listener: InvocationListener | None,
+    stopping: threading.Event,
     run_task_parameters: dict[str, Any],
     task_arn: str,
 ) -> None:
@@ -304,7 +319,7 @@ def _run_container(
     starts, a bulk task before each of its images."""
     environment = container_environment(run_task_parameters)
     if "ANNOTATE_BULK_JOB" in environment:
-        _run_bulk_container(gate, listener, environment["ANNOTATE_BULK_JOB"])
+        _run_bulk_container(gate, listener, stopping, environment["ANNOTATE_BULK_JOB"])
         return
     from shared.variants_task import run
 
@@ -318,7 +333,9 @@ def _run_container(
 _BULK_TASK_AT_A_TIME = threading.Lock()
 
 
-def _run_bulk_container(gate: InvocationGate | None, listener: InvocationListener | None, job_uri: str) -> None:
+def _run_bulk_container(
+    gate: InvocationGate | None, listener: InvocationListener | None, run_stopping: threading.Event, job_uri: str
+) -> None:
     from shared.bulk import read_job, run_job
 
     dependencies = dependencies_of(Step.WRITE_RESULT)
@@ -327,7 +344,7 @@ def _run_bulk_container(gate: InvocationGate | None, listener: InvocationListene
     def stopping() -> bool:  # the gate's exception ends the task between two images, as a kill would
         if gate:
             gate("bulk", {"job_uri": job_uri, "image": next(checks)})
-        return False
+        return run_stopping.is_set()
 
     def on_image(outcome: ImageOutcome) -> None:
         if listener:
@@ -351,24 +368,35 @@ def _interpreter_quiet() -> Iterator[None]:
         interpreter.setLevel(level)
 
 
+# How long a stopping run waits for the invocations under way (a default-profile Detect takes seconds to tens).
+DRAIN_SECONDS = 300
+
+
 @contextmanager
 def local_workflow(
-    listener: InvocationListener | None = None, gate: InvocationGate | None = None, aws_limits: bool = False
+    listener: InvocationListener | None = None,
+    gate: InvocationGate | None = None,
+    aws_limits: bool = False,
+    stopping: threading.Event | None = None,
 ) -> Iterator[Callable[..., ExecutionResult]]:
     """Inside: a function that runs one batch through the workflow and waits for it to end. ``aws_limits``: hold
     each function to its timeout and each child (but those of a request with variants) to the Express limit, as
     AWS does (`annotate chaos`). Off for `annotate run`: here every function is one environment on this machine's
-    cores, which a batch's images queue for, and a real model may be slower here than on Lambda."""
+    cores, which a batch's images queue for, and a real model may be slower here than on Lambda.
+
+    Once ``stopping`` is set (Ctrl-C), no invocation starts; the batch under way ends ABORTED when those under
+    way have ended, and the process must then end (os._exit: the workflow's threads wait for invocations that
+    never come, and native libraries' threads abort an ordinary interpreter exit)."""
     import boto3
     from moto import mock_aws
 
-    dispatcher = HandlerDispatcher(listener, gate, timeouts=aws_limits)
+    dispatcher = HandlerDispatcher(listener, gate, timeouts=aws_limits, stopping=stopping)
     with (
         _interpreter_quiet(),
         mock_aws(config=MOTO_CONFIG),
         services_in_process(
             lambda function, _, payload: dispatcher.invoke(function, payload),
-            partial(_run_container, gate, listener),
+            partial(_run_container, gate, listener, dispatcher.stopping),
             express_limit=aws_limits,
         ),
         # Locally the measurements are in the image rows; EMF is for CloudWatch and would flood the terminal.
@@ -399,29 +427,52 @@ def local_workflow(
                 name=name or f"{batch.batch_id}-{uuid.uuid4().hex[:8]}",  # unnamed executions collide in moto
                 input=batch.model_dump_json(),
             )["executionArn"]
-            return _wait(client, execution_arn)
+            return _wait(client, execution_arn, dispatcher)
 
         yield run
 
 
-def _wait(client: Any, execution_arn: str) -> ExecutionResult:
+def _wait(client: Any, execution_arn: str, dispatcher: HandlerDispatcher) -> ExecutionResult:
     pause = 0.02
     while (execution := client.describe_execution(executionArn=execution_arn))["status"] == "RUNNING":
+        if dispatcher.stopping.is_set():
+            drained = dispatcher.drain(DRAIN_SECONDS)
+            reason = "stopped (Ctrl-C or SIGTERM)" + ("" if drained else "; some invocations had not ended")
+            return ExecutionResult(execution_arn=execution_arn, status="ABORTED", summary=None, error=reason)
         time.sleep(pause)
         pause = min(pause * 1.5, 0.5)  # each poll is a request through moto, which competes for the GIL
     status = execution["status"]
     summary = BatchSummary.model_validate_json(execution["output"]) if status == "SUCCEEDED" else None
-    error = None if summary else f"{execution.get('error', status)}: {execution.get('cause', '')}"
+    error = None if summary else f"{execution.get('error', status)}: {_one_line(execution.get('cause', ''))}"
     logger.info("execution ended", extra={"execution_arn": execution_arn, "status": status})
     return ExecutionResult(execution_arn=execution_arn, status=status, summary=summary, error=error)
+
+
+def _one_line(cause: str) -> str:
+    """An execution's cause as a person reads it: a Lambda error payload's type and message, not its stack."""
+    try:
+        payload = json.loads(cause)
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict) and "errorMessage" in payload:
+        cause = f"{payload.get('errorType', 'Error')}: {payload['errorMessage']}"
+    lines = cause.strip().splitlines()
+    return lines[0][:500] if lines else ""
 
 
 class LocalStarter:
     """Runs each started batch to its end through the local workflow, keeping the results in order and a record
     of each run in ``data_dir/runs/`` (what ``annotate status`` reads)."""
 
-    def __init__(self, run: Callable[..., ExecutionResult], data_dir: Path, delivery: str) -> None:
+    def __init__(
+        self,
+        run: Callable[..., ExecutionResult],
+        data_dir: Path,
+        delivery: str,
+        stopping: threading.Event | None = None,
+    ) -> None:
         self._run = run
+        self._stopping = stopping or threading.Event()
         self._data_dir = data_dir
         self._delivery = delivery
         self.results: list[tuple[BatchInput, ExecutionResult]] = []
@@ -435,9 +486,15 @@ class LocalStarter:
             delivery=self._delivery,
             images=batch.images,
             started_at=now(),
+            pid=os.getpid(),
         )
         record_run(self._data_dir, record)
-        result = self._run(batch, name)
+        if self._stopping.is_set():  # a batch after Ctrl-C: recorded, so that status counts its images as left
+            result = ExecutionResult(
+                execution_arn=name, status="ABORTED", summary=None, error="stopped before it started"
+            )
+        else:
+            result = self._run(batch, name)
         ended = {"status": result.status, "ended_at": now(), "error": result.error}
         record_run(self._data_dir, record.model_copy(update=ended))
         self.results.append((batch, result))

@@ -4,6 +4,7 @@ and the executions' states from the local runs' records or from Step Functions."
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +30,7 @@ class RunRecord(BaseModel):
     status: str = "RUNNING"
     ended_at: datetime | None = None
     error: str | None = None
+    pid: int | None = Field(None, description="The process running it: one that is gone ended it unrecorded")
 
 
 def record_run(data_dir: Path, record: RunRecord) -> None:
@@ -128,8 +130,24 @@ def _result(store_for: StoreFor, uri: str) -> ImageResult:
 
 
 def local_execution(data_dir: Path, batch_id: str) -> tuple[str, str] | None:
+    """The batch's newest local run: (name, state); a RUNNING run whose process is gone (killed) is ABORTED."""
     records = [record for record in local_runs(data_dir) if record.batch_id == batch_id]
-    return (records[-1].execution_name, records[-1].status) if records else None
+    if not records:
+        return None
+    last = records[-1]
+    if last.status == "RUNNING" and last.pid is not None and not _alive(last.pid):
+        return last.execution_name, "ABORTED"
+    return last.execution_name, last.status
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def step_functions_executions(sfn: Any, state_machine_arn: str) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ local model folder.
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from importlib import resources
@@ -19,7 +20,7 @@ from shared.errors import ModelUnavailable
 from shared.model_sources import BUILT_MARKER, BUILT_PREFIXES, built_model_dir
 from shared.observability import logger
 from shared.settings import ModelFiles, Settings
-from tools.torch_models import prepare_torch
+from tools.torch_models import exports_finished, prepare_torch
 
 _SEED = 0
 
@@ -75,6 +76,9 @@ def build_named_models(settings: Settings, variants: bool = False) -> None:
             exported_tagger_dir(source, settings.model_files)
         except ModelUnavailable as error:
             logger.warning("tagger model not exported", extra={"model": source, "error": str(error)})
+    seconds = exports_finished()
+    if seconds is not None:
+        print(f"models exported in {seconds:.0f} s", file=sys.stderr, flush=True)
 
 
 def bert_base_uncased_vocab() -> dict[str, int]:

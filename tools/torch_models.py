@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,6 +187,41 @@ def load_torch_tagger(settings: DescriptionSettings) -> ClipTagger:
     return ClipTagger(source, encode_image, encode_text, float(model.logit_scale.exp()))
 
 
+_announced: list[float] = []  # when the exports under way started
+
+
+def _announce_exports() -> None:
+    """One line, as the exports start: a newcomer's first run spends seconds here, once."""
+    if not _announced:
+        _announced.append(time.monotonic())
+        print(
+            "exporting the models to ONNX for this machine, once (the tiny profile's take about 20 s; later runs"
+            " reuse them)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def exports_finished() -> float | None:
+    """The seconds the exports since the announcement took (None if there were none); the next export announces
+    itself again."""
+    return time.monotonic() - _announced.pop() if _announced else None
+
+
+@contextmanager
+def _known_export_warnings_quiet() -> Iterator[None]:
+    """The warnings every export of these models gives, each known to be harmless here: tracing freezes a shape
+    check (each export is for one size); a model's scalar read off a parameter; opset 17's advanced indexing. The
+    exports are checked against torch by tests instead."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True", category=UserWarning)
+        warnings.filterwarnings("ignore", message="Exporting aten::index operator", category=UserWarning)
+        yield
+
+
 def export_once(
     source: str, files: ModelFiles, manifest: str, export: Callable[[Path, Path], None], extra: object = None
 ) -> Path:
@@ -198,8 +237,10 @@ def export_once(
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         prepare_torch(0)
+        _announce_exports()
         try:
-            export(folder, staging)
+            with _known_export_warnings_quiet():
+                export(folder, staging)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)  # a failed export leaves nothing behind
             raise

@@ -25,7 +25,7 @@ DataDir = Annotated[Path, typer.Option("--data-dir", file_okay=False, help="Loca
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -227,36 +227,38 @@ def _annotate(message: Any, delivery: str, settings: Settings) -> None:
                 raise _fail(str(error)) from None
             if stop.requested.is_set():
                 progress.stop()
-                _say_stopped([batch.batch_id for batch, _ in starter.results], settings)
+                _say_stopped([batch for batch, _ in starter.results], settings)
                 stop.exit()
     _summarize(starter.results, message, settings)
 
 
 def _summarize(results: list[Any], message: Any, settings: Settings) -> None:
     """Each image: succeeded, failed (with its reason), or not annotated (its batch ended before it); then exit."""
-    from shared.storage import store_for
-    from tools.status import batch_status
-
     succeeded = failed = left = 0
     for batch, result in results:
-        progress = batch_status(batch.batch_id, settings.results_root, store_for, None)
-        if result.summary is None:
-            reason = result.error or result.status
-            if "No space left on device" in reason:
-                reason = f"the disk is full where results are written ({settings.data_dir.resolve()}): free space there"
-            err.print(f"[red]batch {batch.batch_id} did not finish:[/red] {reason}", highlight=False, soft_wrap=True)
-            left += progress.images - progress.done - progress.failed
-        succeeded += progress.done
-        failed += progress.failed
+        if result.summary is not None:
+            succeeded += result.summary.succeeded
+            failed += result.summary.failed
+            continue
+        reason = result.error or result.status
+        if "No space left on device" in reason:
+            reason = _disk_full(settings.data_dir)
+        err.print(f"[red]batch {batch.batch_id} did not finish:[/red] {reason}", highlight=False, soft_wrap=True)
+        rows = _rows_by_status(batch.batch_id, settings.data_dir)
+        succeeded += rows.get("succeeded", 0)
+        failed += rows.get("failed", 0)
+        left += batch.images - sum(rows.values())
     batch_ids = [batch.batch_id for batch, _ in results]
     if failed:
-        _print_batch_rows(
+        failures = _print_batch_rows(
             "failed images",
             "SELECT source_uri, failed_step, error FROM images WHERE status = 'failed' AND {batches} "
             "ORDER BY source_uri",
             batch_ids,
             settings.data_dir,
         )
+        if any("No space left on device" in (row["error"] or "") for row in failures):
+            err.print(_disk_full(settings.data_dir), highlight=False, soft_wrap=True)
     if message.variants:
         _print_batch_rows(
             "variants",
@@ -275,13 +277,23 @@ def _summarize(results: list[Any], message: Any, settings: Settings) -> None:
     raise typer.Exit(1 if failed or left else 0)
 
 
-def _say_stopped(batch_ids: list[str], settings: Settings) -> None:
-    from shared.storage import store_for
-    from tools.status import batch_status
+def _rows_by_status(batch_id: str, data_dir: Path) -> dict[str, int]:
+    """How many of the batch's images have their row, by status (none when no table was written yet)."""
+    import duckdb
 
-    progress = [batch_status(batch_id, settings.results_root, store_for, None) for batch_id in batch_ids]
-    done, failed = sum(batch.done for batch in progress), sum(batch.failed for batch in progress)
-    left = sum(batch.images for batch in progress) - done - failed
+    from tools.query import run_local_query
+
+    select = f"SELECT status, count(*) AS n FROM images_latest WHERE batch_id = '{batch_id}' GROUP BY status"
+    try:  # batch ids are b-<hex>: no quoting needed
+        return {row["status"]: row["n"] for row in run_local_query(select, data_dir).to_pylist()}
+    except duckdb.Error:
+        return {}
+
+
+def _say_stopped(batches: list[Any], settings: Settings) -> None:
+    counts = [_rows_by_status(batch.batch_id, settings.data_dir) for batch in batches]
+    done, failed = sum(c.get("succeeded", 0) for c in counts), sum(c.get("failed", 0) for c in counts)
+    left = sum(batch.images for batch in batches) - done - failed
     out.print(
         f"stopped: {done} succeeded, {failed} failed, {left} not annotated yet; run the same command again to "
         f"annotate the rest (annotate status --data-dir {settings.data_dir} --last says what is left)",
@@ -339,18 +351,24 @@ def _disk_full_said(data_dir: Path) -> Iterator[None]:
     except OSError as error:
         if error.errno != errno.ENOSPC:
             raise
-        raise _fail(
-            f"the disk is full where results are written ({data_dir.resolve()}): free space there and run the same"
-            " command again"
-        ) from None
+        raise _fail(_disk_full(data_dir)) from None
 
 
-def _print_batch_rows(title: str, select: str, batch_ids: list[str], data_dir: Path) -> None:
-    """``select`` (a query over ``images`` ending in WHERE ...) for these batches only, as a table."""
+def _print_batch_rows(title: str, select: str, batch_ids: list[str], data_dir: Path) -> list[dict[str, Any]]:
+    """``select`` (a query over ``images`` ending in WHERE ...) for these batches only, as a table; its rows."""
     from tools.query import run_local_query
 
     ids = ", ".join(f"'{batch_id}'" for batch_id in batch_ids)  # batch ids are b-<hex>: no quoting needed
-    _print_table(run_local_query(select.format(batches=f"batch_id IN ({ids})"), data_dir), title=title)
+    table = run_local_query(select.format(batches=f"batch_id IN ({ids})"), data_dir)
+    _print_table(table, title=title)
+    return list(table.to_pylist())
+
+
+def _disk_full(data_dir: Path) -> str:
+    return (
+        f"the disk is full where results are written ({data_dir.resolve()}): free space there and run the same"
+        " command again"
+    )
 
 
 def _vocabularies(options: list[str]) -> dict[str, list[str]]:
@@ -730,13 +748,19 @@ def status(
         out.print(
             f"batch {batch.batch_id}: {batch.state} ({batch.execution or 'no execution'}): {batch.images} images, "
             f"{batch.done} done, {batch.failed} failed, {batch.still_running} still running"
-            + (f", {batch.missing} without a result" if batch.missing else "")
+            + (
+                f", {batch.missing} {'not annotated yet' if batch.state == 'ABORTED' else 'without a result'}"
+                if batch.missing
+                else ""
+            )
             + f"; results in {batch.results}",
             highlight=False,
             soft_wrap=True,
         )
         for failure in batch.failures:
             out.print(f"  failed {failure.source_uri}: {failure.reason}", highlight=False, soft_wrap=True)
+        if batch.state == "ABORTED" and batch.missing:
+            out.print("  stopped before it finished: run the same command again to annotate the rest", highlight=False)
     raise typer.Exit(0 if all(batch.all_done for batch in statuses) else 1)
 
 

@@ -299,6 +299,39 @@ def test_chat_mistakes_are_400s_the_openai_client_raises_as_bad_requests_streame
             list(answer) if stream else None  # type: ignore[call-overload]
 
 
+def test_a_stream_that_fails_once_started_ends_with_an_error_event_and_frees_the_model(
+    api_settings: Settings, models: DependenciesOf
+) -> None:
+    # GIVEN a model whose stream breaks after its first chunk (the real model's first chunk, then a fault)
+    from dataclasses import replace
+
+    from shared.captioning import LlamaCaptioner
+
+    real = models(Step.CAPTION).captioner
+    assert isinstance(real, LlamaCaptioner)
+
+    class BreaksMidStream:
+        def create_chat_completion(self, **arguments: Any) -> Iterator[dict[str, Any]]:
+            yield next(iter(real.llm.create_chat_completion(**arguments)))
+            raise RuntimeError("llama_decode returned -1")
+
+    breaking = LlamaCaptioner(BreaksMidStream(), real.model_name, real.max_tokens)
+
+    def dependencies(step: Step) -> Dependencies:
+        return replace(models(step), captioner=breaking) if step is Step.CAPTION else models(step)
+
+    with serving_in_thread(create_app(api_settings, dependencies, rows_in_process(models))) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        stream = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
+        )
+        # WHEN it is read THEN the client gets the first chunk, then OpenAI's error event as an APIError
+        with pytest.raises(openai.APIError, match="the stream failed"):
+            for _ in stream:
+                pass
+        assert httpx.get(f"{url}/health").json()["calls_held"] == 0
+
+
 def test_max_completion_tokens_bounds_the_answer(client: openai.OpenAI) -> None:
     answer = client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Tell me a long story."}], max_completion_tokens=3

@@ -153,20 +153,14 @@ def _refuse_file_as_folder(out_dir: Path) -> None:
         raise _fail(f"--out {out_dir} is a file: name a folder to write into")
 
 
-def _refuse_inside_data_dir(out_dir: Path, data_dir: Path) -> None:
-    if out_dir.resolve().is_relative_to(data_dir.resolve()):
-        raise _fail(f"--out {out_dir} is inside the data folder {data_dir}, which holds the results: write elsewhere")
-
-
-def _unwritable(out_dir: Path, error: OSError) -> str:
-    return f"cannot write into {out_dir}: {error.strerror or error}" + (
-        f" ({error.filename})" if error.filename else ""
-    )
-
-
-def _something_to_take(images: list[Any], where: str | None, data_dir: Path, stack: str | None, verb: str) -> list[Any]:
+def _images_to_write(out_dir: Path, where: str | None, data_dir: Path, stack: str | None, verb: str) -> list[Any]:
+    """The images an export or gallery writes into ``out_dir``: a folder, outside the data folder; none is a mistake."""
     from shared.tables import TABLES_PREFIX
 
+    _refuse_file_as_folder(out_dir)
+    if not stack and out_dir.resolve().is_relative_to(data_dir.resolve()):
+        raise _fail(f"--out {out_dir} is inside the data folder {data_dir}, which holds the results: write elsewhere")
+    images = _annotated_images(where, data_dir, stack)
     if images:
         return images
     if stack:
@@ -174,6 +168,21 @@ def _something_to_take(images: list[Any], where: str | None, data_dir: Path, sta
     if not (data_dir / TABLES_PREFIX).is_dir():
         raise _fail(f"nothing to {verb}: {data_dir} holds no results (is --data-dir the folder annotate run wrote?)")
     raise _fail(f"nothing to {verb}: no image in {data_dir}" + (f" where {where}" if where else ""))
+
+
+@contextmanager
+def _writing_into(out_dir: Path) -> Iterator[None]:
+    """A folder that cannot be written (a full disk, a path no folder can be made at), or that holds what the
+    command did not write, said in a line."""
+    from shared.errors import RequestRejected
+
+    try:
+        yield
+    except RequestRejected as error:
+        raise _fail(str(error)) from None
+    except OSError as error:
+        where = f" ({error.filename})" if error.filename else ""
+        raise _fail(f"cannot write into {out_dir}: {error.strerror or error}{where}") from None
 
 
 def _refuse_remote_locations(locations: list[str]) -> None:
@@ -673,18 +682,9 @@ def export_command(
         chosen = ExportFormat(export_format)
     except ValueError:
         raise _fail(f"--format must be one of {[f.value for f in ExportFormat]}") from None
-    from shared.errors import RequestRejected
-
-    _refuse_file_as_folder(out_dir)
-    if not stack:
-        _refuse_inside_data_dir(out_dir, data_dir)
-    images = _something_to_take(_annotated_images(where, data_dir, stack), where, data_dir, stack, "export")
-    try:
+    images = _images_to_write(out_dir, where, data_dir, stack, "export")
+    with _writing_into(out_dir):
         report = export(images, chosen, out_dir, store_for)
-    except RequestRejected as error:
-        raise _fail(str(error)) from None
-    except OSError as error:
-        raise _fail(_unwritable(out_dir, error)) from None
     for source, reason in report.skipped.items():
         err.print(f"[yellow]skipped[/yellow] {source}: {reason}", highlight=False)
     out.print(f"{report.images} images, {report.boxes} boxes written to {out_dir} ({chosen})", highlight=False)
@@ -714,14 +714,9 @@ def gallery(
             bucket, key = split_s3(uri)
             return str(s3.generate_presigned_url("get_object", {"Bucket": bucket, "Key": key}, ExpiresIn=expires))
 
-    _refuse_file_as_folder(out_dir)
-    if not stack:
-        _refuse_inside_data_dir(out_dir, data_dir)
-    images = _something_to_take(_annotated_images(where, data_dir, stack), where, data_dir, stack, "show")
-    try:
+    images = _images_to_write(out_dir, where, data_dir, stack, "show")
+    with _writing_into(out_dir):
         index = write_gallery(images, out_dir, store_for, presign)
-    except OSError as error:
-        raise _fail(_unwritable(out_dir, error)) from None
     out.print(f"{len(images)} images: open {index}", highlight=False)
 
 

@@ -191,9 +191,8 @@ def _bearer_check(settings: Settings) -> Callable[[Request], None]:
         scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
         if scheme.lower() != "bearer":  # RFC 6750: the scheme is case-insensitive, and it is required
             given = ""
-        if not hmac.compare_digest(
-            given.strip().encode(), expected.encode()
-        ):  # constant time: no key guessed by timing
+        # constant time: no key guessed by timing
+        if not hmac.compare_digest(given.strip().encode(), expected.encode()):
             raise ApiError(401, "a valid API key is required: Authorization: Bearer <key>", code="invalid_api_key")
 
     return check

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -36,30 +37,30 @@ def expand_locations(locations: list[str], store_for: StoreFor, results_root: st
         RequestRejected: a location is the results folder or lies inside it.
     """
     results = results_root.rstrip("/") + "/" if results_root else None
+
+    def an_input(uri: str) -> bool:
+        return not (results and uri.startswith(results))
+
     found: dict[str, str] = {}
     for location in locations:
         if not is_s3(location):
             path = local_path(location).expanduser().absolute()
-            with contextlib.suppress(
-                RuntimeError, OSError
-            ):  # a symlink loop: named as given, it ends as its failure row
+            # a symlink loop is kept as named: it ends as its failure row
+            with contextlib.suppress(RuntimeError, OSError):
                 path = path.resolve()
             location = local_uri(path)
-        if results and (location + "/").startswith(results):
+        if not an_input(location + "/"):
             raise RequestRejected(f"{location} is where results are written, not an image or a folder of images")
         store = store_for(location)
-        if is_s3(location):
-            listed = (
-                store.list_fingerprinted(location)
-                if location.endswith("/")
-                else [(location, store.fingerprint(location))]
-            )
-        else:  # a local fingerprint reads the file: the results folder's files are left out before
+        if not is_s3(location):  # a local fingerprint reads the file: the results' files are left out first
             uris = store.list_uris(location) if local_path(location).is_dir() else [location]
-            listed = ((uri, store.fingerprint(uri)) for uri in uris if not (results and uri.startswith(results)))
+            listed: Iterable[tuple[str, str]] = ((uri, store.fingerprint(uri)) for uri in uris if an_input(uri))
+        elif location.endswith("/"):
+            listed = (entry for entry in store.list_fingerprinted(location) if an_input(entry[0]))
+        else:
+            listed = [(location, store.fingerprint(location))]
         for uri, fingerprint in listed:
-            if not (results and uri.startswith(results)):
-                found.setdefault(uri, fingerprint)
+            found.setdefault(uri, fingerprint)
     return found
 
 

@@ -66,7 +66,14 @@ class AnnotationCall(AnnotationOptions):
 class Annotation(ImageResult):
     """The image's result document, as the workflow writes it, and the annotated picture when asked for."""
 
-    picture_png: str | None = Field(None, description="The annotated picture, PNG in base64 (picture=true)")
+    picture_png: str | None = Field(
+        None,
+        description="The annotated picture, PNG in base64 (picture=true); downscaled (picture_scale) where its PNG"
+        " would pass api_max_picture_bytes, so that an answer fits a Lambda function URL's 6 MB",
+    )
+    picture_scale: float | None = Field(
+        None, description="The picture's size over the image's (1.0: full size); boxes are in the image's pixels"
+    )
 
 
 RecordRows = Callable[[WriteGroupTableInput], None]
@@ -171,13 +178,31 @@ def annotate_one(
                 outcomes=[outcome],
             )
         )
-    picture = None
+    picture, scale = None, None
     if options.picture and result.annotated_uri:
-        picture = base64.b64encode(store_of(result.annotated_uri).read_bytes(result.annotated_uri)).decode()
+        png, scale = fitted_png(
+            store_of(result.annotated_uri).read_bytes(result.annotated_uri), settings.api_max_picture_bytes
+        )
+        picture = base64.b64encode(png).decode()
     unkept = (
         {} if options.record else {"result_uri": None, "annotated_uri": None}
     )  # memory:// means nothing to a caller
-    return Annotation(**(result.model_dump() | unkept), picture_png=picture)
+    return Annotation(**(result.model_dump() | unkept), picture_png=picture, picture_scale=scale)
+
+
+def fitted_png(png: bytes, max_bytes: int) -> tuple[bytes, float]:
+    """``png`` as it is when it has at most ``max_bytes``, else downscaled until it has: a PNG's size follows its
+    pixels, so each try scales by the square root of the ratio, a tenth under it. Returns the PNG and its scale."""
+    scale, fitted = 1.0, png
+    with Image.open(io.BytesIO(png)) as picture:
+        picture.load()
+        while len(fitted) > max_bytes:
+            scale *= 0.9 * (max_bytes / len(fitted)) ** 0.5
+            size = (max(1, round(picture.width * scale)), max(1, round(picture.height * scale)))
+            buffer = io.BytesIO()
+            picture.resize(size, Image.Resampling.LANCZOS).save(buffer, format="PNG")
+            fitted = buffer.getvalue()
+    return fitted, round(scale, 4)
 
 
 def rows_in_process(dependencies_of: DependenciesOf) -> RecordRows:

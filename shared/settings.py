@@ -364,6 +364,17 @@ class Settings(BaseSettings):
         True, description="Whether the API generates pictures (stable-diffusion.cpp); the Lambda API does not"
     )
     api_max_chat_tokens: int = Field(512, ge=1, le=4096, description="Most tokens one chat completion writes")
+    # A function URL answers at most 6 MB (Lambda quotas: "Invocation payload (request and response) 6 MB each for
+    # request and response", synchronous): 4 MB of PNG is 5.3 MB of base64, leaving room for the document.
+    api_max_picture_bytes: int = Field(
+        4_000_000,
+        ge=10_000,
+        le=100_000_000,
+        description="Largest annotated PNG in an answer; larger ones are downscaled",
+    )
+    models_revision: str = Field(
+        "", description="The stack's ModelsRevision: read by nobody; a new one makes Lambda publish new versions"
+    )
     api_hosts: list[str] = Field(
         default_factory=list,
         description="Host names the API answers to besides localhost, 127.0.0.1 and [::1] when no key is set (a"

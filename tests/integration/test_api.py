@@ -332,6 +332,40 @@ def test_a_stream_that_fails_once_started_ends_with_an_error_event_and_frees_the
         assert httpx.get(f"{url}/health").json()["calls_held"] == 0
 
 
+def test_a_twelve_megapixel_photo_s_picture_fits_lambda_s_6_mb_and_a_7_mb_upload_is_refused_in_openai_s_shape(
+    api_settings: Settings, models: DependenciesOf
+) -> None:
+    # GIVEN the server with the body limit it has by default, and a 4000x3000 photo
+    settings = api_settings.model_copy(update={"api_max_body_bytes": Settings().api_max_body_bytes})
+    import numpy as np
+
+    smooth = np.asarray(Image.open(io.BytesIO(CAT)).convert("RGB").resize((4000, 3000), Image.Resampling.BICUBIC))
+    grain = np.random.default_rng(0).integers(-6, 7, smooth.shape)  # a camera's: its PNG is 20 MB, not 5
+    photo = Image.fromarray(np.clip(smooth + grain, 0, 255).astype(np.uint8))
+    with serving_in_thread(create_app(settings, models, rows_in_process(models))) as url:
+        # WHEN it is annotated with its picture, and a 7 MB body is sent
+        body = {
+            "prompt": "cat.",
+            "caption": False,
+            "picture": True,
+            "image": base64.b64encode(encode(photo, "JPEG")).decode(),
+        }
+        answer = httpx.post(f"{url}/v1/annotations", json=body, timeout=120)
+        too_large = httpx.post(
+            f"{url}/v1/annotations", files={"image": ("big.png", b"\x89PNG" + bytes(7_000_000))}, timeout=60
+        )
+
+    # THEN the answer, picture and all, is under Lambda's 6 MB, its picture downscaled as it says
+    assert answer.status_code == 200, answer.text
+    assert len(answer.content) < 6 * 2**20
+    picture = _png(answer.json()["picture_png"])
+    scale = answer.json()["picture_scale"]
+    assert 0 < scale < 1 and abs(picture.width - 4000 * scale) <= 1 and abs(picture.height - 3000 * scale) <= 1
+    # AND the 7 MB body gets the app's 413 in OpenAI's shape
+    assert too_large.status_code == 413
+    assert too_large.json()["error"]["code"] == "body_too_large"
+
+
 def test_max_completion_tokens_bounds_the_answer(client: openai.OpenAI) -> None:
     answer = client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Tell me a long story."}], max_completion_tokens=3

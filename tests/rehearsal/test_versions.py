@@ -99,3 +99,38 @@ def test_without_every_property_hashed_a_new_layer_would_leave_the_old_version(t
     # WHEN the shared layer changes, THEN no SnapStart function gets a new version: they would keep the old code
     before, after = _versions(old), _versions(old, changed_layer="SharedLayer")
     assert all(after[f] == before[f] for f in VERSIONED)
+
+
+SNAPSTART = {"EnableSnapStart": "true", "EnableApi": "true"}
+
+
+def test_a_models_only_update_publishes_a_new_version_of_each_model_function() -> None:
+    from tools.rehearsal.aws_behaviours import versions_replaced
+
+    # GIVEN the stack deployed with SnapStart, WHEN only ModelsRevision changes (new models were pushed)
+    replaced = versions_replaced(_transformed(TEMPLATE_PATH), SNAPSTART, SNAPSTART | {"ModelsRevision": "2"})
+    # THEN each model function's version is replaced, and Lambda publishes it (its configuration changed)
+    assert sorted(replaced) == sorted(VERSIONED)
+
+
+def test_a_reserved_concurrency_update_alone_replaces_no_version() -> None:
+    from tools.rehearsal.aws_behaviours import versions_replaced
+
+    # Reserved concurrency is the function's, whatever version runs: no version to publish, none to fail
+    assert versions_replaced(_transformed(TEMPLATE_PATH), SNAPSTART, SNAPSTART | {"ApiReservedConcurrency": "5"}) == []
+
+
+def test_without_the_revision_in_the_configuration_a_models_only_update_fails_as_publishversion_does(
+    tmp_path: Path,
+) -> None:
+    from tools.rehearsal.aws_behaviours import PublishFailed, versions_replaced
+
+    # GIVEN the template as it was: ModelsRevision only in each version's description
+    text = TEMPLATE_PATH.read_text()
+    line = "        ANNOTATE_MODELS_REVISION: !Ref ModelsRevision\n"
+    assert line in text
+    old = tmp_path / "template.yaml"
+    old.write_text(text.replace(line, ""))
+    # WHEN only ModelsRevision changes THEN the update fails, naming the function whose version Lambda would not publish
+    with pytest.raises(PublishFailed, match="PublishVersion of DetectFunction failed: A version for this Lambda"):
+        versions_replaced(_transformed(old), SNAPSTART, SNAPSTART | {"ModelsRevision": "2"})

@@ -416,3 +416,11 @@ def test_no_state_spells_out_the_image_task_field_by_field() -> None:
         named = {key.removesuffix(".$") for key in state.get("Parameters", {})} & task_fields
         if name != "WriteGroupTable":  # the batch's own fields, not an image's
             assert len(named) <= 1, f"{name} lists {sorted(named)} one by one: pass $.task instead"
+
+
+def test_no_arn_names_a_partition_of_its_own() -> None:
+    # GovCloud and China are partitions of their own ("aws-us-gov", "aws-cn"): every ARN takes the stack's
+    from tools.sam_template import TEMPLATE_PATH
+
+    for path in (TEMPLATE_PATH, *sorted((TEMPLATE_PATH.parent / "state_machine").glob("*.json"))):
+        assert "arn:aws:" not in path.read_text(), path

@@ -13,14 +13,23 @@
   access to Lambda function URLs). With AuthType NONE the function's resource-based policy "must grant public
   access"; with AWS_IAM the signed caller's identity policy grants them. Anything else is 403 before the function
   runs. moto neither serves the URL nor checks either policy.
+- A function URL carries at most 6 MB each way: "Invocation payload (request and response): 6 MB each for request
+  and response (synchronous)" (Lambda quotas); a larger request is refused before the function runs (413), a larger
+  response fails the invocation (502). moto passes any size.
+- PublishVersion publishes nothing new for a function whose code and configuration have not changed: "Lambda
+  doesn't publish a version if the function's configuration and code haven't changed since the last version"
+  (Lambda API reference, PublishVersion). A stack update that replaces an AWS::Lambda::Version (its Description
+  changed: "Update requires: Replacement") of such a function fails with "A version for this Lambda function exists"
+  and rolls back. moto publishes a version every time.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -110,13 +119,67 @@ def _snapstart_runtime() -> Iterator[list[tuple[Callable[..., Any], tuple[Any, .
             sys.modules["snapshot_restore_py"] = saved
 
 
-def publish_versions(stack: DeployedStack, run_as: Callable[[DeployedFunction], Any]) -> list[str]:
-    """PublishVersion of every function deployed with SnapStart on published versions: its module's init (as a new
-    environment runs it) and then its before-snapshot hooks, with its deployed settings and as its role (``run_as``
-    gives that context). Returns the functions published; raises :class:`PublishFailed` naming the first that
-    raised, as the stack would fail."""
+# What a function's version does not hold: set on the function itself, whatever version runs
+NOT_IN_A_VERSION = frozenset({"ReservedConcurrentExecutions", "Tags"})
+
+
+def _with_parameters(template: dict[str, Any], value: Any, parameters: dict[str, str]) -> Any:
+    """``value`` as a deployment with ``parameters`` (the others at their defaults) has it: parameter Refs,
+    conditions and the parameters a Fn::Sub names resolved."""
+    resolved = by_default(template, value, parameters)
+    given = {name: parameters.get(name, declared.get("Default")) for name, declared in template["Parameters"].items()}
+
+    def substituted(item: Any) -> Any:
+        if isinstance(item, list):
+            return [substituted(element) for element in item]
+        if not isinstance(item, dict):
+            return item
+        if set(item) == {"Fn::Sub"}:
+            text, variables = (item["Fn::Sub"], {}) if isinstance(item["Fn::Sub"], str) else item["Fn::Sub"]
+            for name, parameter in given.items():
+                text = text.replace("${" + name + "}", str(parameter))
+            return {"Fn::Sub": [text, substituted(variables)]}
+        return {key: substituted(element) for key, element in item.items()}
+
+    return substituted(resolved)
+
+
+def versions_replaced(template: dict[str, Any], before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """The functions (logical ids) whose version a stack update from parameters ``before`` to ``after`` replaces, as
+    CloudFormation decides it (a version's properties changed) and Lambda then publishes it. Raises
+    :class:`PublishFailed` for a replaced version whose function's code and configuration did not change, as
+    PublishVersion then publishes nothing and the update fails."""
+    replaced = []
+    resources = template["Resources"]
+    for version in resources.values():
+        if version["Type"] != "AWS::Lambda::Version":
+            continue
+        if _with_parameters(template, version["Properties"], before) == _with_parameters(
+            template, version["Properties"], after
+        ):
+            continue
+        function = version["Properties"]["FunctionName"]["Ref"]
+        configuration = {k: v for k, v in resources[function]["Properties"].items() if k not in NOT_IN_A_VERSION}
+        if _with_parameters(template, configuration, before) == _with_parameters(template, configuration, after):
+            raise PublishFailed(
+                f"PublishVersion of {function} failed: A version for this Lambda function exists. Modify the function"
+                " to create a new version (its version's description changed, but not its code or configuration)"
+            )
+        replaced.append(function)
+    return replaced
+
+
+def publish_versions(
+    stack: DeployedStack, run_as: Callable[[DeployedFunction], Any], only: Collection[str] | None = None
+) -> list[str]:
+    """PublishVersion of every function deployed with SnapStart on published versions (``only`` those, on an
+    update: :func:`versions_replaced`): its module's init (as a new environment runs it) and then its
+    before-snapshot hooks, with its deployed settings and as its role (``run_as`` gives that context). Returns the
+    functions published; raises :class:`PublishFailed` naming the first that raised, as the stack would fail."""
     published = []
     for function in stack.functions.values():
+        if only is not None and function.logical_id not in only:
+            continue
         # moto keeps no SnapStart setting: read it from the template as the stack's parameters resolve it
         properties = stack.template["Resources"][function.logical_id]["Properties"]
         snapstart = by_default(stack.template, properties.get("SnapStart", {}), stack.deployment.parameters)
@@ -171,6 +234,18 @@ def function_url_event(
         "body": base64.b64encode(body).decode(),
         "isBase64Encoded": True,
     }
+
+
+INVOCATION_PAYLOAD_BYTES = 6 * 2**20  # Lambda's synchronous invocation payload, each way
+
+
+def payload_refusal(event: dict[str, Any], response: dict[str, Any] | None = None) -> tuple[int, str] | None:
+    """The function URL's own answer to a request event, or to the function's response, over Lambda's 6 MB."""
+    if len(json.dumps(event)) > INVOCATION_PAYLOAD_BYTES:
+        return 413, f"Request must be smaller than {INVOCATION_PAYLOAD_BYTES} bytes for the InvokeFunction operation"
+    if response is not None and len(json.dumps(response)) > INVOCATION_PAYLOAD_BYTES:
+        return 502, f"Response payload size exceeded maximum allowed payload size ({INVOCATION_PAYLOAD_BYTES} bytes)"
+    return None
 
 
 def _public(statement: dict[str, Any], action: str, condition: tuple[str, Any]) -> bool:

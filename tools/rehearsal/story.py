@@ -21,7 +21,12 @@ from typing import Any
 from unittest import mock
 
 from shared.settings import Profile, Settings
-from tools.rehearsal.aws_behaviours import PublishFailed, missing_keys_answer_403, publish_versions
+from tools.rehearsal.aws_behaviours import (
+    PublishFailed,
+    missing_keys_answer_403,
+    publish_versions,
+    versions_replaced,
+)
 from tools.rehearsal.calls import Call, record_calls
 from tools.rehearsal.iam import Statement, evaluate
 from tools.rehearsal.operable import check_operable
@@ -140,14 +145,15 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
     return report
 
 
-def _published(stack: DeployedStack, report: Report, settings: Settings) -> bool:
-    """CloudFormation publishes each SnapStart function's version while it creates the stack, and Lambda runs the
-    function's init for its snapshot then (aws_behaviours): a failure there fails the deployment."""
+def _published(stack: DeployedStack, report: Report, settings: Settings, only: list[str] | None = None) -> bool:
+    """CloudFormation publishes each SnapStart function's version while it creates the stack (``only`` those an
+    update replaces), and Lambda runs the function's init for its snapshot then (aws_behaviours): a failure there
+    fails the deployment."""
     from tools.rehearsal.services import settings_of
 
     started = time.monotonic()
     try:
-        published = publish_versions(stack, lambda function: settings_of(function.environment))
+        published = publish_versions(stack, lambda function: settings_of(function.environment), only)
     except PublishFailed as error:
         report.failures.append(f"the deployment failed: {error}")
         return False
@@ -210,10 +216,16 @@ def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: 
 
     _push_models(stack, report, with_variants, settings)
     if stack.deployment.redeploy_with:
+        before = stack.deployment.parameters
         stack = redeploy(stack)
         overrides = ", ".join(f"{k}={v}" for k, v in stack.deployment.redeploy_with.items())
+        try:
+            replaced = versions_replaced(stack.template, before, stack.deployment.parameters)
+        except PublishFailed as error:
+            report.failures.append(f"the update failed: {error}")
+            return
         report.steps.append(f"deployed again with {overrides}")
-        if not _published(stack, report, settings):
+        if not _published(stack, report, settings, replaced):
             return
     services = InProcessServices(stack, log)
     batches = 0
@@ -419,7 +431,7 @@ class _FunctionUrl:
 
         import httpx
 
-        from tools.rehearsal.aws_behaviours import function_url_event, function_url_refusal
+        from tools.rehearsal.aws_behaviours import function_url_event, function_url_refusal, payload_refusal
 
         function = self.stack.functions["ApiFunction"]
         refusal = function_url_refusal(self.resource_policy, self.auth_type, f"{function.arn}:live", caller)
@@ -428,7 +440,11 @@ class _FunctionUrl:
         built = httpx.Request(method, f"{self.url.rstrip('/')}{path}", **request)
         caller_arn = f"arn:aws:iam::{ACCOUNT}:role/ApiCaller" if caller is not None else ""
         event = function_url_event(self.url, method, path, built.read(), dict(built.headers), caller_arn)
+        if too_large := payload_refusal(event):
+            return too_large[0], too_large[1].encode()
         response, failed = self.services.invoke(function, event)
+        if too_large := payload_refusal(event, response):
+            return too_large[0], too_large[1].encode()
         if failed:
             return 502, json.dumps(response).encode()
         body = response.get("body", "")
@@ -507,6 +523,7 @@ def _the_api_answers_through_its_url(services: Any, stack: DeployedStack, report
         caller=caller,
     )
     report.check(status == 200 and b'"picture_png":"' in body, f"the API's upload: {status} {body[:300]!r}")
+    _answers_fit_the_url(url, stack, headers, caller, report)
     chat = {"messages": [{"role": "user", "content": "Name a cat."}], "max_tokens": 8, "stream": True}
     status, body = url.call("POST", "/v1/chat/completions", json=chat, headers=headers, caller=caller)
     report.check(
@@ -518,6 +535,33 @@ def _the_api_answers_through_its_url(services: Any, stack: DeployedStack, report
         f"the API answered through its {config['AuthType']} function URL: a recorded annotation, an upload, a chat",
         started,
     )
+
+
+def _answers_fit_the_url(
+    url: _FunctionUrl, stack: DeployedStack, headers: dict[str, str], caller: list[Statement] | None, report: Report
+) -> None:
+    """Lambda's 6 MB each way (aws_behaviours): a 12-megapixel photo's annotated picture comes back downscaled to
+    fit; a body over the app's bound gets the app's 413 in OpenAI's shape, one over Lambda's the URL's own."""
+    import io
+
+    import boto3
+    from PIL import Image
+
+    photo = Image.open(SAMPLES / "chelsea-the-cat.jpg").convert("RGB").resize((4000, 3000))
+    encoded = io.BytesIO()
+    photo.save(encoded, format="JPEG", quality=95)
+    bucket = stack.outputs["InputBucketName"]
+    boto3.client("s3", region_name=stack.region).put_object(
+        Bucket=bucket, Key="incoming/large.jpg", Body=encoded.getvalue()
+    )
+    asked = {"prompt": "cat.", "caption": False, "picture": True, "image": f"s3://{bucket}/incoming/large.jpg"}
+    status, body = url.call("POST", "/v1/annotations", json=asked, headers=headers, caller=caller)
+    scale = json.loads(body).get("picture_scale") if status == 200 else None
+    report.check(status == 200 and scale is not None, f"a 4000x3000 photo's picture: {status} {body[:300]!r}")
+    for size, expected in ((4_600_000, b'"body_too_large"'), (7_000_000, b"Request must be smaller")):
+        upload = {"image": ("big.png", b"\x89PNG" + bytes(size), "image/png")}
+        status, body = url.call("POST", "/v1/annotations", files=upload, headers=headers, caller=caller)
+        report.check(status == 413 and expected in body, f"a {size:,}-byte upload: {status} {body[:200]!r}")
 
 
 def _queued_bodies(sqs: Any, queue_url: str) -> list[str]:

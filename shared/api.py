@@ -611,7 +611,8 @@ def create_app(
 
     @app.get("/", include_in_schema=False)
     def playground() -> HTMLResponse:
-        return HTMLResponse(resources.files("shared").joinpath("playground.html").read_text())
+        page = resources.files("shared").joinpath("playground.html").read_text()
+        return HTMLResponse(page.replace("{{ max_body_bytes }}", str(settings.api_max_body_bytes)))
 
     @app.get("/health", summary="Whether the server answers, and how many calls it holds")
     def health() -> dict[str, Any]:

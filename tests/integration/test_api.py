@@ -457,6 +457,35 @@ def test_the_playground_shows_the_boxes_of_an_uploaded_picture_in_headless_chrom
     assert errors == []
 
 
+def test_the_playground_downsizes_a_photo_over_the_servers_body_bound_before_sending_it(
+    base_url: str, api_settings: Settings, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    from tests.browser import chromium_page
+
+    # GIVEN a grainy 3000x2000 photo, larger than the server's body bound (1 MB here)
+    smooth = np.asarray(Image.open(io.BytesIO(CAT)).convert("RGB").resize((3000, 2000)))
+    grain = np.random.default_rng(1).integers(-6, 7, smooth.shape)
+    photo = tmp_path / "large.jpg"
+    Image.fromarray(np.clip(smooth + grain, 0, 255).astype(np.uint8)).save(photo, quality=95)
+    assert photo.stat().st_size > api_settings.api_max_body_bytes
+
+    # WHEN it is annotated in the playground
+    with chromium_page() as (page, errors):
+        page.goto(base_url + "/")
+        page.set_input_files("#file", str(photo))
+        page.get_by_role("button", name="Annotate").click()
+        page.wait_for_function("document.querySelector('#status').textContent.match(/^(Found|\\d)/)", timeout=120_000)
+
+        # THEN it was sent downscaled, aspect kept, and annotated
+        assert page.locator("#status").inner_text().startswith("Found"), page.locator("#status").inner_text()
+        answer = json.loads(page.locator("#json").text_content() or "{}")
+    assert answer["status"] == "succeeded" and answer["width"] < 3000
+    assert abs(answer["width"] / answer["height"] - 1.5) < 0.01
+    assert errors == []
+
+
 # --- the key, the queue and unavailable models, each on an app of its own ------------------------------------
 
 

@@ -566,12 +566,15 @@ def chaos(
         variants_images=variants_images,
         seed=seed,
     )
-    out.print(faults.describe(), highlight=False)
+    # Each line whole, at any width: a program reads the last one
+    out.print(faults.describe(), highlight=False, soft_wrap=True)
     report = run_chaos(images, faults)
     for row in report.failed:
-        out.print(f"recorded as failed: {row['source_uri']} ({row['failed_step']}): {row['error']}", highlight=False)
-    out.print("injected: " + ", ".join(f"{name} {n}" for name, n in sorted(report.injected.items())), highlight=False)
-    out.print(report.line, highlight=False)
+        failed = f"recorded as failed: {row['source_uri']} ({row['failed_step']}): {row['error']}"
+        out.print(failed, highlight=False, soft_wrap=True)
+    injected = "injected: " + ", ".join(f"{name} {n}" for name, n in sorted(report.injected.items()))
+    out.print(injected, highlight=False, soft_wrap=True)
+    out.print(report.line, highlight=False, soft_wrap=True)
     if report.lost or report.duplicated:
         raise typer.Exit(1)
 

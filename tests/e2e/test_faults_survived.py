@@ -58,7 +58,12 @@ def test_under_faults_every_image_ends_as_one_row_and_only_the_hung_one_failed(t
     )
 
 
-def test_annotate_chaos_prints_its_rates_and_ends_with_the_account(tiny_settings: Settings) -> None:
+def test_annotate_chaos_prints_its_rates_and_ends_with_the_account(
+    tiny_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tools import cli
+
+    monkeypatch.setattr(cli.out, "width", 40)  # narrower than its lines: a program reading the output gets each whole
     result = CliRunner().invoke(
         app, ["chaos", "--images", "4", "--hang", "none", "--variants-images", "0", "--throttle", "0.3"]
     )

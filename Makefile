@@ -56,6 +56,11 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF
 # Python 3.12 on manylinux x86_64, whatever this machine is; llama-cpp-python has no such wheel, so it is compiled
 # here with Python 3.12, portably (GGML_NATIVE=OFF: AVX2, every Lambda CPU).
 # (Lambda's python3.12 is Amazon Linux 2023, glibc 2.34: manylinux_2_28 wheels and older run on it.)
+# sam build needs Python 3.12, Lambda's runtime, on PATH: it builds the functions with it, and the llama.cpp layer
+# compiles against it. Every layer is then checked against Lambda's runtime (tools/native_libs.py, from the project's
+# environment: make install), so a layer whose libraries would not load there fails its build, not its first call.
+NEED_PYTHON312 := command -v python3.12 >/dev/null || { echo "sam build needs python3.12 (Lambda's runtime) on PATH" >&2; exit 1; }
+NATIVE_CHECK := $(CURDIR)/$(BIN)/python -m tools.native_libs
 LAYER_PIP := python3 -m pip install --quiet --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
   --implementation cp --python-version 3.12 --only-binary=:all:
 
@@ -63,22 +68,29 @@ build-SharedLayer:
 	$(LAYER_PIP) --target "$(ARTIFACTS_DIR)/python" -r layers/shared/requirements.txt
 	layers/shared/prune.sh "$(ARTIFACTS_DIR)/python"
 	cp -r shared "$(ARTIFACTS_DIR)/python/shared"
+	$(NATIVE_CHECK) "$(ARTIFACTS_DIR)/python"
 
 build-ArrowLayer:
 	$(LAYER_PIP) --target "$(ARTIFACTS_DIR)/python" -r layers/arrow/requirements.txt
 	layers/arrow/prune.sh "$(ARTIFACTS_DIR)/python"
+	$(NATIVE_CHECK) "$(ARTIFACTS_DIR)/python"
 
 build-ApiLayer:
 	$(LAYER_PIP) --no-deps --target "$(ARTIFACTS_DIR)/python" -r layers/api/requirements.txt
+	$(NATIVE_CHECK) "$(ARTIFACTS_DIR)/python"
 
 build-OnnxLayer:
 	$(LAYER_PIP) --no-deps --target "$(ARTIFACTS_DIR)/python" -r layers/onnx/requirements.txt
+	$(NATIVE_CHECK) "$(ARTIFACTS_DIR)/python"
 
 build-OpenVinoLayer:
 	$(LAYER_PIP) --no-deps --target "$(ARTIFACTS_DIR)/python" -r layers/openvino/requirements.txt
 	layers/openvino/prune.sh "$(ARTIFACTS_DIR)/python"
+	$(NATIVE_CHECK) "$(ARTIFACTS_DIR)/python"
 
 build-LlamaCppLayer:
+	@$(NEED_PYTHON312)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" python3.12 -m pip install --quiet --no-deps --target "$(ARTIFACTS_DIR)/python" \
 	  -r layers/llama-cpp/requirements.txt
 	layers/llama-cpp/prune.sh "$(ARTIFACTS_DIR)/python"
+	$(NATIVE_CHECK) "$(ARTIFACTS_DIR)/python"

@@ -82,3 +82,16 @@ def problems(package: Path, runtime: Runtime | None = None) -> list[str]:
 
 def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) if part.isdigit() else -1 for part in version.split("."))
+
+
+def main(folders: list[str]) -> int:
+    """`python -m tools.native_libs FOLDER...`: each problem in a line; 1 when there is any (a build step fails)."""
+    found = [f"{folder}: {problem}" for folder in folders for problem in problems(Path(folder))]
+    print("\n".join(found) or f"every shared library of {', '.join(folders)} loads on Lambda's python3.12 runtime")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

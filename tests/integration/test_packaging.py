@@ -4,6 +4,7 @@ OpenVINO still runs an export's IR, and the model functions run without torch.""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -161,6 +162,11 @@ def test_a_library_needing_openmp_or_a_newer_glibc_than_lambdas_is_named(tmp_pat
     )
     # THEN the OpenMP library is named, with what it needs; and the glibc 2.34 symbol only fails the older runtime
     assert found == ["libneedsgomp.so needs libgomp.so.1, which is neither in the package nor in the runtime"]
+    # (and a build step that checks the folder fails, naming it)
+    check = subprocess.run(
+        [sys.executable, "-m", "tools.native_libs", str(tmp_path / "package")], capture_output=True, text=True
+    )
+    assert check.returncode == 1 and "libneedsgomp.so needs libgomp.so.1" in check.stdout, check
     assert (
         problems(tmp_path / "package", older)[-1]
         == "sub/libthreads.so needs GLIBC_2.34, newer than the runtime's GLIBC_2.33"
@@ -170,6 +176,22 @@ def test_a_library_needing_openmp_or_a_newer_glibc_than_lambdas_is_named(tmp_pat
         tmp_path / "package" / "libs", "libgomp.so.1", "int omp_get_max_threads(void) { return 1; }\n"
     )
     assert problems(tmp_path / "package") == []
+
+
+def test_every_layer_recipe_fails_its_build_on_a_library_lambda_cannot_load() -> None:
+    # sam build runs the Makefile's build-<Layer> recipe: each checks what it built, so a layer built on a machine
+    # whose compiler or libraries Lambda lacks never reaches a deployment
+    recipes = re.findall(r"^build-(\w+):\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert {name for name, _ in recipes} >= {
+        "SharedLayer",
+        "ArrowLayer",
+        "ApiLayer",
+        "OnnxLayer",
+        "OpenVinoLayer",
+        "LlamaCppLayer",
+    }
+    for name, body in recipes:
+        assert body.strip().splitlines()[-1].strip() == '$(NATIVE_CHECK) "$(ARTIFACTS_DIR)/python"', name
 
 
 @pytest.mark.slow

@@ -55,7 +55,7 @@ def build_dependencies(step: Step, settings: Settings) -> Dependencies:
     """The real ports of ``step``: S3 or local files, and its model from the settings (loaded once per process)."""
     common = Dependencies(store_for=store_for, image_limits=settings.image_limits, crop_margin=settings.crop_margin)
     if step is Step.DETECT:
-        from shared.detection import load_detector
+        from shared.grounding_onnx import load_detector
 
         detection = settings.detection
         made_by = MadeBy(

@@ -1,5 +1,5 @@
-"""Zero-shot object detection with Grounding DINO: the detector (shared/grounding_onnx.py runs it) and the
-post-processing that turns its outputs into typed pixel boxes, each labelled with one prompt phrase."""
+"""Zero-shot object detection with Grounding DINO: the detector's port (shared/grounding_onnx.py runs and loads it)
+and the post-processing that turns its outputs into typed pixel boxes, each labelled with one prompt phrase."""
 
 from __future__ import annotations
 
@@ -10,9 +10,6 @@ import numpy as np
 from PIL import Image
 
 from shared.contracts import Box, Detection
-from shared.model_cache import cached_per_settings
-from shared.observability import logger
-from shared.settings import DetectionSettings
 
 
 class Detector(Protocol):
@@ -90,14 +87,3 @@ def non_max_suppression(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarra
         union = areas[index] + areas - overlap
         suppressed |= (labels == labels[index]) & (overlap > iou * union)
     return kept
-
-
-@cached_per_settings
-def load_detector(settings: DetectionSettings) -> Detector:
-    """Grounding DINO on ONNX Runtime, from the export of the model the settings name (made by ``annotate models
-    export``, uploaded by ``annotate models push``), loaded once per process."""
-    from shared.grounding_onnx import export_dir, load_onnx_detector
-
-    detector = load_onnx_detector(export_dir(settings), settings)
-    logger.info("detector loaded", extra={"model": settings.detector_model, "sizes": detector.manifest.sizes})
-    return detector

@@ -18,8 +18,10 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict
 
 from shared.contracts import Detection
-from shared.detection import phrase_detections, phrase_spans
+from shared.detection import Detector, phrase_detections, phrase_spans
+from shared.detector_geometry import ImageSize, resized_size, smallest_holding
 from shared.errors import ImageRejected, ModelUnavailable, RequestRejected
+from shared.model_cache import cached_per_settings
 from shared.observability import logger
 from shared.onnx_runtime import exported_session, find_export, normalized, openvino_graph_file
 from shared.settings import DetectionSettings, ExportRuntime
@@ -28,7 +30,6 @@ EXPORT_MANIFEST = "grounding-dino-export.json"
 WEIGHTS_FILE = "grounding-dino.weights"  # the large initializers of every graph, mapped once
 TEXT_GRAPH = "grounding-dino-text.onnx"  # the text encoder, run once per prompt; each size's graph takes its output
 ENCODED_PROMPTS_KEPT = 16
-ImageSize = tuple[int, int]  # (height, width)
 
 
 class ExportManifest(BaseModel):
@@ -68,28 +69,6 @@ def export_file_name(size: ImageSize) -> str:
 
 def is_export(folder: Path) -> bool:
     return (folder / EXPORT_MANIFEST).is_file()
-
-
-def resized_size(height: int, width: int, short_side: int, longest_edge: int) -> ImageSize:
-    """The (height, width) the model card's processor resizes an image to: the short side to ``short_side``
-    unless that makes the long side longer than ``longest_edge`` (transformers' ``get_size_with_aspect_ratio``)."""
-    size, raw_size = short_side, None
-    short, long = float(min(height, width)), float(max(height, width))
-    if long / short * size > longest_edge:
-        raw_size = longest_edge * short / long
-        size = round(raw_size)
-    if (height <= width and height == size) or (width <= height and width == size):
-        return height, width
-    scaled = raw_size if raw_size is not None else size
-    if width < height:
-        return int(scaled * height / width), size
-    return size, int(scaled * width / height)
-
-
-def smallest_holding(sizes: list[ImageSize], needed: ImageSize) -> ImageSize | None:
-    """The exported size of least area that holds an image of ``needed`` size, if any does."""
-    holding = [size for size in sizes if size[0] >= needed[0] and size[1] >= needed[1]]
-    return min(holding, key=lambda size: (size[0] * size[1], size)) if holding else None
 
 
 def phrase_masks(input_ids: np.ndarray, special_token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -287,4 +266,13 @@ def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundi
         detector.text_session()
         for size in manifest.sizes:
             detector.session(size)
+    return detector
+
+
+@cached_per_settings
+def load_detector(settings: DetectionSettings) -> Detector:
+    """Grounding DINO on ONNX Runtime, from the export of the model the settings name (made by ``annotate models
+    export``, uploaded by ``annotate models push``), loaded once per process."""
+    detector = load_onnx_detector(export_dir(settings), settings)
+    logger.info("detector loaded", extra={"model": settings.detector_model, "sizes": detector.manifest.sizes})
     return detector

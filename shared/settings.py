@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from pydantic_settings.sources.utils import parse_env_vars
 
 from shared.contracts import MAX_IMAGES_PER_GROUP
+from shared.detector_geometry import resized_size
 
 ExportRuntime = Literal["onnxruntime", "openvino"]  # what runs an exported graph (Detect's, Classify's)
 
@@ -115,8 +116,6 @@ class DetectionSettings(ModelFiles):
         that no image is shrunk. Then, per aspect ratio (width over height), the size the processor resizes an
         image of exactly that ratio to: such images (a phone's 4:3, a camera's 3:2) run unpadded, as in the model
         card's recipe; others are padded to the smallest export that holds them."""
-        from shared.grounding_onnx import resized_size
-
         short, cap = self.detection_short_side, self.detection_short_side * 1333 // 800
         sizes = {(short, cap), (cap, short)}
         for ratio in self.detector_aspect_ratios:

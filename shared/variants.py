@@ -3,26 +3,21 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from PIL import Image, ImageOps
+from PIL import Image
 
-from shared.contracts import ImageTask, Variant, VariantsOutput, VariantsRequest
-from shared.images import load_image
+from shared.contracts import ImageTask, VariantsRequest
 from shared.model_cache import cached_per_settings
 from shared.model_sources import resolve_model_dir, resolve_model_file
 from shared.observability import logger
 from shared.settings import VariantsSettings
 from shared.storage import RESULTS_PREFIX, join_uri
-
-if TYPE_CHECKING:
-    from shared.dependencies import Dependencies
 
 
 def requested_variants(task: ImageTask) -> VariantsRequest:
@@ -114,30 +109,3 @@ def load_generator(settings: VariantsSettings) -> SdGenerator:
         "generator loaded", extra={"model": settings.variants_model, "seconds": round(time.perf_counter() - started, 2)}
     )
     return SdGenerator(engine, settings.variants_model, threading.Lock())
-
-
-def run_variant_job(task: ImageTask, deps: Dependencies) -> VariantsOutput:
-    """Generate the variants the task asks for, write them and their document; returns the document."""
-    started = time.perf_counter()
-    request = requested_variants(task)
-    init_image = None
-    if request.mode == "img2img":
-        source = load_image(task.image.source_uri, deps.store_for, deps.image_limits).pixels
-        size = request.size
-        init_image = ImageOps.fit(source, (size, size), method=Image.Resampling.LANCZOS)
-    if deps.generator is None:
-        raise TypeError("the Variants task's dependencies have no generator")
-    document_uri, picture_uris = variant_uris(task)
-    variants = []
-    for (picture, seed, seconds), uri in zip(deps.generator.generate(task, init_image), picture_uris, strict=True):
-        buffer = io.BytesIO()
-        picture.save(buffer, format="PNG")
-        deps.store_for(uri).write_bytes(uri, buffer.getvalue(), "image/png")
-        variants.append(Variant(uri=uri, seed=seed, seconds=seconds))
-    elapsed_ms = round((time.perf_counter() - started) * 1000, 1)
-    output = VariantsOutput(model=deps.generator.model_name, mode=request.mode, images=variants, ms=elapsed_ms)
-    deps.store_for(document_uri).write_bytes(
-        document_uri, output.model_dump_json(indent=2).encode(), "application/json"
-    )
-    logger.info("variants written", extra={"image_id": task.image.image_id, "count": len(variants)})
-    return output

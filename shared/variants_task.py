@@ -1,4 +1,4 @@
-"""The Variants container's entrypoint (Fargate): read the job from the environment, run it, exit.
+"""The Variants container (Fargate): its entrypoint reads the job from the environment, makes the variants, exits.
 
 Exit status 0 when the variants are written; 1, with the reason in the log, when not (Step Functions then
 reports States.TaskFailed, and the workflow's Catch records it for the image).
@@ -8,16 +8,47 @@ reports States.TaskFailed, and the workflow's Catch records it for the image).
 
 from __future__ import annotations
 
+import io
 import sys
+import time
 
+from PIL import Image, ImageOps
 from pydantic import ValidationError
 
-from shared.contracts import ImageTask, VariantsOutput
-from shared.dependencies import Step, dependencies_of
+from shared.contracts import ImageTask, Variant, VariantsOutput
+from shared.dependencies import Dependencies, Step, dependencies_of
 from shared.errors import AnnotateError, validation_reason
+from shared.images import load_image
 from shared.observability import logger
 from shared.settings import get_settings
-from shared.variants import requested_variants, run_variant_job
+from shared.variants import requested_variants, variant_uris
+
+
+def run_variant_job(task: ImageTask, deps: Dependencies) -> VariantsOutput:
+    """Generate the variants the task asks for, write them and their document; returns the document."""
+    started = time.perf_counter()
+    request = requested_variants(task)
+    init_image = None
+    if request.mode == "img2img":
+        source = load_image(task.image.source_uri, deps.store_for, deps.image_limits).pixels
+        size = request.size
+        init_image = ImageOps.fit(source, (size, size), method=Image.Resampling.LANCZOS)
+    if deps.generator is None:
+        raise TypeError("the Variants task's dependencies have no generator")
+    document_uri, picture_uris = variant_uris(task)
+    variants = []
+    for (picture, seed, seconds), uri in zip(deps.generator.generate(task, init_image), picture_uris, strict=True):
+        buffer = io.BytesIO()
+        picture.save(buffer, format="PNG")
+        deps.store_for(uri).write_bytes(uri, buffer.getvalue(), "image/png")
+        variants.append(Variant(uri=uri, seed=seed, seconds=seconds))
+    elapsed_ms = round((time.perf_counter() - started) * 1000, 1)
+    output = VariantsOutput(model=deps.generator.model_name, mode=request.mode, images=variants, ms=elapsed_ms)
+    deps.store_for(document_uri).write_bytes(
+        document_uri, output.model_dump_json(indent=2).encode(), "application/json"
+    )
+    logger.info("variants written", extra={"image_id": task.image.image_id, "count": len(variants)})
+    return output
 
 
 def run(variant_job: str) -> VariantsOutput:

@@ -37,7 +37,7 @@ FULL_SIZE_RANDOM: dict[str, Any] = {
 }
 # step -> (its loader, the Settings section it takes)
 STEP_LOADERS = {
-    "detect": ("shared.detection:load_detector", "detection"),
+    "detect": ("shared.grounding_onnx:load_detector", "detection"),
     "classify": ("shared.classification:load_classifier", "description"),
     "tag": ("shared.tagging:load_tagger", "description"),
     "caption": ("shared.captioning:load_captioner", "caption"),
@@ -122,7 +122,7 @@ class _Sides:
     def __init__(self, settings: Settings) -> None:
         from shared.captioning import load_captioner
         from shared.classification import load_classifier
-        from shared.detection import load_detector
+        from shared.grounding_onnx import load_detector
         from shared.model_sources import resolve_model_dir, resolve_model_file
         from shared.tagging import load_tagger
 
@@ -273,7 +273,7 @@ def _detection_drift(settings: Settings, images: list[Image.Image], options: Ben
     setting is given."""
     from dataclasses import replace
 
-    from shared.detection import load_detector
+    from shared.grounding_onnx import load_detector
     from tools.detector_export import exported_detector_dir
     from tools.torch_models import load_torch_detector
 
@@ -321,7 +321,7 @@ def _detection_drift(settings: Settings, images: list[Image.Image], options: Ben
 
 def _detector_inputs(settings: Settings, paths: list[Path], images: list[Image.Image]) -> list[dict[str, str]]:
     """Per image, the size the processor resizes it to and the exported size it runs at (larger: padded)."""
-    from shared.grounding_onnx import resized_size, smallest_holding
+    from shared.detector_geometry import resized_size, smallest_holding
 
     detection = settings.detection
     cap = detection.detection_short_side * 1333 // 800
@@ -366,7 +366,8 @@ def _variant_seconds(settings: Settings, image_path: Path, repeats: int) -> dict
     from shared.contracts import AnnotationRequest, ImageRef, ImageTask
     from shared.dependencies import Dependencies
     from shared.storage import store_for
-    from shared.variants import load_generator, run_variant_job
+    from shared.variants import load_generator
+    from shared.variants_task import run_variant_job
 
     deps = Dependencies(store_for, settings.image_limits, generator=load_generator(settings.variants))
     timings = {}

@@ -26,12 +26,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from shared.detector_geometry import ImageSize
 from shared.grounding_onnx import (
     EXPORT_MANIFEST,
     TEXT_GRAPH,
     WEIGHTS_FILE,
     ExportManifest,
-    ImageSize,
     export_file_name,
     export_key,
 )

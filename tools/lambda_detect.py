@@ -64,8 +64,7 @@ def measure(image: Path, runs: int = 3) -> dict[str, Any]:
     """Each runtime's median first answer and warm answer, and the highest peak, over ``runs`` fresh processes."""
     import tempfile
 
-    from shared.detection import load_detector
-    from shared.grounding_onnx import export_dir
+    from shared.grounding_onnx import export_dir, load_detector
     from tools.bench import FULL_SIZE_RANDOM
     from tools.tiny_models import build_named_models
 

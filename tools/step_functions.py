@@ -17,10 +17,8 @@ from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
-# The markers tools.workflow.for_moto leaves on a Distributed Map's processor whose children AWS runs as Express
-# executions: always, or (the local runner, which serves both kinds of stack) unless the request asks for variants.
-EXPRESS_CHILDREN = "express children, run as Standard ones by moto"
-EXPRESS_UNLESS_VARIANTS = "express children unless the request asks for variants, run as Standard ones by moto"
+from tools import workflow
+from tools.workflow import EXPRESS_CHILDREN, EXPRESS_UNLESS_VARIANTS
 
 
 class FunctionTimedOut(Exception):
@@ -79,8 +77,6 @@ def express_children_limited() -> Iterator[None]:
     from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor import (
         distributed_item_processor_worker as worker,
     )
-
-    from tools import workflow
 
     eval_job = worker.DistributedItemProcessorWorker._eval_job
 

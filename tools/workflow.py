@@ -51,14 +51,18 @@ def substitute(substitutions: dict[str, str], definition: str | None = None) -> 
     return _PLACEHOLDER.sub(lambda match: substitutions[match.group(1)], text)
 
 
+# The markers for_moto leaves on a Distributed Map's processor whose children AWS runs as Express
+# executions: always, or (the local runner, which serves both kinds of stack) unless the request asks for variants.
+EXPRESS_CHILDREN = "express children, run as Standard ones by moto"
+EXPRESS_UNLESS_VARIANTS = "express children unless the request asks for variants, run as Standard ones by moto"
+
+
 def for_moto(definition: str, variants_run_standard: bool = False) -> str:
     """``definition`` as moto's interpreter accepts it: its parser rejects Express children and an integer
     ToleratedFailurePercentage, so children run as Standard executions, marked so that tools.step_functions holds
     them to the Express limit (``variants_run_standard``: not those of a request with variants, as the local runner
     serves both kinds of stack), and the percentage becomes a float (which moto then ignores: a failed child does
     not fail the Map there). AWS gets the file as it is."""
-    from tools.step_functions import EXPRESS_CHILDREN, EXPRESS_UNLESS_VARIANTS
-
     document = json.loads(definition)
     for _, state in all_states(document):
         if "ToleratedFailurePercentage" in state:

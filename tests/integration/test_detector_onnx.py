@@ -12,16 +12,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shared.detection import best_phrases, load_detector, phrase_spans, pixel_boxes
+from shared.detection import best_phrases, phrase_spans, pixel_boxes
+from shared.detector_geometry import resized_size
 from shared.errors import ModelUnavailable, RequestRejected
 from shared.grounding_onnx import (
     WEIGHTS_FILE,
     OnnxGroundingDino,
     export_dir,
     export_file_name,
+    load_detector,
     load_onnx_detector,
     phrase_masks,
-    resized_size,
 )
 from shared.onnx_runtime import openvino_graph_file
 from shared.settings import Settings

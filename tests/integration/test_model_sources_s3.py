@@ -11,9 +11,8 @@ from moto import mock_aws
 from PIL import Image
 
 from shared import storage
-from shared.detection import load_detector
 from shared.errors import ModelUnavailable
-from shared.grounding_onnx import export_dir, export_file_name
+from shared.grounding_onnx import export_dir, export_file_name, load_detector
 from shared.model_sources import resolve_model_dir
 from shared.settings import Settings
 from tests.conftest import SAMPLES

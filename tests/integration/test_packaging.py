@@ -106,7 +106,7 @@ class NoTorch(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, NoTorch())
 from PIL import Image
 from shared.classification import load_classifier
-from shared.detection import load_detector
+from shared.grounding_onnx import load_detector
 from shared.settings import Settings
 from shared.tagging import load_tagger
 settings = Settings.model_validate_json(sys.argv[1])

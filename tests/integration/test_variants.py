@@ -15,7 +15,8 @@ from pydantic import ValidationError
 from shared.contracts import AnnotationRequest, ImageRef, ImageTask, PromptMessage
 from shared.dependencies import Dependencies, Step, build_dependencies
 from shared.settings import Settings
-from shared.variants import load_generator, run_variant_job, variant_uris
+from shared.variants import load_generator, variant_uris
+from shared.variants_task import run_variant_job
 from tests.conftest import REPO, SAMPLES
 
 pytestmark = pytest.mark.slow

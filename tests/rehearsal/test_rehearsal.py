@@ -12,8 +12,9 @@ import pytest
 
 from shared import storage
 from tools.rehearsal.iam import evaluate
+from tools.rehearsal.report import Report
 from tools.rehearsal.stack import TEMPLATE_PATH
-from tools.rehearsal.story import Report, default_deployments, rehearse
+from tools.rehearsal.story import default_deployments, rehearse
 
 pytestmark = pytest.mark.slow
 BARE = default_deployments()[0][0]

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tools.rehearsal.report import Report
 from tools.rehearsal.stack import DeployedStack
 from tools.workflow import all_states
-
-if TYPE_CHECKING:
-    from tools.rehearsal.story import Report
 
 
 def _dimensions(alarm: dict[str, Any]) -> list[tuple[str, str, str]]:

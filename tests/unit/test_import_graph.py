@@ -38,4 +38,3 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
         graphlib.TopologicalSorter(import_graph()).prepare()
     except graphlib.CycleError as circle:
         raise AssertionError(f"an import circle: {' -> '.join(circle.args[1])}") from None
-

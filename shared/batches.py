@@ -128,12 +128,27 @@ def groups_per_bulk_job(groups: int, settings: IngestSettings) -> int:
     return max(1, min(settings.groups_per_bulk_job, -(-groups // settings.bulk_concurrency)))
 
 
+# The Lambda invocations one image holds at once, at most: Classify and Tag run side by side (Describe's Parallel)
+INVOCATIONS_PER_IMAGE = 2
+
+
+def lambda_fan_out(settings: IngestSettings) -> tuple[int, int]:
+    """(images per group, groups at once) of a Lambda-lane batch, within the account's concurrency: past it Lambda
+    refuses invocations (TooManyRequestsException), which the workflow retries for seconds, not the minutes a
+    small account's queue would take. One invocation is left for Ingest. Groups shrink before their count does: a
+    group's images all run at once, so a child's time stays one image's, within Express's 5 minutes."""
+    budget = max(INVOCATIONS_PER_IMAGE, settings.lambda_concurrency - 1)
+    images = max(1, min(settings.images_per_group, budget // INVOCATIONS_PER_IMAGE))
+    groups = max(1, min(settings.group_concurrency, budget // (images * INVOCATIONS_PER_IMAGE)))
+    return images, groups
+
+
 def plan_batches(
     message: PromptMessage, settings: IngestSettings, store_for: StoreFor, now: datetime | None = None
 ) -> list[PlannedBatch]:
     """The executions that annotate everything ``message`` names: one, unless it names more images than one
     execution takes (``max_images_per_batch``), each in groups of ``images_per_group`` (``bulk_images_per_group`` in
-    the bulk lane)."""
+    the bulk lane), fewer where the account's Lambda concurrency needs it (:func:`lambda_fan_out`)."""
     request = message.request()
     planned_at = now or datetime.now(UTC)
     refs = [
@@ -144,7 +159,8 @@ def plan_batches(
     lane = choose_lane(message, min(len(refs), settings.max_images_per_batch), settings)
     for start in range(0, len(refs), settings.max_images_per_batch):
         chunk = refs[start : start + settings.max_images_per_batch]
-        size = settings.bulk_images_per_group if lane == "bulk" else settings.images_per_group
+        size, at_once = lambda_fan_out(settings)
+        size = settings.bulk_images_per_group if lane == "bulk" else size
         groups = [
             ImageGroup(group_id=f"g-{index:06d}", images=chunk[offset : offset + size])
             for index, offset in enumerate(range(0, len(chunk), size))
@@ -157,7 +173,7 @@ def plan_batches(
             planned_at=planned_at,
             images=len(chunk),
             groups=len(groups),
-            group_concurrency=settings.group_concurrency,
+            group_concurrency=at_once,
             lane=lane,
             bulk_jobs=-(-len(groups) // per_job) if lane == "bulk" else 0,
             bulk_concurrency=settings.bulk_concurrency,

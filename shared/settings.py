@@ -156,6 +156,7 @@ class IngestSettings(_Section):
     images_per_group: int
     bulk_images_per_group: int
     group_concurrency: int
+    lambda_concurrency: int
     idempotency_table: str
     idempotency_expiry_s: int
     input_buckets: list[str]
@@ -292,6 +293,14 @@ class Settings(BaseSettings):
     )
     images_per_group: int = Field(
         10, ge=1, le=MAX_IMAGES_PER_GROUP, description="Images per child workflow (and per table file)"
+    )
+    lambda_concurrency: int = Field(
+        1000,
+        ge=2,
+        le=1_000_000,
+        description="Lambda invocations a batch may have in flight: the account's concurrency quota (1,000 by default;"
+        " a new account's may be 10), less what else runs there. A Lambda-lane batch's fan-out (images per group x"
+        " groups at once x 2, Classify and Tag side by side) stays within it (the template's LambdaConcurrency)",
     )
     group_concurrency: int = Field(
         40,

@@ -55,6 +55,11 @@ class Faults:
     hang_image: int = 2  # the index of the image whose step hangs
     variants_images: int = 2  # images of the second batch, with variants, whose first Fargate task stops (0: none)
     seed: int = 7
+    lambda_concurrency: int | None = None  # the account's quota: invocations past it are refused (None: no quota)
+
+    def account(self) -> str:
+        quota = f"{self.lambda_concurrency:,}" if self.lambda_concurrency else "no quota"
+        return f"account: Lambda concurrency {quota} (a batch's fan-out planned within it)"
 
     def describe(self) -> str:
         hang = f"{self.hang_step} of image {self.hang_image} hangs once" if self.hang_step else "no hang"
@@ -164,6 +169,7 @@ class ChaosReport:
     injected: dict[str, int]
     retried: int
     failed: list[dict[str, Any]]  # the rows recorded as failed
+    most_in_flight: int = 0  # Lambda invocations at once, at the most
 
     @property
     def line(self) -> str:
@@ -193,7 +199,7 @@ def generate_images(count: int, seed: int) -> dict[str, bytes]:
     return images
 
 
-def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.") -> ChaosReport:
+def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bool = True) -> ChaosReport:
     """Annotate ``count`` generated images through the local workflow with ``faults``; account for each image."""
     import boto3
 
@@ -201,11 +207,13 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.") -> ChaosRep
     from shared.contracts import PromptMessage
     from shared.ingest import start_batches
     from shared.settings import Profile, use_settings
-    from tools.local_runner import REGION, LocalStarter, local_workflow
+    from tools.local_runner import REGION, HandlerDispatcher, LocalStarter, local_workflow
     from tools.tiny_models import build_named_models
 
     with tempfile.TemporaryDirectory(prefix="annotate-chaos-") as folder:
         settings = use_settings(profile=Profile.TINY, data_dir=Path(folder), results_uri=f"s3://{RESULTS_BUCKET}")
+        if faults.lambda_concurrency:  # ingest plans the batches within the account's quota
+            settings = use_settings(settings.model_copy(update={"lambda_concurrency": faults.lambda_concurrency}))
         build_named_models(settings, variants=faults.variants_images > 0)
         images = generate_images(count, faults.seed)
         with_variants = {
@@ -214,7 +222,8 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.") -> ChaosRep
         }
         hung = sorted(images)[faults.hang_image] if faults.hang_step and faults.hang_image < count else ""
         injector = Injector(faults, hang_source=f"s3://{INPUT_BUCKET}/{hung}" if hung else "")
-        with local_workflow(gate=injector.gate, aws_limits=True) as run_batch:
+        lambda_service = HandlerDispatcher(gate=injector.gate, timeouts=True, concurrency=faults.lambda_concurrency)
+        with local_workflow(aws_limits=True, dispatcher=lambda_service) as run_batch:
             s3 = boto3.client("s3", region_name=REGION)
             for bucket in (INPUT_BUCKET, RESULTS_BUCKET):
                 s3.create_bucket(Bucket=bucket)
@@ -226,7 +235,7 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.") -> ChaosRep
             session.events.register_first("before-send.s3", injector.s3_answer, unique_id="annotate-chaos")
             try:
                 starter = LocalStarter(run_batch, Path(folder), "annotate-chaos")
-                message = PromptMessage(prompt=prompt, images=[f"s3://{INPUT_BUCKET}/images/"], caption=True)
+                message = PromptMessage(prompt=prompt, images=[f"s3://{INPUT_BUCKET}/images/"], caption=caption)
                 start_batches(message, "annotate-chaos", settings.ingest, starter, storage.store_for)
                 if with_variants:
                     variants = {"prompt": "a watercolor", "steps": 1, "size": 128}
@@ -237,14 +246,17 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.") -> ChaosRep
             rows = _image_rows(s3, Path(folder))
         storage.refresh_clients()
     sources = Counter(row["source_uri"] for row in rows)
+    throttled = lambda_service.throttled
     return ChaosReport(
         images=len(images) + len(with_variants),
         rows=len(rows),
         lost=sum(1 for key in images | with_variants if f"s3://{INPUT_BUCKET}/{key}" not in sources),
         duplicated=sum(n - 1 for n in sources.values()),
-        injected=dict(injector.injected),
-        retried=injector.retried,
+        # a throttle past the quota is a fault too: the workflow's retry of it is what the account needs
+        injected=dict(injector.injected) | ({"Lambda concurrency quota": throttled} if throttled else {}),
+        retried=injector.retried + throttled,
         failed=[row for row in rows if row["status"] == "failed"],
+        most_in_flight=lambda_service.most_in_flight,
     )
 
 

@@ -546,6 +546,9 @@ def chaos(
         int, typer.Option(min=0, max=20, help="Images of a second batch with variants, whose first Fargate task stops")
     ] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the images and the faults")] = 7,
+    lambda_concurrency: Annotated[
+        int | None, typer.Option(min=2, help="The account's Lambda concurrency quota (a new account's may be 10)")
+    ] = None,
 ) -> None:
     """Annotate generated images through the local workflow with AWS faults injected; account for every image.
 
@@ -565,10 +568,13 @@ def chaos(
         hang_step=None if hang == "none" else hang,
         variants_images=variants_images,
         seed=seed,
+        lambda_concurrency=lambda_concurrency,
     )
     # Each line whole, at any width: a program reads the last one
+    out.print(faults.account(), highlight=False, soft_wrap=True)
     out.print(faults.describe(), highlight=False, soft_wrap=True)
     report = run_chaos(images, faults)
+    out.print(f"Lambda invocations at once: {report.most_in_flight} at the most", highlight=False, soft_wrap=True)
     for row in report.failed:
         failed = f"recorded as failed: {row['source_uri']} ({row['failed_step']}): {row['error']}"
         out.print(failed, highlight=False, soft_wrap=True)

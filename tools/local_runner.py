@@ -111,27 +111,50 @@ class HandlerDispatcher:
         gate: InvocationGate | None = None,
         timeouts: bool = False,
         stopping: threading.Event | None = None,
+        concurrency: int | None = None,
     ) -> None:
         self._listener = listener
         self._gate = gate
         self._locks = {name: threading.Lock() for name in FUNCTION_PLACEHOLDERS.values()}
         self._timeouts = step_timeouts() if timeouts else {}
         self.stopping = stopping or threading.Event()
+        self.concurrency = concurrency
+        self.in_flight = self.most_in_flight = self.throttled = 0
+        self._counting = threading.Lock()
 
     def invoke(self, function: str, payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """(response payload, whether it is an error payload), as the Lambda Invoke API returns them."""
         name = function.rsplit(":function:", 1)[-1].split(":", 1)[0].removeprefix(FUNCTION_PREFIX)
         if self.stopping.is_set():
             threading.Event().wait()  # the run is stopping: no invocation starts; the process ends without it
+        self._admit()
         try:
             if self._gate:
                 self._gate(name, payload)  # may refuse the invocation: LambdaServiceError reaches the caller
             response, error = self._run(name, payload)
         except FunctionTimedOut as timed_out:  # Lambda ended it at the function's timeout: its work is lost
             response, error = _error_payload(timed_out, "Sandbox.Timedout"), timed_out
+        finally:
+            with self._counting:
+                self.in_flight -= 1
         if self._listener:
             self._listener(name, payload, error)
         return response, error is not None
+
+    def _admit(self) -> None:
+        """Count the invocation in flight, or refuse it as Lambda does past the account's concurrency: "If the
+        function's concurrency exceeds the limit, Lambda throttles the request" (TooManyRequestsException; Lambda
+        developer guide, "Lambda function scaling"). Here each invocation waits for its function's one environment,
+        so one counts from the Invoke call, as it would run on AWS, not from when the function takes it."""
+        with self._counting:
+            if self.concurrency is not None and self.in_flight >= self.concurrency:
+                self.throttled += 1
+                raise LambdaServiceError(
+                    "TooManyRequestsException",
+                    f"Rate Exceeded: the account's concurrency of {self.concurrency} is in use",
+                )
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
 
     def drain(self, seconds: float) -> bool:
         """Once ``stopping`` is set: wait for the invocations under way (and a bulk task's image) to end, and keep
@@ -378,11 +401,15 @@ def local_workflow(
     gate: InvocationGate | None = None,
     aws_limits: bool = False,
     stopping: threading.Event | None = None,
+    dispatcher: HandlerDispatcher | None = None,
 ) -> Iterator[Callable[..., ExecutionResult]]:
     """Inside: a function that runs one batch through the workflow and waits for it to end. ``aws_limits``: hold
     each function to its timeout and each child (but those of a request with variants) to the Express limit, as
     AWS does (`annotate chaos`). Off for `annotate run`: here every function is one environment on this machine's
     cores, which a batch's images queue for, and a real model may be slower here than on Lambda.
+
+    ``dispatcher``: a Lambda service of the caller's (an account's quota, as `annotate chaos` plays it), instead of
+    one made from ``listener``, ``gate``, ``aws_limits`` and ``stopping``.
 
     Once ``stopping`` is set (Ctrl-C), no invocation starts; the batch under way ends ABORTED when those under
     way have ended, and the process must then end (os._exit: the workflow's threads wait for invocations that
@@ -390,7 +417,7 @@ def local_workflow(
     import boto3
     from moto import mock_aws
 
-    dispatcher = HandlerDispatcher(listener, gate, timeouts=aws_limits, stopping=stopping)
+    dispatcher = dispatcher or HandlerDispatcher(listener, gate, timeouts=aws_limits, stopping=stopping)
     with (
         _interpreter_quiet(),
         mock_aws(config=MOTO_CONFIG),

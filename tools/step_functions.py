@@ -1,9 +1,10 @@
 """What Step Functions does that moto's interpreter does not, for the local runner and the rehearsal alike.
 
 - A Lambda Task whose Invoke call the Lambda service refuses fails with the service's exception name behind
-  ``Lambda.``: "Lambda.ServiceException, Lambda.AWSLambdaException, Lambda.SdkClientException and
-  Lambda.TooManyRequestsException" (Step Functions developer guide, Handling transient Lambda service exceptions;
-  SnapStart's SnapStartNotReadyException and SnapStartTimeoutException likewise). moto names them all
+  ``Lambda.``: a transient error "such as ClientExecutionTimeoutException, ServiceException, AWSLambdaException, or
+  SdkClientException", and at the maximum number of invocations "the error is Lambda.TooManyRequestsException" (Step
+  Functions developer guide, Handle Lambda service exceptions; SnapStart's SnapStartNotReadyException and
+  SnapStartTimeoutException likewise). moto names them all
   ``Exception``, which no Retry of the workflow matches.
 - An Express execution ends after five minutes, its maximum duration (Step Functions developer guide, Choosing
   workflow type). A Distributed Map's Express child that runs longer times out as a whole; the states it had not

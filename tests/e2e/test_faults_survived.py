@@ -69,7 +69,8 @@ def test_annotate_chaos_prints_its_rates_and_ends_with_the_account(
     )
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
-    assert lines[0].startswith("faults: Lambda throttle 30%")
+    assert lines[0] == "account: Lambda concurrency no quota (a batch's fan-out planned within it)"
+    assert lines[1].startswith("faults: Lambda throttle 30%")
     assert lines[-1].startswith("4 images, 4 rows, 0 lost, ") and lines[-1].endswith(", 0 recorded as failed")
 
 
@@ -120,3 +121,20 @@ def test_a_function_refused_by_the_lambda_service_fails_its_task_under_aws_error
     # THEN Caption was retried as Lambda.TooManyRequestsException until its retries ran out, and its failure says so
     [row] = run_local_query("SELECT status, failed_step, error FROM images", settings.data_dir).to_pylist()
     assert row["failed_step"] == "caption" and "Lambda.TooManyRequestsException" in row["error"], row
+
+
+def test_on_a_new_accounts_concurrency_of_10_a_100_image_batch_loses_no_image_to_a_throttle(
+    tiny_settings: Settings,
+) -> None:
+    # GIVEN an account whose Lambda concurrency is 10 (a new one's), the template's defaults, no other fault
+    quiet = Faults(
+        throttle=0, snapstart_not_ready=0, service_error=0, s3_slowdown=0, s3_internal_error=0, hang_step=None
+    )
+    faults = Faults(**{**quiet.__dict__, "variants_images": 0, "lambda_concurrency": 10})
+
+    # WHEN 100 images are annotated (without captions: the point is the fan-out, not the LLM's seconds)
+    report = run_chaos(100, faults, caption=False)
+
+    # THEN no invocation went past the quota, so none was throttled, and every image has its row
+    assert report.most_in_flight <= 10 and "Lambda concurrency quota" not in report.injected, report.line
+    assert (report.images, report.rows, report.lost, report.duplicated, len(report.failed)) == (100, 100, 0, 0, 0)

@@ -95,3 +95,26 @@ def test_the_groups_manifest_is_the_json_array_the_distributed_map_reads(tmp_pat
     )
     assert TypeAdapter(list[ImageGroup]).validate_json(batch.groups_manifest()) == batch.groups
     assert len(batch.groups) == 2
+
+
+def test_a_lambda_lane_batch_is_planned_within_the_accounts_concurrency(tmp_path: Path) -> None:
+    from shared.batches import INVOCATIONS_PER_IMAGE, lambda_fan_out
+
+    # GIVEN the template's defaults (groups of 10, 40 at once), on accounts from a new one's 10 to the default 1,000
+    for quota in (2, 3, 10, 25, 100, 1000, 5000):
+        settings = Settings(results_uri="/results", lambda_concurrency=quota).ingest
+        images, groups = lambda_fan_out(settings)
+        # THEN a batch's invocations in flight, and Ingest's, stay within the quota; groups are never larger than
+        # asked, and as many run as fit
+        assert images * groups * INVOCATIONS_PER_IMAGE + 1 <= max(quota, INVOCATIONS_PER_IMAGE + 1), quota
+        assert 1 <= images <= 10 and 1 <= groups <= 40
+    assert lambda_fan_out(Settings(results_uri="/r", lambda_concurrency=1000).ingest) == (10, 40)  # as deployed
+    assert lambda_fan_out(Settings(results_uri="/r", lambda_concurrency=10).ingest) == (4, 1)
+    # AND the plan takes it: 100 images on a new account run in groups of 4, one at a time
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for index in range(100):
+        (folder / f"{index}.jpg").write_bytes(str(index).encode())
+    message = PromptMessage(prompt="cat.", images=[str(folder)])
+    [planned] = plan_batches(message, Settings(results_uri="/r", lambda_concurrency=10).ingest, store_for)
+    assert planned.input.group_concurrency == 1 and {len(group.images) for group in planned.groups} == {4}

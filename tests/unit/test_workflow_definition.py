@@ -92,14 +92,16 @@ def test_every_task_has_retry_and_catch() -> None:
 
 
 # Step Functions' names for a Lambda invocation that failed before or around the function (the developer guide's
-# "Handling transient Lambda service exceptions"), and SnapStart's: "SnapStartNotReadyException ... Wait until the
-# function version reaches the Active state, and then invoke it again" and SnapStartTimeoutException (Lambda's
-# "Troubleshooting SnapStart errors"). TransientError is the code's own (S3 throttling, 5xx).
+# "Handle Lambda service exceptions", ClientExecutionTimeoutException among them), and SnapStart's:
+# "SnapStartNotReadyException ... Wait until the function version reaches the Active state, and then invoke it
+# again" and SnapStartTimeoutException (Lambda's "Troubleshooting SnapStart errors"). TransientError is the code's
+# own (S3 throttling, 5xx).
 TRANSIENT = {
     "Lambda.TooManyRequestsException",
     "Lambda.ServiceException",
     "Lambda.AWSLambdaException",
     "Lambda.SdkClientException",
+    "Lambda.ClientExecutionTimeoutException",
     "TransientError",
 }
 SNAPSTART = {"Lambda.SnapStartNotReadyException", "Lambda.SnapStartTimeoutException"}

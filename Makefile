@@ -36,9 +36,10 @@ rehearse: install
 	$(BIN)/python -m tools.rehearsal
 
 # 200 generated images through the local workflow with AWS faults injected (throttles, SnapStart and service errors,
-# S3 SlowDown and 500s, a step that hangs once); its last line accounts for every image. tests/e2e runs a smaller one.
+# S3 SlowDown and 500s, a step that hangs once), on a new account's Lambda concurrency of 10; its last line accounts
+# for every image. tests/e2e runs smaller ones.
 chaos: install
-	$(BIN)/annotate chaos --images 200
+	$(BIN)/annotate chaos --images 200 --lambda-concurrency 10
 
 # `sam validate --lint` and `sam build` of every zip function and layer, without Docker (not part of make test).
 sam-build: install

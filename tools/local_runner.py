@@ -113,8 +113,8 @@ class HandlerDispatcher:
         stopping: threading.Event | None = None,
         concurrency: int | None = None,
     ) -> None:
-        self._listener = listener
-        self._gate = gate
+        self.listener = listener
+        self.gate = gate
         self._locks = {name: threading.Lock() for name in FUNCTION_PLACEHOLDERS.values()}
         self._timeouts = step_timeouts() if timeouts else {}
         self.stopping = stopping or threading.Event()
@@ -129,16 +129,16 @@ class HandlerDispatcher:
             threading.Event().wait()  # the run is stopping: no invocation starts; the process ends without it
         self._admit()
         try:
-            if self._gate:
-                self._gate(name, payload)  # may refuse the invocation: LambdaServiceError reaches the caller
+            if self.gate:
+                self.gate(name, payload)  # may refuse the invocation: LambdaServiceError reaches the caller
             response, error = self._run(name, payload)
         except FunctionTimedOut as timed_out:  # Lambda ended it at the function's timeout: its work is lost
             response, error = _error_payload(timed_out, "Sandbox.Timedout"), timed_out
         finally:
             with self._counting:
                 self.in_flight -= 1
-        if self._listener:
-            self._listener(name, payload, error)
+        if self.listener:
+            self.listener(name, payload, error)
         return response, error is not None
 
     def _admit(self) -> None:
@@ -423,7 +423,7 @@ def local_workflow(
         mock_aws(config=MOTO_CONFIG),
         services_in_process(
             lambda function, _, payload: dispatcher.invoke(function, payload),
-            partial(_run_container, gate, listener, dispatcher.stopping),
+            partial(_run_container, dispatcher.gate, dispatcher.listener, dispatcher.stopping),
             express_limit=aws_limits,
         ),
         # Locally the measurements are in the image rows; EMF is for CloudWatch and would flood the terminal.

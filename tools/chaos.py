@@ -252,7 +252,8 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
         rows=len(rows),
         lost=sum(1 for key in images | with_variants if f"s3://{INPUT_BUCKET}/{key}" not in sources),
         duplicated=sum(n - 1 for n in sources.values()),
-        # a throttle past the quota is a fault too: the workflow's retry of it is what the account needs
+        # a throttle past the quota is a fault too, and each is retried by the workflow (one it did not outlast ends
+        # as a failed row)
         injected=dict(injector.injected) | ({"Lambda concurrency quota": throttled} if throttled else {}),
         retried=injector.retried + throttled,
         failed=[row for row in rows if row["status"] == "failed"],

@@ -122,10 +122,17 @@ def choose_lane(message: PromptMessage, images: int, settings: IngestSettings) -
     return message.lane
 
 
+def bulk_tasks_at_once(settings: IngestSettings) -> int:
+    """``bulk_concurrency``, within the account's Fargate vCPUs: a RunTask past the quota fails ("You've reached the
+    limit on the number of vCPUs you can run concurrently", ECS's service quotas), and the task would go to
+    on-demand or fail instead of waiting."""
+    return max(1, min(settings.bulk_concurrency, settings.fargate_vcpus * 1024 // settings.bulk_task_cpu))
+
+
 def groups_per_bulk_job(groups: int, settings: IngestSettings) -> int:
     """At most ``groups_per_bulk_job``, and fewer when the batch would otherwise leave some of the tasks that may run
     at once idle: with 100 tasks at once, 1,000 groups run as 100 tasks of 10 groups, not 20 of 50."""
-    return max(1, min(settings.groups_per_bulk_job, -(-groups // settings.bulk_concurrency)))
+    return max(1, min(settings.groups_per_bulk_job, -(-groups // bulk_tasks_at_once(settings))))
 
 
 # The Lambda invocations one image holds at once, at most: Classify and Tag run side by side (Describe's Parallel)
@@ -176,7 +183,7 @@ def plan_batches(
             group_concurrency=at_once,
             lane=lane,
             bulk_jobs=-(-len(groups) // per_job) if lane == "bulk" else 0,
-            bulk_concurrency=settings.bulk_concurrency,
+            bulk_concurrency=bulk_tasks_at_once(settings),
         )
         batches.append(PlannedBatch(input=batch, groups=groups, groups_per_job=per_job))
     return batches

@@ -165,6 +165,8 @@ class IngestSettings(_Section):
     bulk_from_images: int
     groups_per_bulk_job: int
     bulk_concurrency: int
+    fargate_vcpus: int
+    bulk_task_cpu: int
     state_machine_arn: str
     results_root: str
 
@@ -349,6 +351,14 @@ class Settings(BaseSettings):
     bulk_concurrency: int = Field(
         100, ge=1, le=10_000, description="Bulk tasks running at once per execution (the template's BulkConcurrency)"
     )
+    fargate_vcpus: int = Field(
+        200,
+        ge=1,
+        le=100_000,
+        description="Fargate Spot vCPUs a batch may take: the account's quota (a new account's may be 6). The bulk"
+        " lane runs at most this many vCPUs of tasks at once (the template's FargateVcpus)",
+    )
+    bulk_task_cpu: int = Field(2048, ge=256, le=16384, description="CPU units of a bulk task (the template's BulkCpu)")
     state_machine_arn: str = Field("", description="The deployed workflow (AWS mode)")
     results_uri: str = Field("", description="Where results go; empty means data_dir (local mode)")
     api_key: SecretStr = Field(

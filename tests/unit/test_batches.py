@@ -118,3 +118,13 @@ def test_a_lambda_lane_batch_is_planned_within_the_accounts_concurrency(tmp_path
     message = PromptMessage(prompt="cat.", images=[str(folder)])
     [planned] = plan_batches(message, Settings(results_uri="/r", lambda_concurrency=10).ingest, store_for)
     assert planned.input.group_concurrency == 1 and {len(group.images) for group in planned.groups} == {4}
+
+
+def test_a_bulk_lane_batch_runs_no_more_tasks_at_once_than_the_accounts_fargate_vcpus_hold() -> None:
+    from shared.batches import bulk_tasks_at_once
+
+    # a new account's 6 Spot vCPUs hold three tasks of 2 vCPUs; the default 200 hold the template's 100
+    assert bulk_tasks_at_once(Settings(results_uri="/r", fargate_vcpus=6).ingest) == 3
+    assert bulk_tasks_at_once(Settings(results_uri="/r", fargate_vcpus=6, bulk_task_cpu=4096).ingest) == 1
+    assert bulk_tasks_at_once(Settings(results_uri="/r", fargate_vcpus=1, bulk_task_cpu=4096).ingest) == 1
+    assert bulk_tasks_at_once(Settings(results_uri="/r").ingest) == 100

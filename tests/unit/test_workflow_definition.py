@@ -390,6 +390,19 @@ def test_the_bulk_lane_runs_each_job_of_the_bulk_manifest_spot_first_then_on_dem
     assert any("States.TaskFailed" in r["ErrorEquals"] for r in STATES["RunBulkJob"]["Retry"])
 
 
+def test_a_spot_shortage_is_waited_out_for_minutes_before_on_demand_is_paid_for() -> None:
+    from tools.workflow import retry_wait_s
+
+    # No capacity at RunTask is ECS.AmazonECSException ("Capacity is unavailable at this time", AWS's knowledge
+    # center on Fargate RunTask capacity); a task that fails to start under .sync is AmazonECS.Unknown
+    capacity = {"ECS.AmazonECSException", "AmazonECS.Unknown"}
+    for name in ("RunBulkJob", "RunBulkJobOnDemand"):
+        assert any(capacity <= set(r["ErrorEquals"]) for r in STATES[name]["Retry"]), name
+    [spot_wait] = [r for r in STATES["RunBulkJob"]["Retry"] if capacity <= set(r["ErrorEquals"])]
+    assert 20 * 60 <= retry_wait_s(spot_wait) <= 60 * 60 and spot_wait["JitterStrategy"] == "FULL"
+    assert STATES["AnnotateGroupsInBulk"]["ItemProcessor"]["ProcessorConfig"]["ExecutionType"] == "STANDARD"
+
+
 def test_a_group_is_annotated_image_by_image_and_written_as_one_table_file() -> None:
     images = STATES["AnnotateImages"]
     assert TypeAdapter(list[ImageRef]).validate_python(read_path(group_task(), images["ItemsPath"], {})) == [IMAGE]

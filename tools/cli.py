@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -250,7 +252,7 @@ def _summarize(results: list[Any], message: Any, settings: Settings) -> None:
             failed += result.summary.failed
             continue
         reason = result.error or result.status
-        if "No space left on device" in reason:
+        if NO_SPACE in reason:
             reason = _disk_full(settings.data_dir)
         err.print(f"[red]batch {batch.batch_id} did not finish:[/red] {reason}", highlight=False, soft_wrap=True)
         rows = _rows_by_status(batch.batch_id, settings.data_dir)
@@ -266,7 +268,7 @@ def _summarize(results: list[Any], message: Any, settings: Settings) -> None:
             batch_ids,
             settings.data_dir,
         )
-        if any("No space left on device" in (row["error"] or "") for row in failures):
+        if any(NO_SPACE in (row["error"] or "") for row in failures):
             err.print(_disk_full(settings.data_dir), highlight=False, soft_wrap=True)
     if message.variants:
         _print_batch_rows(
@@ -330,8 +332,6 @@ class _SignalStop:
     def exit(self, signum: int | None = None) -> None:
         """End the process now, with the shell's code for the signal (130 for Ctrl-C, 143 for SIGTERM): not through
         the interpreter's exit, where native libraries' threads still running abort it ("terminate called...")."""
-        import os
-
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(128 + (signum or self.signal))
@@ -353,8 +353,6 @@ def _stopped_by_signals() -> Iterator[_SignalStop]:
 @contextmanager
 def _disk_full_said(data_dir: Path) -> Iterator[None]:
     """A full disk, said in one line, whichever write met it."""
-    import errno
-
     try:
         yield
     except OSError as error:
@@ -371,6 +369,10 @@ def _print_batch_rows(title: str, select: str, batch_ids: list[str], data_dir: P
     table = run_local_query(select.format(batches=f"batch_id IN ({ids})"), data_dir)
     _print_table(table, title=title)
     return list(table.to_pylist())
+
+
+# How an OSError for a full disk reads in an execution's cause or a failure row (ENOSPC's message)
+NO_SPACE = os.strerror(errno.ENOSPC)
 
 
 def _disk_full(data_dir: Path) -> str:

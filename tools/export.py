@@ -114,8 +114,7 @@ def _earlier_export(out_dir: Path) -> set[str]:
     if not out_dir.is_dir():
         return set()
     present = _files_under(out_dir)
-    marker = out_dir / EXPORT_MARKER
-    written = set(json.loads(marker.read_text()).get("files", [])) | {EXPORT_MARKER} if marker.is_file() else set()
+    written = _files_written(out_dir / EXPORT_MARKER)
     foreign = sorted(present - written)
     if foreign:
         raise RequestRejected(
@@ -123,6 +122,16 @@ def _earlier_export(out_dir: Path) -> set[str]:
             f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}): name a new or empty folder"
         )
     return present - {EXPORT_MARKER}
+
+
+def _files_written(marker: Path) -> set[str]:
+    """What an earlier export listed in its marker, the marker included; none when there is no readable marker (a
+    marker edited by hand proves nothing, so the folder's files count as the user's)."""
+    try:
+        listed = json.loads(marker.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+    return {str(name) for name in listed} | {EXPORT_MARKER}
 
 
 def _move_into(staging: Path, out_dir: Path, earlier: set[str]) -> None:

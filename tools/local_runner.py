@@ -142,10 +142,12 @@ class HandlerDispatcher:
         return response, error is not None
 
     def _admit(self) -> None:
-        """Count the invocation in flight, or refuse it as Lambda does past the account's concurrency: "If the
-        function's concurrency exceeds the limit, Lambda throttles the request" (TooManyRequestsException; Lambda
-        developer guide, "Lambda function scaling"). Here each invocation waits for its function's one environment,
-        so one counts from the Invoke call, as it would run on AWS, not from when the function takes it."""
+        """Count the invocation in flight, or refuse it as Lambda does past the account's concurrency: Lambda "scales
+        up the number of execution environments to handle these requests until your account reaches its concurrency
+        quota" (Lambda developer guide, Lambda scaling behavior), and past it Invoke fails with
+        TooManyRequestsException, reason ConcurrentInvocationLimitExceeded (Lambda API reference). Here each
+        invocation waits for its function's one environment, so one counts from the Invoke call, as it would run on
+        AWS, not from when the function takes it."""
         with self._counting:
             if self.concurrency is not None and self.in_flight >= self.concurrency:
                 self.throttled += 1

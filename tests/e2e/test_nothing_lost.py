@@ -238,3 +238,16 @@ def test_a_first_run_s_export_says_so_in_a_line_and_shows_none_of_torch_s_known_
     assert done.stderr.count("exporting the models to ONNX") == 1, done.stderr
     assert "models exported in" in done.stderr
     assert not any(word in done.stderr for word in ("Warning", "warn(", "Traceback")), done.stderr
+
+
+def test_an_export_folder_whose_list_was_edited_is_refused_in_one_line(tmp_path: Path, results_with_rows: Path) -> None:
+    # GIVEN a folder that looks like an earlier export, its list of files no longer readable
+    out = tmp_path / "coco"
+    out.mkdir()
+    (out / "annotations.json").write_text("{}")
+    (out / ".annotate-export.json").write_text("not json")
+
+    # WHEN an export is made into it THEN it is refused in one line, and the folder is as it was
+    code, output = annotate("export", "--format", "coco", "--out", str(out), "--data-dir", str(results_with_rows))
+    assert code == 2 and "did not write" in " ".join(output.split()) and "Traceback" not in output, output
+    assert (out / "annotations.json").read_text() == "{}" and (out / ".annotate-export.json").read_text() == "not json"

@@ -141,8 +141,9 @@ INVOCATIONS_PER_IMAGE = 2
 
 def lambda_fan_out(settings: IngestSettings) -> tuple[int, int]:
     """(images per group, groups at once) of a Lambda-lane batch, within the account's concurrency: past it Lambda
-    refuses invocations (TooManyRequestsException), which the workflow retries for seconds, not the minutes a
-    small account's queue would take. One invocation is left for Ingest. Groups shrink before their count does: a
+    refuses invocations (TooManyRequestsException), which a child retries for seconds before it hands its group back
+    to the parent to wait minutes: planned within the quota, a batch alone is never throttled. One invocation is left
+    for Ingest. Groups shrink before their count does: a
     group's images all run at once, so a child's time stays one image's, within Express's 5 minutes."""
     budget = max(INVOCATIONS_PER_IMAGE, settings.lambda_concurrency - 1)
     images = max(1, min(settings.images_per_group, budget // INVOCATIONS_PER_IMAGE))
@@ -184,6 +185,8 @@ def plan_batches(
             lane=lane,
             bulk_jobs=-(-len(groups) // per_job) if lane == "bulk" else 0,
             bulk_concurrency=bulk_tasks_at_once(settings),
+            hand_backs=settings.hand_backs,
+            hand_back_wait_s=settings.hand_back_wait_s,
         )
         batches.append(PlannedBatch(input=batch, groups=groups, groups_per_job=per_job))
     return batches

@@ -219,6 +219,7 @@ class ImageRef(Frozen):
 MAX_IMAGES_PER_GROUP = 40
 MANIFESTS_PREFIX = "manifests"  # under the results root: each batch's input and groups manifest
 MAX_LISTED_GROUPS = 100
+MAX_HAND_BACKS = 10
 
 
 class ImageGroup(Frozen):
@@ -243,10 +244,21 @@ class BatchInput(Frozen):
     lane: Lane = "lambda"
     bulk_jobs: int = Field(0, ge=0, description="Bulk lane: how many jobs the bulk manifest holds")
     bulk_concurrency: int = Field(1, ge=1, le=10_000, description="Bulk lane: Fargate tasks running at once")
+    round: int = Field(0, ge=0, le=MAX_HAND_BACKS, description="Which run of the groups: 0, then one per hand-back")
+    hand_backs: int = Field(
+        0, ge=0, le=MAX_HAND_BACKS, description="Lambda lane: how often groups that could not finish run again"
+    )
+    hand_back_wait_s: int = Field(60, ge=1, le=3600, description="The wait before the first hand-back's run")
 
     @property
     def groups_uri(self) -> str:
+        """Every group of the batch (round 0's manifest)."""
         return groups_manifest_uri(self.results_uri, self.batch_id)
+
+    @property
+    def round_groups_uri(self) -> str:
+        """The groups this round runs: all of them, then those handed back."""
+        return groups_manifest_uri(self.results_uri, self.batch_id, self.round)
 
     @property
     def bulk_manifest_uri(self) -> str:
@@ -259,9 +271,10 @@ def batch_input_uri(results_uri: str, batch_id: str) -> str:
     return f"{results_uri.rstrip('/')}/{MANIFESTS_PREFIX}/{batch_id}.json"
 
 
-def groups_manifest_uri(results_uri: str, batch_id: str) -> str:
-    """Where a batch's groups manifest is; the ASL's ItemReader names the same key (a test keeps them equal)."""
-    return f"{results_uri.rstrip('/')}/{MANIFESTS_PREFIX}/{batch_id}.groups.json"
+def groups_manifest_uri(results_uri: str, batch_id: str, round: int = 0) -> str:
+    """Where a round's groups manifest is: round 0's holds every group of the batch, a later round's those handed back
+    to it. The ASL's ItemReader names the same key (a test keeps them equal)."""
+    return f"{results_uri.rstrip('/')}/{MANIFESTS_PREFIX}/{batch_id}.groups.{round}.json"
 
 
 class GroupTask(Frozen):
@@ -558,8 +571,18 @@ class SummarizeInput(BatchInput):
     error: StepFailure | None = None
 
 
+class HandBack(Frozen):
+    """Groups whose child could not finish (the Lambda service refused a step past its retries, or the child passed
+    the Express limit), run again in a later round after a wait."""
+
+    round: int = Field(ge=1, le=MAX_HAND_BACKS, description="The round they run in")
+    groups: int = Field(ge=1)
+    wait_seconds: int = Field(ge=1, le=3600, description="The parent's wait before the round (its Wait state)")
+
+
 class BatchSummary(Frozen):
-    """The batch's last word, kept as ``batches/<batch_id>/summary.json`` and returned as the execution's output."""
+    """The batch's last word, kept as ``batches/<batch_id>/summary.json`` and returned as the execution's output;
+    with ``handed_back``, the word of a round after which the batch goes on."""
 
     batch_id: str
     images: int
@@ -572,3 +595,4 @@ class BatchSummary(Frozen):
     )
     error: StepFailure | None = None
     summary_uri: str
+    handed_back: HandBack | None = None

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
-from shared.contracts import MAX_IMAGES_PER_GROUP
+from shared.contracts import MAX_HAND_BACKS, MAX_IMAGES_PER_GROUP
 from shared.detector_geometry import resized_size
 
 ExportRuntime = Literal["onnxruntime", "openvino"]  # what runs an exported graph (Detect's, Classify's)
@@ -157,6 +157,8 @@ class IngestSettings(_Section):
     bulk_images_per_group: int
     group_concurrency: int
     lambda_concurrency: int
+    hand_backs: int
+    hand_back_wait_s: int
     idempotency_table: str
     idempotency_expiry_s: int
     input_buckets: list[str]
@@ -309,6 +311,20 @@ class Settings(BaseSettings):
         ge=1,
         le=10_000,
         description="Child workflows running at once per execution (the template's GroupConcurrency)",
+    )
+    hand_backs: int = Field(
+        5,
+        ge=0,
+        le=MAX_HAND_BACKS,
+        description="How often a Lambda-lane batch runs again the groups that could not finish (the Lambda service"
+        " refused a step past its retries: a quota's throttles, SnapStart re-initialising, a service error), before"
+        " their images become failure rows (the template's HandBacks)",
+    )
+    hand_back_wait_s: int = Field(
+        60,
+        ge=1,
+        le=3600,
+        description="The wait before the first hand-back; each next one waits twice as long, at most 15 minutes",
     )
     idempotency_table: str = Field(
         "", description="DynamoDB table that remembers S3 events already started (empty: no check, local mode)"

@@ -4,6 +4,7 @@ step's :class:`~shared.dependencies.Dependencies`."""
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -27,6 +28,7 @@ from shared.contracts import (
     DetectOutput,
     FailedStep,
     GroupSummary,
+    HandBack,
     ImageGroup,
     ImageOutcome,
     ImageResult,
@@ -39,6 +41,7 @@ from shared.contracts import (
     TagOutput,
     VariantsOutput,
     WriteGroupTableInput,
+    groups_manifest_uri,
 )
 from shared.crops import crop_boxes
 from shared.dependencies import Dependencies
@@ -304,8 +307,9 @@ def group_summary_uri(results_uri: str, batch_id: str, group_id: str) -> str:
 
 
 def summarize_batch(state: SummarizeInput, deps: Dependencies) -> BatchSummary:
-    """The batch's summary from its groups' summaries; each image of a group that wrote none (its child workflow
-    failed or timed out) gets a failure row, so that every image of the batch ends as one row."""
+    """The batch's summary from its groups' summaries. Groups that wrote none (their child workflow failed or timed
+    out) are handed back to a later round while a Lambda-lane batch has rounds left (:func:`hand_back`); after its
+    last, each of their images gets a failure row, so that every image of the batch ends as one row."""
     from concurrent.futures import ThreadPoolExecutor
 
     from shared.tables import table_file_uris, write_table_files
@@ -318,9 +322,62 @@ def summarize_batch(state: SummarizeInput, deps: Dependencies) -> BatchSummary:
         documents = pool.map(lambda uri: deps.store_for(uri).read_bytes(uri), summary_uris)
         finished = {summary.group_id: summary for summary in map(GroupSummary.model_validate_json, documents)}
     unfinished = [group for group in groups if group.group_id not in finished]
+    handed_back = hand_back(state, unfinished, deps) if unfinished else None
+    rows = [] if handed_back else _unfinished_rows(state, unfinished)
+    stem = f"{state.batch_id}-unfinished"
+    if rows:
+        write_table_files(rows, state.results_uri, stem, state.planned_at, deps.store_for)
+        logger.warning("groups did not finish", extra={"batch_id": state.batch_id, "groups": len(unfinished)})
+    elif not handed_back:  # a rerun that finished every group: the earlier run's failure rows are no longer true
+        for uri in table_file_uris(state.results_uri, stem, state.planned_at).values():
+            deps.store_for(uri).delete(uri)
+    uri = join_uri(state.results_uri, BATCHES_PREFIX, state.batch_id, "summary.json")
+    summary = BatchSummary(
+        batch_id=state.batch_id,
+        images=state.images,
+        succeeded=sum(group.succeeded for group in finished.values()),
+        failed=sum(group.failed for group in finished.values()) + len(rows),
+        groups=state.groups,
+        unfinished=len(unfinished),
+        unfinished_groups=[group.group_id for group in unfinished[:MAX_LISTED_GROUPS]],
+        error=state.error,
+        summary_uri=uri,
+        handed_back=handed_back,
+    )
+    deps.store_for(uri).write_bytes(uri, summary.model_dump_json(indent=2).encode(), "application/json")
+    logger.info("batch summarized", extra=summary.model_dump(exclude={"unfinished_groups", "error"}))
+    return summary
+
+
+# The longest wait before a round: each round waits twice the one before, from the batch's hand_back_wait_s
+MAX_HAND_BACK_WAIT_S = 900
+
+
+def hand_back(state: SummarizeInput, unfinished: list[ImageGroup], deps: Dependencies) -> HandBack | None:
+    """The next round of a Lambda-lane batch with rounds left: its manifest (the ``unfinished`` groups) written, and
+    the parent's wait before it, doubling each round and jittered, so that batches throttled together do not come
+    back together. None when the batch has no round left, or runs in the bulk lane (its groups are too large for
+    a child, and its Fargate tasks have their own waits)."""
+    if state.lane != "lambda" or state.round >= state.hand_backs:
+        return None
+    next_round = state.round + 1
+    uri = groups_manifest_uri(state.results_uri, state.batch_id, next_round)
+    manifest = b"[" + b",".join(group.model_dump_json().encode() for group in unfinished) + b"]"
+    deps.store_for(uri).write_bytes(uri, manifest, "application/json")
+    longest = min(MAX_HAND_BACK_WAIT_S, state.hand_back_wait_s * 2**state.round)
+    wait = random.randint(-(-longest // 2), longest)
+    handed_back = HandBack(round=next_round, groups=len(unfinished), wait_seconds=wait)
+    logger.warning("groups handed back", extra={"batch_id": state.batch_id, **handed_back.model_dump()})
+    return handed_back
+
+
+def _unfinished_rows(state: SummarizeInput, unfinished: list[ImageGroup]) -> list[ImageResult]:
+    """A failure row for each image of the groups that did not finish in the batch's last round."""
     reason = state.error.reason if state.error else "its child workflow ended without writing the group's rows"
+    if state.round:
+        reason += f" (in each of {state.round + 1} rounds)"
     now = datetime.now(UTC)
-    rows = [
+    return [
         ImageResult(
             image_id=image.image_id,
             source_uri=image.source_uri,
@@ -335,28 +392,6 @@ def summarize_batch(state: SummarizeInput, deps: Dependencies) -> BatchSummary:
         for group in unfinished
         for image in group.images
     ]
-    stem = f"{state.batch_id}-unfinished"
-    if rows:
-        write_table_files(rows, state.results_uri, stem, state.planned_at, deps.store_for)
-        logger.warning("groups did not finish", extra={"batch_id": state.batch_id, "groups": len(unfinished)})
-    else:  # a rerun that finished every group: the earlier run's failure rows are no longer true
-        for uri in table_file_uris(state.results_uri, stem, state.planned_at).values():
-            deps.store_for(uri).delete(uri)
-    uri = join_uri(state.results_uri, BATCHES_PREFIX, state.batch_id, "summary.json")
-    summary = BatchSummary(
-        batch_id=state.batch_id,
-        images=state.images,
-        succeeded=sum(group.succeeded for group in finished.values()),
-        failed=sum(group.failed for group in finished.values()) + len(rows),
-        groups=state.groups,
-        unfinished=len(unfinished),
-        unfinished_groups=[group.group_id for group in unfinished[:MAX_LISTED_GROUPS]],
-        error=state.error,
-        summary_uri=uri,
-    )
-    deps.store_for(uri).write_bytes(uri, summary.model_dump_json(indent=2).encode(), "application/json")
-    logger.info("batch summarized", extra=summary.model_dump(exclude={"unfinished_groups", "error"}))
-    return summary
 
 
 def _result_of(

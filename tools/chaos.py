@@ -1,7 +1,12 @@
 """`annotate chaos` (make chaos): generated images through the local workflow, with faults injected where the code
 meets AWS, and an account of every image.
 
-Faults, each at a rate given on the command line (and printed):
+The account (printed first): a Lambda concurrency quota, past which invocations are refused as Lambda refuses them;
+SnapStart versions that a quiet fortnight made inactive, answering SnapStartNotReadyException while they
+re-initialise; the images sent as overlapping batches, which share the quota.
+
+Faults, each at a rate given on the command line (and printed), drawn for every call on its own (a call may meet
+any number in a row: what outlasts a child's retries is handed back to the parent, and what outlasts that fails):
 - the Lambda service refuses an invocation (the local runner's stand-in for Invoke): TooManyRequestsException,
   SnapStartNotReadyException (the model steps, which have SnapStart when EnableSnapStart=true) and
   ServiceException. The function does not run; the Task fails with ``Lambda.<name>`` (tools.step_functions).
@@ -13,7 +18,8 @@ Faults, each at a rate given on the command line (and printed):
   or capacity failure stops it: the workflow runs it again.
 
 Everything runs in moto (S3 holds the images and the results, as in AWS mode); the last line printed is
-``N images, N rows, 0 lost, F faults injected, R retried, X recorded as failed``.
+``N images, N rows, 0 lost, F faults injected, R retried, X recorded as failed``. The run fails when an image has
+no row or more than one, or when one other than the hung image is recorded as failed.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,9 +44,8 @@ from tools.workflow import step_timeouts
 INPUT_BUCKET, RESULTS_BUCKET = "chaos-input", "chaos-results"
 BUCKETS = (INPUT_BUCKET, RESULTS_BUCKET)
 MODEL_STEPS = frozenset({"detect", "classify", "tag", "caption"})
-# Fewer than any retry policy allows (the workflow's retriers 2 and 4, botocore's legacy mode 4): what an image meets
-# is recovered from, unless it is the hang.
-MAX_FAULTS_IN_A_ROW = 2
+# The parent's wait before a hand-back's round (HandBackWaitSeconds, 60 on AWS), shortened so that a run takes minutes
+HAND_BACK_WAIT_S = 5
 # What a function reads and writes; ingest's own requests (listing, the manifests) are not faulted.
 FAULTED_PREFIXES = ("images/", "results/", "tables/", "batches/")
 
@@ -56,10 +62,17 @@ class Faults:
     variants_images: int = 2  # images of the second batch, with variants, whose first Fargate task stops (0: none)
     seed: int = 7
     lambda_concurrency: int | None = None  # the account's quota: invocations past it are refused (None: no quota)
+    snapstart_reinit_s: float = 0.0  # each model function re-initialises for this long from its first invocation
+    batches: int = 1  # the images are sent as this many messages at once, whose batches overlap
 
     def account(self) -> str:
         quota = f"{self.lambda_concurrency:,}" if self.lambda_concurrency else "no quota"
-        return f"account: Lambda concurrency {quota} (a batch's fan-out planned within it)"
+        line = f"account: Lambda concurrency {quota} (a batch's fan-out planned within it)"
+        if self.snapstart_reinit_s:
+            line += f", SnapStart versions inactive (re-initialising for {self.snapstart_reinit_s:g} s)"
+        if self.batches > 1:
+            line += f", {self.batches} batches at once"
+        return line + f"; a hand-back waits {HAND_BACK_WAIT_S} s"
 
     def describe(self) -> str:
         hang = f"{self.hang_step} of image {self.hang_image} hangs once" if self.hang_step else "no hang"
@@ -80,7 +93,8 @@ class Injector:
     hang_source: str = ""  # the source URI of the image whose step hangs
     injected: Counter[str] = field(default_factory=Counter)
     retried: int = 0
-    _faulted: dict[str, int] = field(default_factory=dict)  # call -> the faults it met in a row
+    _faulted: set[str] = field(default_factory=set)  # calls whose last try met a fault
+    _first_invoked: dict[str, float] = field(default_factory=dict)  # model function -> when it was first invoked
     _hung: bool = False
     _task_stopped: bool = False
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -89,21 +103,31 @@ class Injector:
         self._random = random.Random(self.faults.seed)
 
     def _draw(self, key: str, choices: list[tuple[str, float]]) -> str | None:
-        """The fault to inject into the call ``key`` (None: none); a call again after a fault counts as a retry. A
-        call meets at most MAX_FAULTS_IN_A_ROW: the faults are transient, as throttles and service errors are."""
+        """The fault to inject into the call ``key`` (None: none), drawn anew for each try; a call again after a
+        fault counts as a retry."""
         with self._lock:
-            in_a_row = self._faulted.pop(key, 0)
-            self.retried += in_a_row > 0
-            if in_a_row >= MAX_FAULTS_IN_A_ROW:
-                return None
+            if key in self._faulted:
+                self._faulted.discard(key)
+                self.retried += 1
             roll, threshold = self._random.random(), 0.0
             for name, rate in choices:
                 threshold += rate
                 if roll < threshold:
                     self.injected[name] += 1
-                    self._faulted[key] = in_a_row + 1
+                    self._faulted.add(key)
                     return name
             return None
+
+    def _reinitialising(self, function: str) -> bool:
+        """Whether the model function's SnapStart version is still re-initialising, from its first invocation on: a
+        version "becomes Inactive when it hasn't been invoked for 14 days", and invoking it answers
+        SnapStartNotReadyException, "Wait until the function version reaches the Active state, and then invoke it
+        again" (Lambda developer guide, "Troubleshooting SnapStart errors")."""
+        if function not in MODEL_STEPS or not self.faults.snapstart_reinit_s:
+            return False
+        with self._lock:
+            since = time.monotonic() - self._first_invoked.setdefault(function, time.monotonic())
+        return since < self.faults.snapstart_reinit_s
 
     def gate(self, function: str, payload: dict[str, Any]) -> None:
         """Before the Lambda service runs ``function`` (or Fargate the Variants container): refuse it, let its one
@@ -123,13 +147,15 @@ class Injector:
             timeout = step_timeouts()[function]
             time.sleep(timeout)
             raise FunctionTimedOut(timeout)
-        choices = [("Lambda TooManyRequestsException", self.faults.throttle)]
+        reinitialising = self._reinitialising(function)
+        choices = [("Lambda SnapStartNotReadyException (re-initialising)", 1.0)] if reinitialising else []
+        choices.append(("Lambda TooManyRequestsException", self.faults.throttle))
         if function in MODEL_STEPS:
             choices.append(("Lambda SnapStartNotReadyException", self.faults.snapstart_not_ready))
         choices.append(("Lambda ServiceException", self.faults.service_error))
         fault = self._draw(key, choices)
         if fault:
-            raise LambdaServiceError(fault.removeprefix("Lambda "), "injected by annotate chaos")
+            raise LambdaServiceError(fault.removeprefix("Lambda ").split()[0], "injected by annotate chaos")
 
     def _stop_once(self, key: str) -> None:
         with self._lock:
@@ -169,7 +195,28 @@ class ChaosReport:
     injected: dict[str, int]
     retried: int
     failed: list[dict[str, Any]]  # the rows recorded as failed
+    hung_source: str = ""  # the image whose step hung: the one failure expected
     most_in_flight: int = 0  # Lambda invocations at once, at the most
+    run_s: float = 0.0  # from the first message to the last row
+    busy_s: float = 0.0  # the functions' time, summed over every invocation
+    lambda_concurrency: int | None = None
+    handed_back: int = 0  # groups the workflow ran again in a later round
+
+    @property
+    def unexpected_failures(self) -> list[dict[str, Any]]:
+        return [row for row in self.failed if row["source_uri"] != self.hung_source]
+
+    @property
+    def timing(self) -> str:
+        """The run's time against the quota's ideal: the functions' time spread evenly over the concurrency."""
+        line = f"took {self.run_s:.0f} s"
+        if self.lambda_concurrency:
+            ideal = self.busy_s / self.lambda_concurrency
+            line += (
+                f" against the quota's ideal {ideal:.0f} s ({self.busy_s:.0f} s of functions' time / "
+                f"{self.lambda_concurrency} at once): {self.run_s / max(ideal, 1e-9):.1f}x"
+            )
+        return line + f"; {self.handed_back} groups handed back to a later round"
 
     @property
     def line(self) -> str:
@@ -211,17 +258,27 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
     from tools.tiny_models import build_named_models
 
     with tempfile.TemporaryDirectory(prefix="annotate-chaos-") as folder:
-        settings = use_settings(profile=Profile.TINY, data_dir=Path(folder), results_uri=f"s3://{RESULTS_BUCKET}")
+        settings = use_settings(
+            profile=Profile.TINY,
+            data_dir=Path(folder),
+            results_uri=f"s3://{RESULTS_BUCKET}",
+            hand_back_wait_s=HAND_BACK_WAIT_S,
+        )
         if faults.lambda_concurrency:  # ingest plans the batches within the account's quota
             settings = use_settings(settings.model_copy(update={"lambda_concurrency": faults.lambda_concurrency}))
         build_named_models(settings, variants=faults.variants_images > 0)
-        images = generate_images(count, faults.seed)
+        # the images of batch n under images/<n>/ (the messages name a prefix each)
+        images = {
+            key.replace("images/", f"images/{index % faults.batches}/"): body
+            for index, (key, body) in enumerate(sorted(generate_images(count, faults.seed).items()))
+        }
         with_variants = {
             key.replace("images/", "variants/"): body
             for key, body in generate_images(faults.variants_images, faults.seed + 1).items()
         }
         hung = sorted(images)[faults.hang_image] if faults.hang_step and faults.hang_image < count else ""
-        injector = Injector(faults, hang_source=f"s3://{INPUT_BUCKET}/{hung}" if hung else "")
+        hung_source = f"s3://{INPUT_BUCKET}/{hung}" if hung else ""
+        injector = Injector(faults, hang_source=hung_source)
         lambda_service = HandlerDispatcher(gate=injector.gate, timeouts=True, concurrency=faults.lambda_concurrency)
         with local_workflow(aws_limits=True, dispatcher=lambda_service) as run_batch:
             s3 = boto3.client("s3", region_name=REGION)
@@ -233,17 +290,32 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
             assert session is not None
             storage.refresh_clients()  # the functions' S3 client is made anew, from the session that injects
             session.events.register_first("before-send.s3", injector.s3_answer, unique_id="annotate-chaos")
+            started = time.monotonic()
             try:
                 starter = LocalStarter(run_batch, Path(folder), "annotate-chaos")
-                message = PromptMessage(prompt=prompt, images=[f"s3://{INPUT_BUCKET}/images/"], caption=caption)
-                start_batches(message, "annotate-chaos", settings.ingest, starter, storage.store_for)
+                messages = [
+                    PromptMessage(prompt=prompt, images=[f"s3://{INPUT_BUCKET}/images/{n}/"], caption=caption)
+                    for n in range(min(faults.batches, count))
+                ]
                 if with_variants:
                     variants = {"prompt": "a watercolor", "steps": 1, "size": 128}
-                    message = PromptMessage(prompt=prompt, images=[f"s3://{INPUT_BUCKET}/variants/"], variants=variants)
-                    start_batches(message, "annotate-chaos-variants", settings.ingest, starter, storage.store_for)
+                    messages.append(
+                        PromptMessage(prompt=prompt, images=[f"s3://{INPUT_BUCKET}/variants/"], variants=variants)
+                    )
+                with ThreadPoolExecutor(len(messages)) as senders:  # overlapping batches share the account's quota
+                    sent = [
+                        senders.submit(
+                            start_batches, message, f"annotate-chaos-{n}", settings.ingest, starter, storage.store_for
+                        )
+                        for n, message in enumerate(messages)
+                    ]
+                    for done in sent:
+                        done.result()
             finally:
                 session.events.unregister("before-send.s3", unique_id="annotate-chaos")
+            run_s = time.monotonic() - started
             rows = _image_rows(s3, Path(folder))
+            handed_back = _groups_handed_back(s3)
         storage.refresh_clients()
     sources = Counter(row["source_uri"] for row in rows)
     throttled = lambda_service.throttled
@@ -257,8 +329,24 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
         injected=dict(injector.injected) | ({"Lambda concurrency quota": throttled} if throttled else {}),
         retried=injector.retried + throttled,
         failed=[row for row in rows if row["status"] == "failed"],
+        hung_source=hung_source,
         most_in_flight=lambda_service.most_in_flight,
+        run_s=run_s,
+        busy_s=lambda_service.busy_s,
+        lambda_concurrency=faults.lambda_concurrency,
+        handed_back=handed_back,
     )
+
+
+def _groups_handed_back(s3: Any) -> int:
+    """Groups run again in a later round, over every batch: the rounds' manifests that SummarizeBatch wrote."""
+    listed = s3.list_objects_v2(Bucket=RESULTS_BUCKET, Prefix="manifests/").get("Contents", [])
+    count = 0
+    for item in listed:
+        name = item["Key"].rsplit("/", 1)[-1]
+        if ".groups." in name and not name.endswith(".groups.0.json"):
+            count += len(json.loads(s3.get_object(Bucket=RESULTS_BUCKET, Key=item["Key"])["Body"].read()))
+    return count
 
 
 def _image_rows(s3: Any, local: Path) -> list[dict[str, Any]]:

@@ -551,10 +551,14 @@ def chaos(
     lambda_concurrency: Annotated[
         int | None, typer.Option(min=2, help="The account's Lambda concurrency quota (a new account's may be 10)")
     ] = None,
+    snapstart_reinit: Annotated[
+        float, typer.Option(min=0, max=120, help="Seconds an inactive SnapStart version re-initialises")
+    ] = 0.0,
+    batches: Annotated[int, typer.Option(min=1, max=10, help="Messages sent at once, whose batches overlap")] = 1,
 ) -> None:
     """Annotate generated images through the local workflow with AWS faults injected; account for every image.
 
-    Exits 1 when an image has no row or more than one.
+    Exits 1 when an image has no row or more than one, or one other than the hung image is recorded as failed.
     """
     from tools.chaos import MODEL_STEPS, Faults, run_chaos
 
@@ -571,19 +575,22 @@ def chaos(
         variants_images=variants_images,
         seed=seed,
         lambda_concurrency=lambda_concurrency,
+        snapstart_reinit_s=snapstart_reinit,
+        batches=batches,
     )
     # Each line whole, at any width: a program reads the last one
     out.print(faults.account(), highlight=False, soft_wrap=True)
     out.print(faults.describe(), highlight=False, soft_wrap=True)
     report = run_chaos(images, faults)
     out.print(f"Lambda invocations at once: {report.most_in_flight} at the most", highlight=False, soft_wrap=True)
+    out.print(report.timing, highlight=False, soft_wrap=True)
     for row in report.failed:
         failed = f"recorded as failed: {row['source_uri']} ({row['failed_step']}): {row['error']}"
         out.print(failed, highlight=False, soft_wrap=True)
     injected = "injected: " + ", ".join(f"{name} {n}" for name, n in sorted(report.injected.items()))
     out.print(injected, highlight=False, soft_wrap=True)
     out.print(report.line, highlight=False, soft_wrap=True)
-    if report.lost or report.duplicated:
+    if report.lost or report.duplicated or report.unexpected_failures:
         raise typer.Exit(1)
 
 

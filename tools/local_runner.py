@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-from shared.contracts import BatchInput, BatchSummary, ImageOutcome
+from shared.contracts import BatchInput, BatchSummary, ImageOutcome, SummarizeInput
 from shared.dependencies import Step, dependencies_of
 from shared.observability import logger, metrics
 from shared.storage import split_s3
@@ -120,6 +120,7 @@ class HandlerDispatcher:
         self.stopping = stopping or threading.Event()
         self.concurrency = concurrency
         self.in_flight = self.most_in_flight = self.throttled = 0
+        self.busy_s = 0.0  # the functions' time, summed over every invocation
         self._counting = threading.Lock()
 
     def invoke(self, function: str, payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -175,6 +176,8 @@ class HandlerDispatcher:
                 return _error_payload(caught), caught
             finally:
                 metrics.clear_metrics()  # disabled locally (see local_workflow), so nothing else clears them
+                with self._counting:
+                    self.busy_s += time.monotonic() - started
         if time.monotonic() - started > self._timeouts.get(name, float("inf")):
             raise FunctionTimedOut(self._timeouts[name])
         return response, None
@@ -424,7 +427,7 @@ def local_workflow(
         _interpreter_quiet(),
         mock_aws(config=MOTO_CONFIG),
         services_in_process(
-            lambda function, _, payload: dispatcher.invoke(function, payload),
+            lambda function, _, payload: _mirroring_hand_backs(dispatcher.invoke(function, payload), payload),
             partial(_run_container, dispatcher.gate, dispatcher.listener, dispatcher.stopping),
             express_limit=aws_limits,
         ),
@@ -441,16 +444,8 @@ def local_workflow(
         )["stateMachineArn"]
 
         def run(batch: BatchInput, name: str | None = None) -> ExecutionResult:
-            # The ItemReader reads S3: the groups manifest ingest wrote (in the store in force) goes to moto's S3
-            # (and the bulk lane's, the bulk manifest)
-            store_for = dependencies_of(Step.SUMMARIZE_BATCH).store_for
-            in_moto = batch.model_copy(update={"results_uri": f"s3://{LOCAL_BUCKET}"})
-            manifests = [(batch.groups_uri, in_moto.groups_uri)]
-            if batch.lane == "bulk":
-                manifests.append((batch.bulk_manifest_uri, in_moto.bulk_manifest_uri))
-            for local, in_s3 in manifests:
-                _, key = split_s3(in_s3)
-                s3.put_object(Bucket=LOCAL_BUCKET, Key=key, Body=store_for(local).read_bytes(local))
+            # The ItemReader reads S3: the groups manifest ingest wrote (and the bulk lane's, the bulk manifest)
+            _to_moto_s3(batch, "round_groups_uri", *(["bulk_manifest_uri"] if batch.lane == "bulk" else []))
             execution_arn = client.start_execution(
                 stateMachineArn=machine_arn,
                 name=name or f"{batch.batch_id}-{uuid.uuid4().hex[:8]}",  # unnamed executions collide in moto
@@ -459,6 +454,30 @@ def local_workflow(
             return _wait(client, execution_arn, dispatcher)
 
         yield run
+
+
+def _to_moto_s3(batch: BatchInput, *manifests: str) -> None:
+    """Copies each of ``batch``'s ``manifests`` (names of its URI properties) from the store in force to moto's S3,
+    where the workflow's ItemReader reads it."""
+    import boto3
+
+    s3 = boto3.client("s3", region_name=REGION)
+    in_moto = batch.model_copy(update={"results_uri": f"s3://{LOCAL_BUCKET}"})
+    for manifest in manifests:
+        local, (_, key) = getattr(batch, manifest), split_s3(getattr(in_moto, manifest))
+        body = dependencies_of(Step.SUMMARIZE_BATCH).store_for(local).read_bytes(local)
+        s3.put_object(Bucket=LOCAL_BUCKET, Key=key, Body=body)
+
+
+def _mirroring_hand_backs(answer: tuple[dict[str, Any], bool], payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """A function's answer, after copying the next round's manifest to moto's S3 when it is SummarizeBatch's and
+    hands groups back."""
+    response, failed = answer
+    if not failed and isinstance(response, dict) and response.get("handed_back"):
+        ended = SummarizeInput.model_validate(payload)
+        batch = BatchInput.model_validate(ended.model_dump(include=set(BatchInput.model_fields)))
+        _to_moto_s3(batch.model_copy(update={"round": response["handed_back"]["round"]}), "round_groups_uri")
+    return answer
 
 
 def _wait(client: Any, execution_arn: str, dispatcher: HandlerDispatcher) -> ExecutionResult:

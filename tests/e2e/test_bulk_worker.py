@@ -58,9 +58,9 @@ def by_workflow(inputs: Path, tmp_path_factory: pytest.TempPathFactory, tiny_set
 
 def _job(workflow: Path, results_uri: str) -> BulkJob:
     """The workflow's batch as a bulk job writing to ``results_uri``, its images in groups of two."""
-    [batch_file] = [p for p in (workflow / "manifests").glob("b-*.json") if not p.name.endswith(".groups.json")]
+    [batch_file] = [p for p in (workflow / "manifests").glob("b-*.json") if ".groups." not in p.name]
     batch = BatchInput.model_validate_json(batch_file.read_bytes())
-    groups = TypeAdapter(list[ImageGroup]).validate_json(batch_file.with_suffix(".groups.json").read_bytes())
+    groups = TypeAdapter(list[ImageGroup]).validate_json(batch_file.with_suffix(".groups.0.json").read_bytes())
     images = [image for group in groups for image in group.images]
     pairs = [ImageGroup(group_id=f"g-{n:06d}", images=images[2 * n : 2 * n + 2]) for n in range(len(images) // 2)]
     return BulkJob(

@@ -3,14 +3,16 @@ the Express limit. Real tiny models, the real definition on moto's interpreter."
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import TypeAdapter
 from typer.testing import CliRunner
 
-from shared.contracts import PromptMessage
+from shared.contracts import ImageGroup, PromptMessage, groups_manifest_uri
 from shared.ingest import start_batches
 from shared.settings import Settings, use_settings
 from shared.storage import store_for
@@ -21,6 +23,7 @@ from tools.cli import app
 from tools.local_runner import LocalStarter, local_workflow
 from tools.query import run_local_query
 from tools.step_functions import LambdaServiceError
+from tools.workflow import DEFINITION_PATH, all_states
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +72,8 @@ def test_annotate_chaos_prints_its_rates_and_ends_with_the_account(
     )
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
-    assert lines[0] == "account: Lambda concurrency no quota (a batch's fan-out planned within it)"
+    account = "account: Lambda concurrency no quota (a batch's fan-out planned within it); a hand-back waits 5 s"
+    assert lines[0] == account
     assert lines[1].startswith("faults: Lambda throttle 30%")
     assert lines[-1].startswith("4 images, 4 rows, 0 lost, ") and lines[-1].endswith(", 0 recorded as failed")
 
@@ -79,7 +83,8 @@ def test_a_group_over_the_express_limit_fails_as_a_whole_and_its_images_become_f
 ) -> None:
     # GIVEN groups of two, an Express limit of 8 s, and one image whose Detect takes 12 s (within its own timeout)
     monkeypatch.setattr(workflow, "EXPRESS_LIMIT_S", 8)
-    settings = use_settings(tiny_settings.model_copy(update={"data_dir": tmp_path / "data", "images_per_group": 2}))
+    update = {"data_dir": tmp_path / "data", "images_per_group": 2, "hand_backs": 0}  # the last round: no hand-back
+    settings = use_settings(tiny_settings.model_copy(update=update))
     slow = str(SAMPLES / "chelsea-the-cat.jpg")  # in the first group, with chelsea-rotated-exif.jpg
 
     def gate(function: str, payload: dict[str, Any]) -> None:
@@ -102,14 +107,27 @@ def test_a_group_over_the_express_limit_fails_as_a_whole_and_its_images_become_f
     assert by_source["coffee.webp"]["status"] == "succeeded"
 
 
-def test_a_function_refused_by_the_lambda_service_fails_its_task_under_aws_error_name(
-    tmp_path: Path, tiny_settings: Settings
+def caption_tries_in_a_child() -> int:
+    """Caption's first try and its retries of a throttle, as the workflow's definition says."""
+    [caption] = [state for name, state in all_states(json.loads(DEFINITION_PATH.read_text())) if name == "Caption"]
+    [throttles] = [r for r in caption["Retry"] if "Lambda.TooManyRequestsException" in r["ErrorEquals"]]
+    return 1 + int(throttles["MaxAttempts"])
+
+
+@pytest.mark.parametrize("refusals", ["past one round", "past every round"])
+def test_a_step_the_lambda_service_refuses_past_a_childs_retries_hands_its_group_back_to_the_next_round(
+    tmp_path: Path, tiny_settings: Settings, refusals: str
 ) -> None:
-    # GIVEN a Lambda service that throttles every Caption invocation
-    settings = use_settings(tiny_settings.model_copy(update={"data_dir": tmp_path / "data"}))
+    # GIVEN a Lambda service that throttles Caption for one child's every try (or for ever), and one hand-back
+    settings = use_settings(
+        tiny_settings.model_copy(update={"data_dir": tmp_path / "data", "hand_backs": 1, "hand_back_wait_s": 1})
+    )
+    refusing = caption_tries_in_a_child() if refusals == "past one round" else 2 * caption_tries_in_a_child()
+    refused: list[str] = []
 
     def gate(function: str, payload: dict[str, Any]) -> None:
-        if function == "caption":
+        if function == "caption" and len(refused) < refusing:
+            refused.append(function)
             raise LambdaServiceError("TooManyRequestsException", "Rate Exceeded.")
 
     # WHEN an image is annotated with a caption
@@ -118,9 +136,21 @@ def test_a_function_refused_by_the_lambda_service_fails_its_task_under_aws_error
         message = PromptMessage(prompt="cat.", images=[str(SAMPLES / "chelsea-the-cat.jpg")])
         start_batches(message, "throttled", settings.ingest, starter, store_for)
 
-    # THEN Caption was retried as Lambda.TooManyRequestsException until its retries ran out, and its failure says so
-    [row] = run_local_query("SELECT status, failed_step, error FROM images", settings.data_dir).to_pylist()
-    assert row["failed_step"] == "caption" and "Lambda.TooManyRequestsException" in row["error"], row
+    # THEN the group ran again in round 1, after the first round's retries ran out: once the service answers, the
+    # image is annotated and captioned; if it never does, its one row says that its group did not finish in either
+    [(batch, result)] = starter.results
+    assert result.summary is not None and result.summary.handed_back is None, result
+    handed = groups_manifest_uri(batch.results_uri, batch.batch_id, 1)
+    [group] = TypeAdapter(list[ImageGroup]).validate_json(store_for(handed).read_bytes(handed))
+    query = "SELECT source_uri, status, failed_step, error, caption FROM images"
+    [row] = run_local_query(query, settings.data_dir).to_pylist()
+    assert [image.source_uri for image in group.images] == [row["source_uri"]]
+    if refusals == "past one round":
+        assert row["status"] == "succeeded" and row["caption"], row
+    else:
+        assert row["failed_step"] == "group" and "did not finish" in row["error"], row
+        assert "in each of 2 rounds" in row["error"], row
+    assert len(refused) == refusing
 
 
 def test_on_a_new_accounts_concurrency_of_10_a_100_image_batch_loses_no_image_to_a_throttle(
@@ -138,3 +168,24 @@ def test_on_a_new_accounts_concurrency_of_10_a_100_image_batch_loses_no_image_to
     # THEN no invocation went past the quota, so none was throttled, and every image has its row
     assert report.most_in_flight <= 10 and "Lambda concurrency quota" not in report.injected, report.line
     assert (report.images, report.rows, report.lost, report.duplicated, len(report.failed)) == (100, 100, 0, 0, 0)
+
+
+def test_two_batches_at_once_past_the_quota_and_inactive_snapstart_versions_lose_no_image(
+    tiny_settings: Settings,
+) -> None:
+    # GIVEN a concurrency of 2 that two batches planned within it share (each runs one image at a time, Classify and
+    # Tag side by side), model functions whose SnapStart versions re-initialise for 6 s, no other fault
+    quiet = Faults(
+        throttle=0, snapstart_not_ready=0, service_error=0, s3_slowdown=0, s3_internal_error=0, hang_step=None
+    )
+    overrides = {"variants_images": 0, "lambda_concurrency": 2, "batches": 2, "snapstart_reinit_s": 6.0}
+    faults = Faults(**{**quiet.__dict__, **overrides})
+
+    # WHEN 24 images are annotated as two messages sent at once
+    report = run_chaos(24, faults, caption=False)
+
+    # THEN the batches met the quota and the re-initialisation, and waited both out: every image has one row, none
+    # failed
+    assert {"Lambda concurrency quota", "Lambda SnapStartNotReadyException (re-initialising)"} <= set(report.injected)
+    assert (report.images, report.rows, report.lost, report.duplicated, len(report.failed)) == (24, 24, 0, 0, 0)
+    assert report.most_in_flight <= 2, report.line

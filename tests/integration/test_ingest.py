@@ -91,7 +91,7 @@ def executions(aws: Any) -> list[BatchInput]:
 def images_of(batch: BatchInput) -> list[ImageRef]:
     """The images of the batch's groups manifest, as the Distributed Map reads them."""
     body = boto3.client("s3", region_name=REGION).get_object(
-        Bucket="annotate-results", Key=f"manifests/{batch.batch_id}.groups.json"
+        Bucket="annotate-results", Key=f"manifests/{batch.batch_id}.groups.0.json"
     )["Body"]
     return [image for group in TypeAdapter(list[ImageGroup]).validate_json(body.read()) for image in group.images]
 

@@ -42,7 +42,18 @@ def test_without_variants_the_stack_deploys_with_only_the_required_answers(repor
         "SubnetB",
         "EnableApi",
         "ApiAuth",
+        "HandBackWaitSeconds",  # a second, not a minute: its story waits out a hand-back
     }
+
+
+def test_a_group_throttled_past_a_childs_retries_is_handed_back_and_annotated_on_the_deployed_stack(
+    reports: dict[bool, Report],
+) -> None:
+    # GIVEN the deployed state machine, its roles, and Detect refused for one image past a child's retries: the
+    # group's round-1 manifest was written by SummarizeBatch's role and read by the state machine's (both checked
+    # against their policies), and the execution succeeded with one row per image (the story's own checks)
+    [step] = [step for step in reports[True].steps if step.startswith("a prompt message naming incoming/")]
+    assert "Detect throttled past its retries, its group ran again" in step
 
 
 def test_the_api_answers_through_its_public_url_with_the_stack_s_key(reports: dict[bool, Report]) -> None:

@@ -27,6 +27,7 @@ from shared.contracts import (
     FailedStep,
     GroupSummary,
     GroupTask,
+    HandBack,
     ImageGroup,
     ImageOutcome,
     ImageRef,
@@ -257,12 +258,13 @@ CONTRACTS: dict[str, tuple[type[BaseModel] | None, BaseModel | dict[str, Any]]] 
         ),
     ),
     "SummarizeBatch": (SummarizeInput, SUMMARY),
+    "HandBackGroups": (None, BATCH),  # the batch's input, in its next round: checked in its test
     "BatchDone": (None, {}),
     # ECS RunTask (.sync) of a bulk job: its job is checked in the bulk lane's test; its result is discarded
     "RunBulkJob": (None, {"TaskArn": "arn:aws:ecs:us-east-1:1:task/c/3", "Containers": [{"ExitCode": 0}]}),
     "RunBulkJobOnDemand": (None, {"TaskArn": "arn:aws:ecs:us-east-1:1:task/c/4", "Containers": [{"ExitCode": 0}]}),
 }
-BATCH_STATES = {"WriteGroupTable", "SummarizeBatch", "BatchDone", "RunBulkJob", "RunBulkJobOnDemand"}
+BATCH_STATES = {"WriteGroupTable", "SummarizeBatch", "HandBackGroups", "BatchDone", "RunBulkJob", "RunBulkJobOnDemand"}
 
 
 def group_task() -> dict[str, Any]:
@@ -321,7 +323,7 @@ def test_each_image_state_takes_its_model_and_leaves_a_valid_image_state(name: s
 
 @pytest.mark.parametrize("name", ["Classify", "Tag"])
 def test_a_failed_describe_branch_becomes_a_branch_failure(name: str) -> None:
-    [catch] = STATES[name]["Catch"]
+    catch = STATES[name]["Catch"][-1]
     caught = write_path(state_input(STATES[name], full_state()), catch["ResultPath"], dumped(FAILURE))
     failed = STATES[catch["Next"]]
     assert BranchFailure.model_validate(state_input(failed, caught)) == BranchFailure(failure=FAILURE)
@@ -339,7 +341,7 @@ def test_every_catch_of_an_image_step_records_its_failure_under_a_failed_step() 
         catch["ResultPath"].removeprefix("$.failures.")
         for state in STATES.values()
         for catch in state.get("Catch", [])
-        if catch["ResultPath"].startswith("$.failures.")
+        if catch.get("ResultPath", "").startswith("$.failures.")
     }
     # Classify and Tag fail as branches, WriteResult into write_failure, a group in SummarizeBatch's rows
     assert keys == set(FailedStep) - {FailedStep.CLASSIFY, FailedStep.TAG, FailedStep.WRITE_RESULT, FailedStep.GROUP}
@@ -347,11 +349,17 @@ def test_every_catch_of_an_image_step_records_its_failure_under_a_failed_step() 
         ImageState.model_validate(write_path(full_state(), f"$.failures.{key}", dumped(FAILURE)))
 
 
-def test_the_distributed_map_reads_the_groups_manifest_that_ingest_writes() -> None:
+def manifest_key(document: dict[str, Any]) -> str:
+    """The key AnnotateGroups' ItemReader reads in the state ``document``."""
     reader = STATES["AnnotateGroups"]["ItemReader"]["Parameters"]
-    key_format, path = re.fullmatch(r"States\.Format\('(.+)', (\$\.\w+)\)", reader["Key.$"]).groups()
-    key = key_format.replace("{}", read_path(dumped(BATCH), path, {}))
-    assert f"s3://{reader['Bucket']}/{key}" == groups_manifest_uri("s3://${ResultsBucket}", BATCH.batch_id)
+    key_format, paths = re.fullmatch(r"States\.Format\('(.+?)', (.+)\)", reader["Key.$"]).groups()
+    for path in paths.split(", "):
+        key_format = key_format.replace("{}", str(read_path(document, path, {})), 1)
+    return f"s3://{reader['Bucket']}/{key_format}"
+
+
+def test_the_distributed_map_reads_the_groups_manifest_that_ingest_writes() -> None:
+    assert manifest_key(dumped(BATCH)) == groups_manifest_uri("s3://${ResultsBucket}", BATCH.batch_id)
     assert STATES["AnnotateGroups"]["MaxConcurrencyPath"].removeprefix("$.") in BatchInput.model_fields
 
 
@@ -417,10 +425,64 @@ def test_the_batch_is_summarized_whether_or_not_the_map_failed(failed: bool) -> 
     document = write_path(dumped(BATCH), path, result)
     assert (SummarizeInput.model_validate(state_input(STATES["SummarizeBatch"], document)).error is not None) is failed
     ended = write_path(document, STATES["SummarizeBatch"]["ResultPath"], dumped(SUMMARY))
-    [choice] = STATES["BatchEnded"]["Choices"]
-    assert choice["Variable"] == groups["Catch"][0]["ResultPath"] and choice["Next"] == "BatchFailed"
+    assert next_state("BatchEnded", ended) == ("BatchFailed" if failed else "BatchDone")
     if not failed:
         assert BatchSummary.model_validate(read_path(ended, STATES["BatchDone"]["OutputPath"], {})) == SUMMARY
+
+
+def next_state(choice: str, document: dict[str, Any]) -> str:
+    """Where the Choice state ``choice`` goes from ``document`` (the IsPresent and IsNull rules it uses)."""
+    for rule in STATES[choice]["Choices"]:
+        try:
+            value, present = read_path(document, rule["Variable"], {}), True
+        except KeyError:
+            value, present = None, False
+        if "IsPresent" in rule and present is rule["IsPresent"]:
+            return str(rule["Next"])
+        if "IsNull" in rule and present and (value is None) is rule["IsNull"]:
+            return str(rule["Next"])
+    return str(STATES[choice]["Default"])
+
+
+@pytest.mark.parametrize("failed", [False, True])
+def test_groups_handed_back_run_again_in_the_next_round_after_the_summary_s_wait(failed: bool) -> None:
+    # GIVEN a round whose Map ended (failed or not) and whose summary hands two groups back to round 1
+    groups = STATES["AnnotateGroups"]
+    path, result = (groups["Catch"][0]["ResultPath"], dumped(FAILURE)) if failed else (groups["ResultPath"], {})
+    document = write_path(dumped(BATCH.model_copy(update={"hand_backs": 3})), path, result)
+    handed_back = SUMMARY.model_copy(update={"handed_back": HandBack(round=1, groups=2, wait_seconds=90)})
+    ended = write_path(document, STATES["SummarizeBatch"]["ResultPath"], dumped(handed_back))
+    # THEN the parent waits the summary's seconds, then runs AnnotateGroups again on round 1's manifest, with the
+    # batch's input as it was, but for its round (the earlier round's error and summary gone)
+    assert next_state("BatchEnded", ended) == "WaitForCapacity"
+    wait = STATES["WaitForCapacity"]
+    assert read_path(ended, wait["SecondsPath"], {}) == 90 and wait["Next"] == "HandBackGroups"
+    again = BatchInput.model_validate(state_input(STATES["HandBackGroups"], ended))
+    assert again == BATCH.model_copy(update={"hand_backs": 3, "round": 1})
+    assert STATES["HandBackGroups"]["Next"] == "AnnotateGroups"
+    assert manifest_key(dumped(again)) == groups_manifest_uri("s3://${ResultsBucket}", BATCH.batch_id, 1)
+
+
+CHILD = STATES["AnnotateGroups"]["ItemProcessor"]["States"]
+
+
+def test_a_step_the_lambda_service_keeps_refusing_hands_its_group_back_instead_of_failing_its_image() -> None:
+    # every Lambda step of a child: what it retries for the Lambda service (throttles, SnapStart, service errors)
+    # and outlasts its retries fails the child (Fail HandedBack), whose group SummarizeBatch then hands back; any
+    # other error is the image's (States.ALL, last)
+    child_states = states({"States": CHILD})
+    for name, state in child_states.items():
+        if state["Type"] != "Task" or "FunctionArn}" not in state["Resource"] or name == "WriteGroupTable":
+            continue
+        first, *_, last = state["Catch"]
+        retried = {error for retrier in state["Retry"] for error in retrier["ErrorEquals"]}
+        assert set(first["ErrorEquals"]) == retried and last["ErrorEquals"] == ["States.ALL"], name
+        handed = child_states[first["Next"]]
+        assert handed["Type"] == "Fail" and handed["Error"] == "HandedBack", name
+    # a branch's hand-back leaves Describe as a hand-back, not as the image's failure
+    first = STATES["Describe"]["Catch"][0]
+    assert first["ErrorEquals"] == ["HandedBack"] and STATES[first["Next"]]["Error"] == "HandedBack"
+    assert STATES["AnnotateGroups"]["ToleratedFailurePercentage"] == 100  # a failed child stops no other
 
 
 def test_no_state_spells_out_the_image_task_field_by_field() -> None:
@@ -429,7 +491,7 @@ def test_no_state_spells_out_the_image_task_field_by_field() -> None:
     assert made == task_fields  # where the task is made from the group, once
     for name, state in STATES.items():
         named = {key.removesuffix(".$") for key in state.get("Parameters", {})} & task_fields
-        if name != "WriteGroupTable":  # the batch's own fields, not an image's
+        if name not in {"WriteGroupTable", "HandBackGroups"}:  # the batch's own fields, not an image's
             assert len(named) <= 1, f"{name} lists {sorted(named)} one by one: pass $.task instead"
 
 

@@ -25,6 +25,7 @@ from tools.local_runner import container_environment, services_in_process
 from tools.rehearsal.calls import CallLog, acting_as, current_principal
 from tools.rehearsal.iam import Request
 from tools.rehearsal.stack import DeployedFunction, DeployedStack
+from tools.step_functions import LambdaServiceError
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,12 @@ class InProcessServices:
         self._state_machine = stack.state_machine
         self.bulk_tasks = 0  # bulk containers run, the stopped one included
         self.capacity_providers_used: set[str] = set()
+        self._throttled: dict[tuple[str, str], int] = {}  # (function, image file name) -> invocations left to refuse
+
+    def throttle(self, function: str, image_name: str, invocations: int) -> None:
+        """Refuse the state machine's next ``invocations`` of ``function`` (logical id) for the image of that file
+        name, as Lambda refuses an invocation past the account's concurrency (TooManyRequestsException)."""
+        self._throttled[(function, image_name)] = invocations
 
     def invoke(self, function: DeployedFunction, event: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """(response, whether it is an error payload), as the Invoke API returns them."""
@@ -121,6 +128,12 @@ class InProcessServices:
         if qualifier and not arn.endswith(f":{qualifier}"):
             arn += f":{qualifier}"
         self.log.add(Request(self._state_machine, "lambda:InvokeFunction", arn), arn.split(":")[3])
+        image = (payload.get("image") or payload.get("task", {}).get("image") or {}).get("source_uri", "")
+        refusal = (deployed.logical_id, image.rsplit("/", 1)[-1])
+        with self._turn:
+            if self._throttled.get(refusal):
+                self._throttled[refusal] -= 1
+                raise LambdaServiceError("TooManyRequestsException", "Rate Exceeded. (the rehearsal's account)")
         return self.invoke(deployed, payload)
 
     def _run_task(self, parameters: dict[str, Any], task_arn: str) -> None:

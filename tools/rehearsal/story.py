@@ -42,6 +42,7 @@ def default_deployments() -> list[tuple[Deployment, bool]]:
     """The two configurations: `sam deploy` with only the required answers (variants off, no VPC), and with
     everything on: variants, the bulk lane and the API (the rehearsal makes the VPC the user would name)."""
     everything = {"EnableVariants": "true", "EnableBulk": "true", "EnableApi": "true", "ApiAuth": "API_KEY"}
+    everything |= {"HandBackWaitSeconds": "1"}  # its prompt message's group is handed back once: wait a second
     return [
         (Deployment("annotate-rehearsal", REGION), False),
         (Deployment("annotate-variants", REGION, everything), True),
@@ -265,6 +266,11 @@ def _dropped_images_are_annotated(services: Any, stack: DeployedStack, report: R
 
 
 def _a_prompt_message_is_annotated(services: Any, stack: DeployedStack, report: Report, with_variants: bool) -> bool:
+    """A message naming incoming/. Where the stack waits a second before a hand-back, Detect is refused for one
+    image past a child's retries (its first try and the Retry's MaxAttempts): the group is handed back and runs
+    again in round 1, its rows the same."""
+    import boto3
+
     started = time.monotonic()
     message: dict[str, Any] = {
         "prompt": "cat. cup.",
@@ -273,10 +279,31 @@ def _a_prompt_message_is_annotated(services: Any, stack: DeployedStack, report: 
     }
     if with_variants:
         message["variants"] = {"prompt": "a watercolor painting", "count": 1, "steps": 1}
+    hand_back = stack.deployment.parameters.get("HandBackWaitSeconds") == "1"
+    if hand_back:
+        services.throttle("DetectFunction", "cat.jpg", 1 + _throttle_retries("Detect"))
     if not _message_runs(services, stack, report, message, executions=2):
         return False
-    report.step("a prompt message naming incoming/ (variants: %s) ran" % ("yes" if with_variants else "no"), started)
+    if hand_back:
+        listed = boto3.client("s3", region_name=stack.region).list_objects_v2(
+            Bucket=stack.outputs["ResultsBucketName"], Prefix="manifests/"
+        )
+        rounds = [item["Key"] for item in listed.get("Contents", []) if item["Key"].endswith(".groups.1.json")]
+        if not report.check(len(rounds) == 1, f"no group was handed back to round 1: {listed.get('Contents')}"):
+            return False
+    handed_back = "; Detect throttled past its retries, its group ran again" if hand_back else ""
+    report.step(
+        f"a prompt message naming incoming/ (variants: {'yes' if with_variants else 'no'}) ran{handed_back}", started
+    )
     return True
+
+
+def _throttle_retries(state: str) -> int:
+    """How often the workflow's ``state`` retries a throttle within a child."""
+    from tools.workflow import DEFINITION_PATH, all_states
+
+    [task] = [found for name, found in all_states(json.loads(DEFINITION_PATH.read_text())) if name == state]
+    return sum(r["MaxAttempts"] for r in task["Retry"] if "Lambda.TooManyRequestsException" in r["ErrorEquals"])
 
 
 def _message_runs(

@@ -39,7 +39,8 @@ rehearse: install
 # S3 SlowDown and 500s, a step that hangs once), on a new account's Lambda concurrency of 10; its last line accounts
 # for every image. tests/e2e runs smaller ones.
 chaos: install
-	$(BIN)/annotate chaos --images 200 --lambda-concurrency 10 --batches 2 --snapstart-reinit 20
+	$(BIN)/annotate chaos --images 200 --lambda-concurrency 10 --batches 2 --snapstart-reinit 20 \
+		--bulk-images 12 --fargate-vcpus 6 --spot-shortage 20
 
 # `sam validate --lint` and `sam build` of every zip function and layer, without Docker (not part of make test).
 sam-build: install

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tools.step_functions import FunctionTimedOut, LambdaServiceError
+from tools.step_functions import FargateRefused, FunctionTimedOut, LambdaServiceError
 from tools.workflow import step_timeouts
 
 INPUT_BUCKET, RESULTS_BUCKET = "chaos-input", "chaos-results"
@@ -64,14 +64,22 @@ class Faults:
     lambda_concurrency: int | None = None  # the account's quota: invocations past it are refused (None: no quota)
     snapstart_reinit_s: float = 0.0  # each model function re-initialises for this long from its first invocation
     batches: int = 1  # the images are sent as this many messages at once, whose batches overlap
+    bulk_images: int = 0  # images of a bulk-lane message sent with them, its jobs run as Fargate (Spot) tasks
+    fargate_vcpus: int | None = None  # the account's Fargate vCPUs: a task past them is not started (None: no quota)
+    spot_shortage_s: float = 0.0  # Fargate Spot has no capacity for this long from the first Spot task
 
     def account(self) -> str:
         quota = f"{self.lambda_concurrency:,}" if self.lambda_concurrency else "no quota"
         line = f"account: Lambda concurrency {quota} (a batch's fan-out planned within it)"
         if self.snapstart_reinit_s:
             line += f", SnapStart versions inactive (re-initialising for {self.snapstart_reinit_s:g} s)"
-        if self.batches > 1:
-            line += f", {self.batches} batches at once"
+        if self.fargate_vcpus:
+            line += f", Fargate {self.fargate_vcpus} vCPUs"
+        if self.spot_shortage_s:
+            line += f", no Fargate Spot capacity for {self.spot_shortage_s:g} s"
+        if self.batches > 1 or self.bulk_images:
+            bulk = f" and a bulk one of {self.bulk_images} images" if self.bulk_images else ""
+            line += f", {self.batches} batches at once{bulk}"
         return line + f"; a hand-back waits {HAND_BACK_WAIT_S} s"
 
     def describe(self) -> str:
@@ -95,6 +103,8 @@ class Injector:
     retried: int = 0
     _faulted: set[str] = field(default_factory=set)  # calls whose last try met a fault
     _first_invoked: dict[str, float] = field(default_factory=dict)  # model function -> when it was first invoked
+    fargate_vcpus_in_use: float = 0.0
+    most_fargate_vcpus: float = 0.0
     _hung: bool = False
     _task_stopped: bool = False
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -132,6 +142,11 @@ class Injector:
     def gate(self, function: str, payload: dict[str, Any]) -> None:
         """Before the Lambda service runs ``function`` (or Fargate the Variants container): refuse it, let its one
         hang begin, or stop the one task."""
+        if function.startswith("fargate:"):
+            self._fargate(function, payload)
+            return
+        if function == "bulk":  # a bulk task between two images: Spot's interruption is tests/e2e/test_bulk_worker.py's
+            return
         key = f"{function}:{hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()}"
         if function == "variants":
             self._stop_once(key)
@@ -156,6 +171,29 @@ class Injector:
         fault = self._draw(key, choices)
         if fault:
             raise LambdaServiceError(fault.removeprefix("Lambda ").split()[0], "injected by annotate chaos")
+
+    def _fargate(self, event: str, task: dict[str, Any]) -> None:
+        """A bulk task starting or stopped: ECS refuses one past the account's vCPUs ("You've reached the limit on
+        the number of vCPUs you can run concurrently", ECS's service quotas), and a Spot one while Spot has no
+        capacity; a started task holds its vCPUs until it stops."""
+        with self._lock:
+            if event == "fargate:stop":
+                self.fargate_vcpus_in_use -= task["vcpus"]
+                return
+            refusal = ""
+            spot = task["capacity_provider"] == "FARGATE_SPOT"
+            if spot and self.faults.spot_shortage_s:
+                since = time.monotonic() - self._first_invoked.setdefault("fargate spot", time.monotonic())
+                refusal = "Capacity is unavailable at this time" if since < self.faults.spot_shortage_s else ""
+            quota = self.faults.fargate_vcpus
+            if not refusal and quota and self.fargate_vcpus_in_use + task["vcpus"] > quota:
+                refusal = "You've reached the limit on the number of vCPUs you can run concurrently"
+            key = f"fargate:{task['capacity_provider']}"
+            fault = self._draw(key, [(f"Fargate: {refusal}", 1.0)] if refusal else [])
+            if fault:
+                raise FargateRefused(f"{refusal} (annotate chaos)")
+            self.fargate_vcpus_in_use += task["vcpus"]
+            self.most_fargate_vcpus = max(self.most_fargate_vcpus, self.fargate_vcpus_in_use)
 
     def _stop_once(self, key: str) -> None:
         with self._lock:
@@ -201,6 +239,7 @@ class ChaosReport:
     busy_s: float = 0.0  # the functions' time, summed over every invocation
     lambda_concurrency: int | None = None
     handed_back: int = 0  # groups the workflow ran again in a later round
+    most_fargate_vcpus: float = 0.0  # Fargate vCPUs of the bulk tasks running at once, at the most
 
     @property
     def unexpected_failures(self) -> list[dict[str, Any]]:
@@ -264,8 +303,12 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
             results_uri=f"s3://{RESULTS_BUCKET}",
             hand_back_wait_s=HAND_BACK_WAIT_S,
         )
-        if faults.lambda_concurrency:  # ingest plans the batches within the account's quota
-            settings = use_settings(settings.model_copy(update={"lambda_concurrency": faults.lambda_concurrency}))
+        account: dict[str, Any] = {"lambda_concurrency": faults.lambda_concurrency} if faults.lambda_concurrency else {}
+        if faults.fargate_vcpus:
+            account["fargate_vcpus"] = faults.fargate_vcpus
+        # ingest plans the batches within the account's quotas; the bulk message's images run two to a group, so
+        # that its jobs are several tasks
+        settings = use_settings(settings.model_copy(update=account | {"bulk_images_per_group": 2}))
         build_named_models(settings, variants=faults.variants_images > 0)
         # the images of batch n under images/<n>/ (the messages name a prefix each)
         images = {
@@ -276,6 +319,10 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
             key.replace("images/", "variants/"): body
             for key, body in generate_images(faults.variants_images, faults.seed + 1).items()
         }
+        bulk = {
+            key.replace("images/", "bulk/"): body
+            for key, body in generate_images(faults.bulk_images, faults.seed + 2).items()
+        }
         hung = sorted(images)[faults.hang_image] if faults.hang_step and faults.hang_image < count else ""
         hung_source = f"s3://{INPUT_BUCKET}/{hung}" if hung else ""
         injector = Injector(faults, hang_source=hung_source)
@@ -284,7 +331,7 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
             s3 = boto3.client("s3", region_name=REGION)
             for bucket in (INPUT_BUCKET, RESULTS_BUCKET):
                 s3.create_bucket(Bucket=bucket)
-            for key, body in (images | with_variants).items():
+            for key, body in (images | with_variants | bulk).items():
                 s3.put_object(Bucket=INPUT_BUCKET, Key=key, Body=body)
             session = boto3.DEFAULT_SESSION
             assert session is not None
@@ -297,6 +344,10 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
                     PromptMessage(prompt=prompt, images=[f"s3://{INPUT_BUCKET}/images/{n}/"], caption=caption)
                     for n in range(min(faults.batches, count))
                 ]
+                if bulk:
+                    messages.append(
+                        PromptMessage(prompt=prompt, images=[f"s3://{INPUT_BUCKET}/bulk/"], caption=False, lane="bulk")
+                    )
                 if with_variants:
                     variants = {"prompt": "a watercolor", "steps": 1, "size": 128}
                     messages.append(
@@ -320,9 +371,9 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
     sources = Counter(row["source_uri"] for row in rows)
     throttled = lambda_service.throttled
     return ChaosReport(
-        images=len(images) + len(with_variants),
+        images=len(images) + len(with_variants) + len(bulk),
         rows=len(rows),
-        lost=sum(1 for key in images | with_variants if f"s3://{INPUT_BUCKET}/{key}" not in sources),
+        lost=sum(1 for key in images | with_variants | bulk if f"s3://{INPUT_BUCKET}/{key}" not in sources),
         duplicated=sum(n - 1 for n in sources.values()),
         # a throttle past the quota is a fault too, and each is retried by the workflow (one it did not outlast ends
         # as a failed row)
@@ -335,6 +386,7 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
         busy_s=lambda_service.busy_s,
         lambda_concurrency=faults.lambda_concurrency,
         handed_back=handed_back,
+        most_fargate_vcpus=injector.most_fargate_vcpus,
     )
 
 

@@ -555,6 +555,13 @@ def chaos(
         float, typer.Option(min=0, max=120, help="Seconds an inactive SnapStart version re-initialises")
     ] = 0.0,
     batches: Annotated[int, typer.Option(min=1, max=10, help="Messages sent at once, whose batches overlap")] = 1,
+    bulk_images: Annotated[int, typer.Option(min=0, max=200, help="Images of a bulk-lane message sent with them")] = 0,
+    fargate_vcpus: Annotated[
+        int | None, typer.Option(min=1, help="The account's Fargate vCPUs (a new account's may be 6)")
+    ] = None,
+    spot_shortage: Annotated[
+        float, typer.Option(min=0, max=600, help="Seconds Fargate Spot has no capacity, from the first Spot task")
+    ] = 0.0,
 ) -> None:
     """Annotate generated images through the local workflow with AWS faults injected; account for every image.
 
@@ -577,12 +584,17 @@ def chaos(
         lambda_concurrency=lambda_concurrency,
         snapstart_reinit_s=snapstart_reinit,
         batches=batches,
+        bulk_images=bulk_images,
+        fargate_vcpus=fargate_vcpus,
+        spot_shortage_s=spot_shortage,
     )
     # Each line whole, at any width: a program reads the last one
     out.print(faults.account(), highlight=False, soft_wrap=True)
     out.print(faults.describe(), highlight=False, soft_wrap=True)
     report = run_chaos(images, faults)
     out.print(f"Lambda invocations at once: {report.most_in_flight} at the most", highlight=False, soft_wrap=True)
+    if bulk_images:
+        out.print(f"Fargate vCPUs at once: {report.most_fargate_vcpus:g} at the most", highlight=False, soft_wrap=True)
     out.print(report.timing, highlight=False, soft_wrap=True)
     for row in report.failed:
         failed = f"recorded as failed: {row['source_uri']} ({row['failed_step']}): {row['error']}"

@@ -27,8 +27,15 @@ from unittest import mock
 from shared.contracts import BatchInput, BatchSummary, ImageOutcome, SummarizeInput
 from shared.dependencies import Step, dependencies_of
 from shared.observability import logger, metrics
+from shared.settings import get_settings
 from shared.storage import split_s3
-from tools.step_functions import FunctionTimedOut, LambdaServiceError, aws_task_errors, express_children_limited
+from tools.step_functions import (
+    FargateRefused,
+    FunctionTimedOut,
+    LambdaServiceError,
+    aws_task_errors,
+    express_children_limited,
+)
 from tools.workflow import FUNCTION_PLACEHOLDERS, for_moto, step_timeouts, substitute, without_function_timeouts
 
 if TYPE_CHECKING:
@@ -201,10 +208,11 @@ def container_environment(run_task_parameters: dict[str, Any]) -> dict[str, str]
     }
 
 
-def _task_failed(service: Any, env: Any, cause: str) -> Exception:
+def _task_failed(service: Any, env: Any, cause: str, error: str = "States.TaskFailed") -> Exception:
     """States.TaskFailed with ``cause``, as a stopped task with a non-zero exit code gives in AWS (moto would
-    otherwise report States.Runtime, which States.ALL cannot catch)."""
+    otherwise report States.Runtime, which States.ALL cannot catch); or ``error``, a task ECS did not start."""
     from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
+    from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import CustomErrorName
     from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
         FailureEvent,
         FailureEventException,
@@ -216,14 +224,18 @@ def _task_failed(service: Any, env: Any, cause: str) -> Exception:
     from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
     details = TaskFailedEventDetails(
-        error="States.TaskFailed",
+        error=error,
         cause=cause,
         resource=service._get_sfn_resource(),
         resourceType=service._get_sfn_resource_type(),
     )
     event = FailureEvent(
         env=env,
-        error_name=StatesErrorName(typ=StatesErrorNameType.StatesTaskFailed),
+        error_name=(
+            StatesErrorName(typ=StatesErrorNameType.StatesTaskFailed)
+            if error == "States.TaskFailed"
+            else CustomErrorName(error)
+        ),
         event_type=HistoryEventType.TaskFailed,
         event_details=EventDetails(taskFailedEventDetails=details),  # type: ignore[typeddict-item]
     )
@@ -270,6 +282,8 @@ def services_in_process(invoke: Invoker, run_container: ContainerRunner, express
         task_arn = f"{cluster.replace(':cluster/', ':task/')}/{uuid.uuid4().hex}"
         try:
             run_container(normalised_parameters, task_arn)
+        except FargateRefused as refused:  # no task started
+            raise _task_failed(service, env, str(refused), refused.error) from refused
         except Exception as error:  # the container's exit code 1
             cause = f"Essential container in task exited: {type(error).__name__}: {error}"
             raise _task_failed(service, env, cause) from error
@@ -347,7 +361,19 @@ def _run_container(
     starts, a bulk task before each of its images."""
     environment = container_environment(run_task_parameters)
     if "ANNOTATE_BULK_JOB" in environment:
-        _run_bulk_container(gate, listener, stopping, environment["ANNOTATE_BULK_JOB"])
+        # ECS may refuse to start it (``gate``: FargateRefused); once started, it holds its vCPUs until it stops
+        strategy = run_task_parameters.get("CapacityProviderStrategy") or [{}]
+        task = {
+            "capacity_provider": strategy[0].get("CapacityProvider") or strategy[0].get("capacityProvider"),
+            "vcpus": get_settings().bulk_task_cpu / 1024,
+        }
+        if gate:
+            gate("fargate:start", task)
+        try:
+            _run_bulk_container(gate, listener, stopping, environment["ANNOTATE_BULK_JOB"])
+        finally:
+            if gate:
+                gate("fargate:stop", task)
         return
     from shared.variants_task import run
 

@@ -44,6 +44,15 @@ class LambdaServiceError(Exception):
         return ClientError({"Error": {"Code": self.code, "Message": self.message}}, "Invoke")
 
 
+class FargateRefused(Exception):
+    """ECS did not start a task (over the account's Fargate vCPUs, or no Spot capacity): under ``runTask.sync`` the
+    Task fails with ``error``, ``AmazonECS.Unknown`` for both (the Step Functions ECS integration page)."""
+
+    def __init__(self, reason: str, error: str = "AmazonECS.Unknown") -> None:
+        super().__init__(reason)
+        self.error = error
+
+
 @contextmanager
 def aws_task_errors() -> Iterator[None]:
     """Inside: a Lambda Task failed by the Lambda service fails with ``Lambda.<exception name>``, as on AWS."""

@@ -170,22 +170,29 @@ def test_on_a_new_accounts_concurrency_of_10_a_100_image_batch_loses_no_image_to
     assert (report.images, report.rows, report.lost, report.duplicated, len(report.failed)) == (100, 100, 0, 0, 0)
 
 
-def test_two_batches_at_once_past_the_quota_and_inactive_snapstart_versions_lose_no_image(
+def test_a_new_accounts_quotas_overlapping_batches_and_inactive_snapstart_versions_lose_no_image(
     tiny_settings: Settings,
 ) -> None:
-    # GIVEN a concurrency of 2 that two batches planned within it share (each runs one image at a time, Classify and
-    # Tag side by side), model functions whose SnapStart versions re-initialise for 6 s, no other fault
+    # GIVEN a Lambda concurrency of 2 that two batches planned within it share (each runs one image at a time,
+    # Classify and Tag side by side), model functions whose SnapStart versions re-initialise for 6 s, and a bulk
+    # batch on 6 Fargate vCPUs whose first Spot task finds no capacity; no other fault
     quiet = Faults(
         throttle=0, snapstart_not_ready=0, service_error=0, s3_slowdown=0, s3_internal_error=0, hang_step=None
     )
-    overrides = {"variants_images": 0, "lambda_concurrency": 2, "batches": 2, "snapstart_reinit_s": 6.0}
-    faults = Faults(**{**quiet.__dict__, **overrides})
+    account = {"lambda_concurrency": 2, "batches": 2, "snapstart_reinit_s": 6.0}
+    account |= {"bulk_images": 4, "fargate_vcpus": 6, "spot_shortage_s": 1.0}
+    faults = Faults(**{**quiet.__dict__, "variants_images": 0, **account})
 
-    # WHEN 24 images are annotated as two messages sent at once
+    # WHEN 24 images are annotated as two messages and 4 as a bulk one, sent at once
     report = run_chaos(24, faults, caption=False)
 
-    # THEN the batches met the quota and the re-initialisation, and waited both out: every image has one row, none
-    # failed
-    assert {"Lambda concurrency quota", "Lambda SnapStartNotReadyException (re-initialising)"} <= set(report.injected)
-    assert (report.images, report.rows, report.lost, report.duplicated, len(report.failed)) == (24, 24, 0, 0, 0)
-    assert report.most_in_flight <= 2, report.line
+    # THEN the batches met the quota, the re-initialisation and the Spot shortage, and waited each out: every image
+    # has one row, none failed, and no more ran at once than the account has
+    expected = {
+        "Lambda concurrency quota",
+        "Lambda SnapStartNotReadyException (re-initialising)",
+        "Fargate: Capacity is unavailable at this time",
+    }
+    assert expected <= set(report.injected), report.injected
+    assert (report.images, report.rows, report.lost, report.duplicated, len(report.failed)) == (28, 28, 0, 0, 0)
+    assert report.most_in_flight <= 2 and report.most_fargate_vcpus <= 6, report.line

@@ -313,12 +313,13 @@ class Settings(BaseSettings):
         description="Child workflows running at once per execution (the template's GroupConcurrency)",
     )
     hand_backs: int = Field(
-        5,
+        0,
         ge=0,
         le=MAX_HAND_BACKS,
         description="How often a Lambda-lane batch runs again the groups that could not finish (the Lambda service"
-        " refused a step past its retries: a quota's throttles, SnapStart re-initialising, a service error), before"
-        " their images become failure rows (the template's HandBacks)",
+        " refused a step past its retries: a quota's throttles, SnapStart re-initialising, a service error) before"
+        " their images become failure rows: the template's HandBacks (5). Locally 0: nothing is throttled here, so a"
+        " group that did not finish would not finish again",
     )
     hand_back_wait_s: int = Field(
         60,

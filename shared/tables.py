@@ -107,6 +107,32 @@ DETECTIONS_SCHEMA = pa.schema(
 )
 
 SCHEMAS = {"images": IMAGES_SCHEMA, "detections": DETECTIONS_SCHEMA}
+
+# `annotate evaluate`'s rows: per label (and for every label together, ``label`` null), how the pipeline's boxes
+# compared with labels a person reviewed; written beside the other tables, one file per evaluation.
+EVALUATIONS_SCHEMA = pa.schema(
+    [
+        ("evaluated_at", pa.timestamp("ms", tz="UTC")),
+        ("truth_file", pa.string()),
+        ("prompt", pa.string()),
+        ("threshold", pa.float64()),
+        ("images", pa.int32()),
+        ("label", pa.string()),
+        ("truth_boxes", pa.int32()),
+        ("predicted_boxes", pa.int32()),
+        ("ap", pa.float64()),
+        ("ap50", pa.float64()),
+        ("precision", pa.float64()),
+        ("recall", pa.float64()),
+        ("f1", pa.float64()),
+        ("best_threshold", pa.float64()),
+        ("best_f1", pa.float64()),
+        ("class_accuracy", pa.float64()),
+        ("caption_word_f1", pa.float64()),
+    ]
+)
+# Every table `annotate query` and Athena read: the pipeline's two and the evaluations
+QUERIED_SCHEMAS = SCHEMAS | {"evaluations": EVALUATIONS_SCHEMA}
 PARTITION_COLUMN = "dt"
 
 

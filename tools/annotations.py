@@ -48,6 +48,7 @@ class AnnotatedImage:
     annotated_uri: str | None
     error: str | None
     processed_at: Any
+    prompt: str | None = None
     boxes: list[LabelledBox] = field(default_factory=list)
 
     @property
@@ -57,7 +58,7 @@ class AnnotatedImage:
 
 _IMAGE_COLUMNS = (
     "image_id, source_uri, batch_id, status, width, height, caption, annotated_uri, error, "
-    "CAST(processed_at AS VARCHAR) AS processed_at"
+    "CAST(processed_at AS VARCHAR) AS processed_at, prompt"
 )
 
 

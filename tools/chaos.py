@@ -44,8 +44,9 @@ from tools.workflow import step_timeouts
 INPUT_BUCKET, RESULTS_BUCKET = "chaos-input", "chaos-results"
 BUCKETS = (INPUT_BUCKET, RESULTS_BUCKET)
 MODEL_STEPS = frozenset({"detect", "classify", "tag", "caption"})
-# The parent's wait before a hand-back's round (HandBackWaitSeconds, 60 on AWS), shortened so that a run takes minutes
-HAND_BACK_WAIT_S = 5
+# Hand-backs as the template deploys them (HandBacks), but the parent's first wait (HandBackWaitSeconds, 60 on AWS)
+# shortened so that a run takes minutes
+HAND_BACKS, HAND_BACK_WAIT_S = 5, 5
 # What a function reads and writes; ingest's own requests (listing, the manifests) are not faulted.
 FAULTED_PREFIXES = ("images/", "results/", "tables/", "batches/")
 
@@ -301,6 +302,7 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
             profile=Profile.TINY,
             data_dir=Path(folder),
             results_uri=f"s3://{RESULTS_BUCKET}",
+            hand_backs=HAND_BACKS,
             hand_back_wait_s=HAND_BACK_WAIT_S,
         )
         account: dict[str, Any] = {"lambda_concurrency": faults.lambda_concurrency} if faults.lambda_concurrency else {}

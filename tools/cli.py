@@ -721,6 +721,65 @@ def export_command(
 
 
 @app.command()
+def evaluate(
+    truth: Annotated[
+        Path,
+        typer.Option("--truth", dir_okay=False, help="Labels a person reviewed: a COCO file or a Label Studio export"),
+    ],
+    data_dir: DataDir = Path("annotate-data"),
+    stack: Stack = None,
+    output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+    threshold: Annotated[
+        float | None, typer.Option(min=0, max=1, help="Score threshold (default: the batches' box threshold)")
+    ] = None,
+) -> None:
+    """How good the labels were: COCO mAP and AP50, precision, recall and the F1-best threshold per label, class and
+    attribute accuracy on matched boxes, caption word F1. Kept in the evaluations table (annotate query)."""
+    import json
+    from datetime import UTC, datetime
+
+    from shared.errors import RequestRejected
+    from shared.storage import store_for
+    from tools.evaluate import evaluate_labels, evaluation_table, read_truth, request_threshold, write_evaluation
+
+    if output not in {"table", "json"}:
+        raise _fail("--format must be one of ['table', 'json']")
+    results_root = f"s3://{_outputs(stack, 'ResultsBucketName')['ResultsBucketName']}" if stack else None
+    results_root = results_root or str(data_dir.resolve())
+    images = _annotated_images(None, data_dir, stack)
+    try:
+        labelled = read_truth(truth)
+        chosen = threshold if threshold is not None else request_threshold(images, results_root, store_for)
+        evaluation = evaluate_labels(labelled, images, chosen)
+    except RequestRejected as error:
+        raise _fail(str(error)) from None
+    prompts = sorted({image.prompt for image in images if image.prompt})
+    evaluated_at = datetime.now(UTC)
+    table = evaluation_table(evaluation, str(truth), " | ".join(prompts) or None, evaluated_at)
+    uri = write_evaluation(table, results_root, evaluated_at, store_for)
+    if output == "json":
+        sys.stdout.write(json.dumps(evaluation.as_json() | {"table_uri": uri}) + "\n")
+        return
+    import pyarrow as pa
+
+    shown = ["label", "truth_boxes", "predicted_boxes", "ap", "ap50", "precision", "recall", "f1", "best_threshold"]
+    rows = [
+        {name: round(value, 3) if isinstance(value, float) else value for name, value in row.items()}
+        | {"label": row["label"] or "(all)"}
+        for row in table.select(shown).to_pylist()
+    ]
+    _print_table(
+        pa.Table.from_pylist(rows), title=f"{evaluation.images} images, box scores from {evaluation.threshold:g}"
+    )
+    measures = {"class accuracy": evaluation.class_accuracy, "caption word F1": evaluation.caption_word_f1}
+    measures |= {f"{name} accuracy": value for name, value in evaluation.attribute_accuracy.items()}
+    out.print(
+        "; ".join(f"{name} {value:.3f}" for name, value in measures.items() if value is not None) or "", highlight=False
+    )
+    out.print(f"written to {uri}", highlight=False)
+
+
+@app.command()
 def gallery(
     out_dir: Annotated[Path, typer.Option("--out", help="The folder to write index.html (and its pictures) into")],
     where: Where = None,

@@ -1,4 +1,4 @@
-"""SQL over the local ``images`` and ``detections`` tables with DuckDB."""
+"""SQL over the local ``images``, ``detections`` and ``evaluations`` tables with DuckDB."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from shared.tables import PARTITION_COLUMN, SCHEMAS, TABLES_PREFIX
+from shared.tables import PARTITION_COLUMN, QUERIED_SCHEMAS, SCHEMAS, TABLES_PREFIX
 
 # One row per source image: its newest. The same SQL is the DuckDB view here and the Athena view in template.yaml
 # (a Glue view, tested to hold this text).
@@ -28,14 +28,15 @@ class OutputFormat(StrEnum):
 
 
 def connect_local(data_dir: Path) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with views ``images`` and ``detections`` over the Parquet files under ``data_dir``.
+    """A DuckDB connection with views ``images``, ``detections`` and ``evaluations`` over the Parquet files under
+    ``data_dir``.
 
     A table with no files yet is an empty view of the right schema, so queries work before the first run.
     """
     import pyarrow.dataset as ds
 
     connection = duckdb.connect()
-    for name, schema in SCHEMAS.items():
+    for name, schema in QUERIED_SCHEMAS.items():
         table_root = data_dir.resolve() / TABLES_PREFIX / name
         # The files are listed here and handed over by name: DuckDB would read a folder's *, ?, [ or { as a pattern
         files = sorted(str(path) for path in table_root.glob(f"{PARTITION_COLUMN}=*/*.parquet") if path.is_file())

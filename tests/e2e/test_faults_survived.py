@@ -83,7 +83,7 @@ def test_a_group_over_the_express_limit_fails_as_a_whole_and_its_images_become_f
 ) -> None:
     # GIVEN groups of two, an Express limit of 8 s, and one image whose Detect takes 12 s (within its own timeout)
     monkeypatch.setattr(workflow, "EXPRESS_LIMIT_S", 8)
-    update = {"data_dir": tmp_path / "data", "images_per_group": 2, "hand_backs": 0}  # the last round: no hand-back
+    update = {"data_dir": tmp_path / "data", "images_per_group": 2, "hand_backs": 0}  # as locally: no hand-back
     settings = use_settings(tiny_settings.model_copy(update=update))
     slow = str(SAMPLES / "chelsea-the-cat.jpg")  # in the first group, with chelsea-rotated-exif.jpg
 

@@ -215,3 +215,48 @@ def test_status_of_a_batch_id_and_of_a_message_file(annotated: Path, inputs: Pat
     other.write_text(json.dumps({"prompt": "cat.", "images": [str(inputs)]}))
     code, output = annotate("status", str(other), "--data-dir", str(annotated))
     assert code == 2 and "no batch b-" in output
+
+
+def test_evaluate_against_the_projects_own_coco_export_then_with_labels_changed_is_kept_for_annotate_query(
+    annotated: Path, tmp_path: Path
+) -> None:
+    # GIVEN the run's COCO export, reviewed and brought back unchanged
+    code, output = annotate("export", "--format", "coco", "--out", str(tmp_path / "coco"), "--data-dir", str(annotated))
+    assert code == 0, output
+    truth = tmp_path / "coco" / "annotations.json"
+
+    # WHEN it is the truth, THEN every figure is 1 and the images are matched by the export's names for them
+    code, output = annotate("evaluate", "--truth", str(truth), "--data-dir", str(annotated), "--format", "json")
+    assert code == 0, output
+    perfect = json.loads(output)
+    assert perfect["images"] == 3 and perfect["threshold"] == 0.35  # the batch's box threshold
+    assert (perfect["mAP"], perfect["AP50"], perfect["precision"], perfect["recall"]) == (1.0, 1.0, 1.0, 1.0)
+
+    # WHEN a reviewer renamed every box's label, THEN nothing the pipeline found counts
+    coco = json.loads(truth.read_text())
+    coco["categories"] = [{**category, "name": f"not {category['name']}"} for category in coco["categories"]]
+    renamed = tmp_path / "renamed.json"
+    renamed.write_text(json.dumps(coco))
+    code, output = annotate("evaluate", "--truth", str(renamed), "--data-dir", str(annotated))
+    assert code == 0, output
+    assert "written to" in output and "(all)" in output
+
+    # AND both evaluations are rows of the evaluations table, beside images and detections
+    rows = run_local_query(
+        "SELECT ap, ap50, precision, recall FROM evaluations WHERE label IS NULL ORDER BY evaluated_at", annotated
+    ).to_pylist()
+    assert rows == [
+        {"ap": 1.0, "ap50": 1.0, "precision": 1.0, "recall": 1.0},
+        {"ap": 0.0, "ap50": 0.0, "precision": 0.0, "recall": 0.0},
+    ]
+
+    # AND labels of images the pipeline never saw are refused in one line, nothing written
+    def evaluation_rows() -> int:
+        return int(run_local_query("SELECT count(*) AS n FROM evaluations", annotated).to_pylist()[0]["n"])
+
+    written = evaluation_rows()
+    other = {"images": [{"id": 1, "file_name": "elsewhere.jpg"}], "annotations": [], "categories": []}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    code, output = annotate("evaluate", "--truth", str(tmp_path / "other.json"), "--data-dir", str(annotated))
+    assert code == 2 and output.strip().count("\n") == 0 and "none of the 1 labelled images" in output, output
+    assert evaluation_rows() == written

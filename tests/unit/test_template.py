@@ -12,7 +12,7 @@ import sqlglot
 
 from shared.contracts import MANIFESTS_PREFIX
 from shared.storage import BATCHES_PREFIX, RESULTS_PREFIX
-from shared.tables import SCHEMAS, TABLES_PREFIX
+from shared.tables import QUERIED_SCHEMAS, SCHEMAS, TABLES_PREFIX
 from tests.conftest import REPO
 from tests.unit.test_workflow_definition import template
 from tools.query import IMAGES_LATEST_SQL, glue_type, images_latest_view, run_local_query
@@ -91,7 +91,7 @@ def test_queues_are_encrypted_and_have_dead_letter_queues() -> None:
             assert properties["RedrivePolicy"]["maxReceiveCount"] >= 1
 
 
-@pytest.mark.parametrize("table", ["images", "detections"])
+@pytest.mark.parametrize("table", ["images", "detections", "evaluations"])
 def test_glue_columns_equal_the_parquet_schema_the_code_writes(table: str) -> None:
     [glue] = [
         r
@@ -100,7 +100,7 @@ def test_glue_columns_equal_the_parquet_schema_the_code_writes(table: str) -> No
     ]
     table_input = glue["Properties"]["TableInput"]
     columns = [(c["Name"], c["Type"]) for c in table_input["StorageDescriptor"]["Columns"]]
-    assert columns == [(field.name, glue_type(field.type)) for field in SCHEMAS[table]]
+    assert columns == [(field.name, glue_type(field.type)) for field in QUERIED_SCHEMAS[table]]
     assert table_input["PartitionKeys"] == [{"Name": "dt", "Type": "string"}]
     assert f"/{TABLES_PREFIX}/{table}/dt=" in TEMPLATE_TEXT
 

@@ -1,0 +1,483 @@
+"""`annotate evaluate`: how good the pipeline's labels were, against labels a person reviewed.
+
+The truth is a COCO detection file or a Label Studio export (JSON) of a project's annotations. Its images are
+matched to the pipeline's by URI, by file name, or by the ``<image_id>.<ext>`` names the project's own exports give
+them. Box quality is COCO's (pycocotools: mAP@[.5:.95] and AP50); precision and recall are counted at a score
+threshold, each truth box matched to at most one box of its label at an IoU of 0.5 or more, highest score first;
+the F1-best threshold is the score at which that count's F1 peaks. Classes and attributes are compared on matched
+boxes, and captions by their word F1 (the harmonic mean of the share of shared words among each caption's words).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from shared.errors import RequestRejected
+from tools.annotations import AnnotatedImage, LabelledBox
+
+MATCH_IOU = 0.5
+# Label Studio's control names in the project's own label config (tools/export.py): a per-region Choices named so
+# is the box's class; any other per-region Choices an attribute; a TextArea the caption.
+CLASS_CONTROL = "class"
+
+
+@dataclass(frozen=True)
+class TruthImage:
+    """One image as a person labelled it: ``key`` names it (a URI or a file name)."""
+
+    key: str
+    boxes: list[LabelledBox] = field(default_factory=list)
+    caption: str | None = None
+
+
+def read_truth(path: Path) -> list[TruthImage]:
+    """The images of a COCO file or a Label Studio JSON export.
+
+    Raises:
+        RequestRejected: the file is missing, not JSON, or neither format.
+    """
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError as missing:
+        raise RequestRejected(f"{path}: no such file") from missing
+    except (OSError, ValueError) as unreadable:
+        raise RequestRejected(f"{path}: not a JSON file ({unreadable})") from unreadable
+    try:
+        if isinstance(document, dict) and {"images", "annotations"} <= document.keys():
+            return _coco_truth(document)
+        if isinstance(document, list) and all(isinstance(task, dict) and "data" in task for task in document):
+            return _label_studio_truth(document)
+    except (KeyError, TypeError, ValueError, IndexError) as malformed:
+        raise RequestRejected(f"{path}: a malformed {type(document).__name__} of labels ({malformed!r})") from None
+    raise RequestRejected(f"{path}: neither a COCO file (images, annotations) nor a Label Studio export (tasks)")
+
+
+def _coco_truth(document: dict[str, Any]) -> list[TruthImage]:
+    names = {category["id"]: category["name"] for category in document.get("categories", [])}
+    boxes: dict[Any, list[LabelledBox]] = {image["id"]: [] for image in document["images"]}
+    captions: dict[Any, str] = {}
+    for annotation in document["annotations"]:
+        if "caption" in annotation:  # COCO's captions format
+            captions[annotation["image_id"]] = annotation["caption"]
+        if "bbox" not in annotation:
+            continue
+        x, y, width, height = (float(value) for value in annotation["bbox"])
+        attributes = dict(annotation.get("attributes") or {})
+        class_label = attributes.pop(CLASS_CONTROL, None)
+        boxes[annotation["image_id"]].append(
+            LabelledBox(
+                label=names[annotation["category_id"]],
+                score=float(annotation.get("score", 1.0)),
+                x0=x,
+                y0=y,
+                x1=x + width,
+                y1=y + height,
+                class_label=class_label,
+                class_score=None,
+                attributes={name: str(value) for name, value in attributes.items() if value},
+            )
+        )
+    return [
+        TruthImage(key=image["file_name"], boxes=boxes[image["id"]], caption=captions.get(image["id"]))
+        for image in document["images"]
+    ]
+
+
+def _label_studio_truth(tasks: list[dict[str, Any]]) -> list[TruthImage]:
+    """Each task's latest annotation that was not cancelled (a task nobody annotated is no truth, and is left out)."""
+    images = []
+    for task in tasks:
+        done = [a for a in task.get("annotations", []) if not a.get("was_cancelled")]
+        if not done:
+            continue
+        result = done[-1].get("result", [])
+        regions: dict[str, dict[str, Any]] = {}
+        caption = None
+        for item in result:
+            value = item.get("value", {})
+            if item.get("type") == "rectanglelabels":
+                regions.setdefault(item["id"], {})["box"] = item
+            elif item.get("type") == "choices" and "id" in item:
+                regions.setdefault(item["id"], {}).setdefault("choices", {})[item["from_name"]] = value["choices"][0]
+            elif item.get("type") == "textarea":
+                caption = " ".join(value.get("text", []))
+        boxes = []
+        for region in regions.values():
+            if "box" not in region:
+                continue
+            item = region["box"]
+            value, width, height = item["value"], float(item["original_width"]), float(item["original_height"])
+            choices = dict(region.get("choices", {}))
+            boxes.append(
+                LabelledBox(
+                    label=value["rectanglelabels"][0],
+                    score=1.0,
+                    x0=value["x"] * width / 100,
+                    y0=value["y"] * height / 100,
+                    x1=(value["x"] + value["width"]) * width / 100,
+                    y1=(value["y"] + value["height"]) * height / 100,
+                    class_label=choices.pop(CLASS_CONTROL, None),
+                    class_score=None,
+                    attributes=choices,
+                )
+            )
+        image = next(iter(task["data"].values())) if "image" not in task["data"] else task["data"]["image"]
+        images.append(TruthImage(key=str(image), boxes=boxes, caption=caption))
+    return images
+
+
+def match_images(
+    truth: list[TruthImage], predicted: list[AnnotatedImage]
+) -> tuple[list[tuple[TruthImage, AnnotatedImage]], list[str]]:
+    """Each truth image with the pipeline's image it names, and the keys of those that name none.
+
+    A key names an image by its URI, by its file name (when one image has it), or as the project's exports name
+    its picture (``images/<image_id>.<ext>``)."""
+    by_uri = {image.source_uri: image for image in predicted}
+    by_id = {image.image_id: image for image in predicted}
+    names = Counter(PurePosixPath(image.source_uri).name for image in predicted)
+    by_name = {PurePosixPath(i.source_uri).name: i for i in predicted if names[PurePosixPath(i.source_uri).name] == 1}
+    matched, unmatched = [], []
+    for image in truth:
+        name = PurePosixPath(image.key.split("?", 1)[0]).name
+        found = by_uri.get(image.key) or by_id.get(PurePosixPath(name).stem) or by_name.get(name)
+        if found is None:
+            unmatched.append(image.key)
+        else:
+            matched.append((image, found))
+    return matched, unmatched
+
+
+@dataclass(frozen=True)
+class LabelScores:
+    label: str  # "" for all labels together
+    truth_boxes: int
+    predicted_boxes: int  # at the threshold
+    ap: float | None  # COCO's mAP@[.5:.95] (None: the label has no truth box)
+    ap50: float | None
+    precision: float | None  # None: no box predicted at the threshold
+    recall: float | None
+    f1: float
+    best_threshold: float | None  # the score at which F1 peaks (None: no box predicted at all)
+    best_f1: float
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    images: int
+    threshold: float
+    overall: LabelScores
+    labels: list[LabelScores]
+    class_accuracy: float | None  # on matched boxes whose truth names a class
+    attribute_accuracy: dict[str, float]  # per attribute, on matched boxes whose truth names it
+    caption_word_f1: float | None  # mean over images with a truth caption
+
+    def as_json(self) -> dict[str, Any]:
+        overall = self.overall
+        return {
+            "images": self.images,
+            "threshold": self.threshold,
+            "mAP": overall.ap,
+            "AP50": overall.ap50,
+            "precision": overall.precision,
+            "recall": overall.recall,
+            "f1": overall.f1,
+            "best_threshold": overall.best_threshold,
+            "best_f1": overall.best_f1,
+            "class_accuracy": self.class_accuracy,
+            "attribute_accuracy": self.attribute_accuracy,
+            "caption_word_f1": self.caption_word_f1,
+            "labels": [scores.__dict__ for scores in self.labels],
+        }
+
+
+def evaluate_labels(truth: list[TruthImage], predicted: list[AnnotatedImage], threshold: float) -> Evaluation:
+    """The pipeline's ``predicted`` images against ``truth``.
+
+    Raises:
+        RequestRejected: a truth image names none of the pipeline's.
+    """
+    matched, unmatched = match_images(truth, predicted)
+    if not matched:
+        raise RequestRejected(
+            f"none of the {len(truth)} labelled images is one the pipeline annotated (by URI, file name or image id)"
+        )
+    if unmatched:
+        raise unmatched_refusal(unmatched, truth)
+    labels = sorted({box.label for image, found in matched for box in image.boxes + found.boxes})
+    coco = _coco_scores(matched, labels)
+    pairs = [_pairs(image.boxes, found.boxes) for image, found in matched]
+    per_label = [_label_scores(label, pairs, threshold, coco.get(label, (None, None))) for label in labels]
+    overall = _label_scores("", pairs, threshold, coco.get("", (None, None)))
+    kept = [(t, p) for image_pairs in pairs for t, p, iou in image_pairs.matches(threshold) if iou >= MATCH_IOU]
+    return Evaluation(
+        images=len(matched),
+        threshold=threshold,
+        overall=overall,
+        labels=per_label,
+        class_accuracy=_accuracy([(t.class_label, p.class_label) for t, p in kept if t.class_label]),
+        attribute_accuracy={
+            name: accuracy
+            for name in sorted({name for t, _ in kept for name in t.attributes})
+            if (
+                accuracy := _accuracy(
+                    [(t.attributes[name], p.attributes.get(name)) for t, p in kept if name in t.attributes]
+                )
+            )
+            is not None
+        },
+        caption_word_f1=_mean(
+            [word_f1(image.caption, found.caption or "") for image, found in matched if image.caption]
+        ),
+    )
+
+
+def _accuracy(pairs: list[tuple[str | None, str | None]]) -> float | None:
+    return sum(truth == predicted for truth, predicted in pairs) / len(pairs) if pairs else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+_WORD = re.compile(r"[\w']+")
+
+
+def word_f1(truth: str, predicted: str) -> float:
+    """The caption word F1: shared words (counted with repeats, case folded) over each caption's words, combined
+    as their harmonic mean; 1.0 when both are empty."""
+    truth_words, predicted_words = Counter(_WORD.findall(truth.lower())), Counter(_WORD.findall(predicted.lower()))
+    if not truth_words and not predicted_words:
+        return 1.0
+    shared = sum((truth_words & predicted_words).values())
+    if not shared:
+        return 0.0
+    precision, recall = shared / sum(predicted_words.values()), shared / sum(truth_words.values())
+    return 2 * precision * recall / (precision + recall)
+
+
+def iou(a: LabelledBox, b: LabelledBox) -> float:
+    width = max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0))
+    height = max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
+    inter = width * height
+    union = (a.x1 - a.x0) * (a.y1 - a.y0) + (b.x1 - b.x0) * (b.y1 - b.y0) - inter
+    return inter / union if union > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class _ImagePairs:
+    """One image's truth and predicted boxes."""
+
+    truth: list[LabelledBox]
+    predicted: list[LabelledBox]
+
+    def matches(self, threshold: float, label: str | None = None) -> list[tuple[LabelledBox, LabelledBox, float]]:
+        """Greedy matches of the boxes at ``threshold`` (of ``label``, or every label each with its own), highest
+        score first, each truth box taken once, at an IoU of MATCH_IOU or more."""
+        taken: set[int] = set()
+        found = []
+        ranked = sorted(
+            (p for p in self.predicted if p.score >= threshold and label in (None, p.label)), key=lambda p: -p.score
+        )
+        for box in ranked:
+            candidates = [
+                (iou(truth, box), index)
+                for index, truth in enumerate(self.truth)
+                if index not in taken and truth.label == box.label
+            ]
+            best = max(candidates, default=(0.0, -1))
+            if best[0] >= MATCH_IOU:
+                taken.add(best[1])
+                found.append((self.truth[best[1]], box, best[0]))
+        return found
+
+
+def _pairs(truth: list[LabelledBox], predicted: list[LabelledBox]) -> _ImagePairs:
+    return _ImagePairs(truth, predicted)
+
+
+def _counts(pairs: list[_ImagePairs], label: str, threshold: float) -> tuple[int, int, int]:
+    """(truth boxes, predicted boxes at threshold, matches) of ``label`` ("": every label)."""
+    only = label or None
+    truth = sum(1 for image in pairs for box in image.truth if only in (None, box.label))
+    predicted = sum(
+        1 for image in pairs for box in image.predicted if box.score >= threshold and only in (None, box.label)
+    )
+    matches = sum(len(image.matches(threshold, only)) for image in pairs)
+    return truth, predicted, matches
+
+
+def _f1(truth: int, predicted: int, matches: int) -> float:
+    return 2 * matches / (truth + predicted) if truth + predicted else 0.0
+
+
+def _label_scores(
+    label: str, pairs: list[_ImagePairs], threshold: float, coco: tuple[float | None, float | None]
+) -> LabelScores:
+    truth, predicted, matches = _counts(pairs, label, threshold)
+    scores = sorted({box.score for image in pairs for box in image.predicted if label in ("", box.label)}, reverse=True)
+    best_threshold, best_f1 = None, 0.0
+    for score in scores:  # highest first: a tie keeps the higher threshold
+        f1 = _f1(*_counts(pairs, label, score))
+        if f1 > best_f1:
+            best_threshold, best_f1 = score, f1
+    return LabelScores(
+        label=label,
+        truth_boxes=truth,
+        predicted_boxes=predicted,
+        ap=coco[0],
+        ap50=coco[1],
+        precision=matches / predicted if predicted else None,
+        recall=matches / truth if truth else None,
+        f1=_f1(truth, predicted, matches),
+        best_threshold=best_threshold,
+        best_f1=best_f1,
+    )
+
+
+def _coco_scores(
+    matched: list[tuple[TruthImage, AnnotatedImage]], labels: list[str]
+) -> dict[str, tuple[float | None, float | None]]:
+    """COCO's (mAP@[.5:.95], AP50), by label and overall (""), from pycocotools' COCOeval on every box the pipeline
+    wrote (whatever its score: AP ranks them). A label without a truth box has none (None)."""
+    import numpy as np
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    category = {label: number for number, label in enumerate(labels, start=1)}
+    truth: dict[str, Any] = {
+        "images": [{"id": number} for number in range(1, len(matched) + 1)],
+        "categories": [{"id": number, "name": label} for label, number in category.items()],
+        "annotations": [],
+    }
+    detections = []
+    for number, (image, found) in enumerate(matched, start=1):
+        for box in image.boxes:
+            width, height = box.x1 - box.x0, box.y1 - box.y0
+            truth["annotations"].append(
+                {
+                    "id": len(truth["annotations"]) + 1,
+                    "image_id": number,
+                    "category_id": category[box.label],
+                    "bbox": [box.x0, box.y0, width, height],
+                    "area": width * height,
+                    "iscrowd": 0,
+                }
+            )
+        for box in found.boxes:
+            detections.append(
+                {
+                    "image_id": number,
+                    "category_id": category[box.label],
+                    "bbox": [box.x0, box.y0, box.x1 - box.x0, box.y1 - box.y0],
+                    "score": box.score,
+                }
+            )
+    if not truth["annotations"]:
+        return {}
+    if not detections:  # nothing predicted: every label with truth boxes scores 0
+        zero: tuple[float | None, float | None] = (0.0, 0.0)
+        return {box.label: zero for image, _ in matched for box in image.boxes} | {"": zero}
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress and its summary
+        ground = COCO()
+        ground.dataset = truth
+        ground.createIndex()
+        results = ground.loadRes(detections)
+        evaluation = COCOeval(ground, results, "bbox")
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    # precision[T, R, K, A, M]: IoU thresholds x recall points x categories x area "all" x at most 100 boxes
+    precision = evaluation.eval["precision"][:, :, :, 0, -1]
+
+    def mean(values: Any) -> float | None:
+        valid = values[values > -1]
+        return float(np.mean(valid)) if valid.size else None
+
+    scores = {
+        label: (mean(precision[:, :, index]), mean(precision[0, :, index]))
+        for index, label in enumerate(labels)
+        if mean(precision[:, :, index]) is not None
+    }
+    return scores | {"": (float(evaluation.stats[0]), float(evaluation.stats[1]))}
+
+
+EVALUATIONS_TABLE = "evaluations"
+
+
+def evaluation_table(evaluation: Evaluation, truth_file: str, prompt: str | None, evaluated_at: Any) -> Any:
+    """The evaluation's rows: one per label and one for every label together (``label`` null)."""
+    import pyarrow as pa
+
+    from shared.tables import EVALUATIONS_SCHEMA
+
+    common = {
+        "evaluated_at": evaluated_at,
+        "truth_file": truth_file,
+        "prompt": prompt,
+        "threshold": evaluation.threshold,
+        "images": evaluation.images,
+    }
+    rows = []
+    for scores in [evaluation.overall, *evaluation.labels]:
+        overall = scores is evaluation.overall
+        rows.append(
+            common
+            | {name: value for name, value in scores.__dict__.items() if name != "label"}
+            | {
+                "label": None if overall else scores.label,
+                "class_accuracy": evaluation.class_accuracy if overall else None,
+                "caption_word_f1": evaluation.caption_word_f1 if overall else None,
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=EVALUATIONS_SCHEMA)
+
+
+def write_evaluation(table: Any, results_root: str, evaluated_at: Any, store_for: Any) -> str:
+    """Writes the evaluation's table file beside the images' and detections' (one file per evaluation, in its
+    day's partition); returns its URI."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shared.storage import join_uri
+    from shared.tables import PARTITION_COLUMN, TABLES_PREFIX
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    data = sink.getvalue().to_pybytes()
+    name = f"{evaluated_at:%Y%m%dT%H%M%S}-{hashlib.sha256(data).hexdigest()[:8]}.parquet"
+    uri = join_uri(results_root, TABLES_PREFIX, EVALUATIONS_TABLE, f"{PARTITION_COLUMN}={evaluated_at:%Y-%m-%d}", name)
+    store_for(uri).write_bytes(uri, data, "application/vnd.apache.parquet")
+    return uri
+
+
+def request_threshold(images: list[AnnotatedImage], results_root: str, store_for: Any) -> float:
+    """The lowest box threshold of the batches ``images`` came from (each batch's input, as ingest kept it): every
+    box those batches kept scored at least that much. The request's default where a batch's input is gone."""
+    from shared.contracts import AnnotationRequest, BatchInput, batch_input_uri
+    from shared.errors import ImageRejected
+
+    thresholds = []
+    for batch_id in sorted({image.batch_id for image in images}):
+        uri = batch_input_uri(results_root, batch_id)
+        try:
+            thresholds.append(BatchInput.model_validate_json(store_for(uri).read_bytes(uri)).request.box_threshold)
+        except (ImageRejected, ValueError):
+            thresholds.append(AnnotationRequest.model_fields["box_threshold"].default)
+    return min(thresholds, default=AnnotationRequest.model_fields["box_threshold"].default)
+
+
+def unmatched_refusal(unmatched: list[str], truth: list[TruthImage]) -> RequestRejected:
+    return RequestRejected(
+        f"{len(unmatched)} of the {len(truth)} labelled images were not annotated by the pipeline (the first: "
+        f"{unmatched[0]}): annotate them first, or leave them out of the truth file"
+    )

@@ -47,7 +47,7 @@ sam-build: install
 	scripts/sam_build.sh
 
 clean:
-	rm -rf $(VENV) .venv-sam .aws-sam node_modules $(DATA_DIR)
+	rm -rf $(VENV) .venv-sam .venv-labelstudio .aws-sam node_modules $(DATA_DIR)
 
 # llama.cpp for Lambda: every Lambda CPU (AVX2), and ggml's own thread pool instead of OpenMP, whose libgomp.so.1
 # Lambda's runtime does not have (tools/native_libs.py checks every layer's libraries against the runtime). The

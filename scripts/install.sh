@@ -22,6 +22,12 @@ sd_wheels=$(scripts/native_wheels.sh "$venv/bin/python" stable-diffusion-cpp-pyt
 "$venv/bin/python" -m pip install --quiet --find-links "$llama_wheels" --find-links "$sd_wheels" -e ".[dev]"
 # An environment made before may hold another build of the same version, which pip would keep.
 "$venv/bin/python" -m pip install --quiet --no-deps --force-reinstall "$llama_wheels"/*.whl
+# A real Label Studio for the ML backend's test, in an environment of its own: its pins (Django, numpy) are not ours.
+ls_venv=.venv-labelstudio
+if [ ! -x "$ls_venv/bin/label-studio" ]; then
+  "$python" -m venv "$ls_venv"
+  "$ls_venv/bin/python" -m pip install --quiet "label-studio==1.23.2"
+fi
 command -v npm >/dev/null || { echo "npm is needed for asl-validator (the ASL check of make test)" >&2; exit 1; }
 npm install --silent --no-audit --no-fund
 # Headless Chromium for the gallery's browser test (Debian's package; Playwright drives it, never downloads one).

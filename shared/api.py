@@ -8,6 +8,7 @@ at a time (each model already uses every core); calls beyond that wait in a boun
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import hmac
 import statistics
@@ -29,6 +30,7 @@ from starlette.exceptions import HTTPException
 
 from shared.dependencies import Dependencies, Step, build_dependencies
 from shared.errors import ImageRejected, ModelUnavailable, RequestRejected
+from shared.label_studio_backend import label_studio_routes
 from shared.observability import logger, metrics
 from shared.serving import (
     Annotation,
@@ -189,13 +191,23 @@ def _bearer_check(settings: Settings) -> Callable[[Request], None]:
         if not expected:
             return
         scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
-        if scheme.lower() != "bearer":  # RFC 6750: the scheme is case-insensitive, and it is required
+        if scheme.lower() == "basic":  # Label Studio's ML backend connection: the key as the basic auth password
+            given = _basic_password(given)
+        elif scheme.lower() != "bearer":  # RFC 6750: the scheme is case-insensitive, and it is required
             given = ""
         # constant time: no key guessed by timing
         if not hmac.compare_digest(given.strip().encode(), expected.encode()):
             raise ApiError(401, "a valid API key is required: Authorization: Bearer <key>", code="invalid_api_key")
 
     return check
+
+
+def _basic_password(credentials: str) -> str:
+    """The password of HTTP basic credentials (RFC 7617: base64 of user:password); '' when malformed."""
+    try:
+        return base64.b64decode(credentials.strip(), validate=True).decode().partition(":")[2]
+    except ValueError:
+        return ""
 
 
 @functools.cache
@@ -254,6 +266,9 @@ BODY_TYPES = {
     "/v1/chat/completions": ("application/json",),
     "/v1/images/generations": ("application/json",),
     "/v1/images/edits": ("multipart/form-data",),
+    "/setup": ("application/json",),
+    "/predict": ("application/json",),
+    "/webhook": ("application/json",),
 }
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 
@@ -608,15 +623,23 @@ def create_app(
     app.include_router(_annotation_routes(calls), dependencies=authorized)
     app.include_router(_openai_routes(calls), dependencies=authorized)
     app.include_router(_image_routes(calls), dependencies=authorized)
+    app.include_router(
+        label_studio_routes(
+            settings,
+            calls.run,
+            lambda source, options: annotate_one(source, options, settings, calls.dependencies_of, calls.record_rows),
+        ),
+        dependencies=authorized,
+    )
 
     @app.get("/", include_in_schema=False)
     def playground() -> HTMLResponse:
         page = resources.files("shared").joinpath("playground.html").read_text()
         return HTMLResponse(page.replace("{{ max_body_bytes }}", str(settings.api_max_body_bytes)))
 
-    @app.get("/health", summary="Whether the server answers, and how many calls it holds")
+    @app.get("/health", summary="Whether the server answers (UP, as Label Studio's ML backends say), its calls held")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "calls_held": calls.admission.inside, "queue_size": settings.api_queue_size}
+        return {"status": "UP", "calls_held": calls.admission.inside, "queue_size": settings.api_queue_size}
 
     return app
 

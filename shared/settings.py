@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
@@ -384,6 +384,17 @@ class Settings(BaseSettings):
     )
     api_key_secret: str = Field(
         "", description="A Secrets Manager secret holding the API key (the stack's, in its API-key mode)"
+    )
+    # Label Studio's own names for them (its ML backends read these), so a backend is set up as Label Studio's docs say
+    label_studio_url: str = Field(
+        "",
+        validation_alias=AliasChoices("ANNOTATE_LABEL_STUDIO_URL", "LABEL_STUDIO_URL", "label_studio_url"),
+        description="Where Label Studio serves its tasks' media (uploads, local files) to the ML backend",
+    )
+    label_studio_api_key: SecretStr = Field(
+        SecretStr(""),
+        validation_alias=AliasChoices("ANNOTATE_LABEL_STUDIO_API_KEY", "LABEL_STUDIO_API_KEY", "label_studio_api_key"),
+        description="The Label Studio key the ML backend reads media with (a personal access token, or a legacy one)",
     )
     write_group_table_function: str = Field(
         "", description="AWS mode: the function that writes a recorded API call's table rows"

@@ -85,3 +85,48 @@ def serving_in_process(command: list[str], port: int, env: dict[str, str] | None
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=30)
+
+
+LABEL_STUDIO = Path(__file__).resolve().parent.parent / ".venv-labelstudio" / "bin" / "label-studio"
+LABEL_STUDIO_STARTUP_S = 600  # its first start migrates a new SQLite database: about 2.5 minutes on 2 busy cores
+
+
+@contextmanager
+def label_studio_serving(data_dir: Path, user: str, password: str) -> Iterator[str]:
+    """A real Label Studio (scripts/install.sh puts it in its own environment) on 127.0.0.1, with a new SQLite
+    database under ``data_dir`` and its first user; yields its base URL. No network: it does not look for a newer
+    version; and it may call an ML backend on this machine (its default bans loopback addresses as SSRF targets)."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "LATEST_VERSION_CHECK": "false",
+        "USE_DEFAULT_BANNED_SUBNETS": "false",
+        "LABEL_STUDIO_BASE_DATA_DIR": str(data_dir),
+        "LABEL_STUDIO_USERNAME": user,
+        "LABEL_STUDIO_PASSWORD": password,
+    }
+    command = [str(LABEL_STUDIO), "start", "--no-browser", "--internal-host", "127.0.0.1", "--port", str(port)]
+    with (data_dir / "label-studio.log").open("wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + LABEL_STUDIO_STARTUP_S
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"Label Studio ended: {(data_dir / 'label-studio.log').read_text()[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError("Label Studio did not answer /health in time")
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(1)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait(timeout=30)

@@ -11,7 +11,6 @@ import io
 import json
 import shutil
 import tempfile
-import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -22,6 +21,7 @@ from PIL import Image
 from shared.batches import image_ref
 from shared.errors import ImageRejected, RequestRejected
 from shared.images import decode_image
+from shared.label_studio import CLASS_CONTROL, Project, caption_result, label_config, region_results
 from shared.storage import StoreFor
 from tools.annotations import AnnotatedImage, LabelledBox
 
@@ -29,7 +29,7 @@ IMAGES_FOLDER = "images"
 EXPORT_MARKER = ".annotate-export.json"  # what an export wrote into its folder
 EXIF_ORIENTATION = 0x0112
 # Label Studio's own names for the controls its labelling config declares (label_config.xml beside the tasks).
-LS_IMAGE, LS_BOXES, LS_CLASS = "image", "label", "class"
+LS_IMAGE, LS_BOXES, LS_CAPTION = "image", "label", "caption"
 
 
 class ExportFormat(StrEnum):
@@ -232,70 +232,39 @@ def _yolo_box(box: LabelledBox, width: int, height: int) -> str:
 
 def _write_label_studio(kept: list[tuple[AnnotatedImage, str]], out_dir: Path) -> None:
     images = [image for image, _ in kept]
-    tasks = [label_studio_task(image) for image in images]
+    project = label_studio_project(images)
+    tasks = [label_studio_task(image, project) for image in images]
     (out_dir / "tasks.json").write_text(json.dumps(tasks, indent=1))
-    (out_dir / "label_config.xml").write_text(label_studio_config(images))
+    (out_dir / "label_config.xml").write_text(label_config(project))
 
 
-def label_studio_task(image: AnnotatedImage) -> dict[str, Any]:
-    """One task: the picture's location and the pipeline's boxes as a prediction, each box's class and attributes
-    as per-region choices (the same result id as its box)."""
-    assert image.width and image.height
-    result: list[dict[str, Any]] = []
-    for box in image.boxes:
-        region = uuid.uuid5(uuid.NAMESPACE_URL, f"{image.image_id}/{box}").hex[:10]
-        common = {
-            "id": region,
-            "to_name": LS_IMAGE,
-            "original_width": image.width,
-            "original_height": image.height,
-            "image_rotation": 0,
-        }
-        geometry = {
-            "x": 100 * box.x0 / image.width,
-            "y": 100 * box.y0 / image.height,
-            "width": 100 * (box.x1 - box.x0) / image.width,
-            "height": 100 * (box.y1 - box.y0) / image.height,
-            "rotation": 0,
-        }
-        result.append(
-            {
-                **common,
-                "from_name": LS_BOXES,
-                "type": "rectanglelabels",
-                "value": {**geometry, "rectanglelabels": [box.label]},
-                "score": box.score,
-            }
-        )
-        for name, value in ({LS_CLASS: box.class_label} | box.attributes).items():
-            if value:
-                result.append(
-                    {**common, "from_name": name, "type": "choices", "value": {**geometry, "choices": [value]}}
-                )
-    score = min((box.score for box in image.boxes), default=1.0)
-    return {
-        "data": {LS_IMAGE: image.source_uri, "caption": image.caption or ""},
-        "predictions": [{"model_version": "annotate", "score": score, "result": result}],
-    }
-
-
-def label_studio_config(images: list[AnnotatedImage]) -> str:
-    """The labelling config that names every control the tasks use: boxes, and per-region class and attributes."""
-    from xml.sax.saxutils import quoteattr
-
-    choices: dict[str, set[str]] = {LS_CLASS: set()}
+def label_studio_project(images: list[AnnotatedImage]) -> Project:
+    """The project the images fill: their labels, per-region class and attributes with the values they took, and a
+    caption; the ML backend reads its label config back as the same project (shared/label_studio.py)."""
+    choices: dict[str, set[str]] = {CLASS_CONTROL: set()}
     for image in images:
         for box in image.boxes:
-            for name, value in ({LS_CLASS: box.class_label} | box.attributes).items():
+            for name, value in ({CLASS_CONTROL: box.class_label} | box.attributes).items():
                 if value:
                     choices.setdefault(name, set()).add(value)
-    lines = ["<View>", f'  <Image name="{LS_IMAGE}" value="${LS_IMAGE}"/>']
-    lines.append(f'  <RectangleLabels name="{LS_BOXES}" toName="{LS_IMAGE}">')
-    lines += [f"    <Label value={quoteattr(label)}/>" for label in categories(images)]
-    lines.append("  </RectangleLabels>")
-    for name, values in choices.items():
-        lines.append(f'  <Choices name={quoteattr(name)} toName="{LS_IMAGE}" perRegion="true">')
-        lines += [f"    <Choice value={quoteattr(value)}/>" for value in sorted(values)]
-        lines.append("  </Choices>")
-    lines += ['  <Text name="caption" value="$caption"/>', "</View>"]
-    return "\n".join(lines) + "\n"
+    return Project(
+        image=LS_IMAGE,
+        image_key=LS_IMAGE,
+        boxes=LS_BOXES,
+        labels=tuple(categories(images)),
+        choices={name: tuple(sorted(values)) for name, values in choices.items() if values},
+        caption=LS_CAPTION,
+    )
+
+
+def label_studio_task(image: AnnotatedImage, project: Project) -> dict[str, Any]:
+    """One task: the picture's location and the pipeline's boxes as a prediction, each box's class and attributes
+    as per-region choices (the same result id as its box), the caption in the project's text area."""
+    assert image.width and image.height
+    result = region_results(image.boxes, image.width, image.height, project, image.image_id)
+    result += caption_result(image.caption or "", project)
+    score = min((box.score for box in image.boxes), default=1.0)
+    return {
+        "data": {project.image_key: image.source_uri},
+        "predictions": [{"model_version": "annotate", "score": score, "result": result}],
+    }

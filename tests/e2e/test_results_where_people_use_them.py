@@ -110,16 +110,21 @@ class LsValue(BaseModel):
     choices: list[str] | None = None
 
 
+class LsText(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: list[str]
+
+
 class LsResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str
     from_name: str
     to_name: str
-    type: Literal["rectanglelabels", "choices"]
-    original_width: int
-    original_height: int
-    image_rotation: float
-    value: LsValue
+    type: Literal["rectanglelabels", "choices", "textarea"]
+    original_width: int | None = None  # a region's; a text area's result has none
+    original_height: int | None = None
+    image_rotation: float | None = None
+    value: LsValue | LsText
     score: float | None = None
 
 
@@ -164,6 +169,12 @@ def test_label_studio_tasks_follow_the_documented_format_and_name_the_configs_co
         assert {r.id for r in choices} <= {r.id for r in boxes}  # a class or attribute belongs to its box
         for result in prediction.result:
             assert f'name="{result.from_name}"' in config and result.to_name == "image"
+    # AND the config reads back as the project the ML backend fills: the same controls, the labels as the prompt
+    from shared.label_studio import read_label_config
+
+    project = read_label_config(config)
+    assert (project.image, project.boxes, project.caption) == ("image", "label", "caption")
+    assert set(project.choices) == {"class", "color", "pattern"}
 
 
 def test_the_gallery_renders_one_card_per_image_in_headless_chromium_without_console_errors(

@@ -208,7 +208,7 @@ def test_a_hostile_annotation_gets_its_status_and_openai_s_error_shape(http: htt
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == code and error["message"]
     health = http.get("/health")
-    assert health.json()["status"] == "ok"  # the server is still there
+    assert health.json()["status"] == "UP"  # the server is still there
     if status < 413:  # a caller's mistake leaves the keep-alive connection up (413 closes it: its body is unread)
         assert _local_address(health) == _local_address(response)
 

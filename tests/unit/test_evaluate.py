@@ -11,7 +11,7 @@ import pytest
 from shared.errors import RequestRejected
 from tools.annotations import AnnotatedImage, LabelledBox
 from tools.evaluate import TruthImage, evaluate_labels, iou, read_truth, word_f1
-from tools.export import label_studio_task
+from tools.export import label_studio_project, label_studio_task
 
 
 def box(
@@ -134,7 +134,8 @@ def test_nothing_predicted_scores_0_and_images_are_matched_by_file_name_and_imag
 
 def test_a_label_studio_export_of_the_reviewed_predictions_reads_back_as_the_boxes(tmp_path: Path) -> None:
     # GIVEN the project's own Label Studio tasks, each prediction accepted by a reviewer as the task's annotation
-    tasks = [label_studio_task(i) for i in PREDICTED]
+    project = label_studio_project(PREDICTED)
+    tasks = [label_studio_task(i, project) for i in PREDICTED]
     for task in tasks:
         task["annotations"] = [{"result": task.pop("predictions")[0]["result"], "was_cancelled": False}]
         task["annotations"][0]["result"].append(

@@ -21,6 +21,7 @@ from typing import Any
 from unittest import mock
 
 from shared.settings import Profile, Settings
+from shared.tables import SCHEMAS
 from tools.rehearsal.aws_behaviours import (
     PublishFailed,
     missing_keys_answer_403,
@@ -611,8 +612,8 @@ def _download_todays_tables(stack: DeployedStack, report: Report, local: Path) -
     s3 = boto3.client("s3", region_name=stack.region)
     today = datetime.now(UTC).strftime("%Y-%m-%d")
     for table in glue.get_tables(DatabaseName=stack.outputs["GlueDatabaseName"])["TableList"]:
-        if table.get("TableType") == "VIRTUAL_VIEW":
-            continue
+        if table.get("TableType") == "VIRTUAL_VIEW" or table["Name"] not in SCHEMAS:
+            continue  # a view, or the evaluations table, which annotate evaluate writes, not the stack
         location = table["Parameters"]["storage.location.template"].replace("${dt}", today)
         bucket, prefix = location.removeprefix("s3://").split("/", 1)
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])]

@@ -1,0 +1,161 @@
+"""The ML backend against a real Label Studio: a project made from the `labelstudio` export's config, its own
+uploads as tasks, `annotate serve`'s app connected as the backend, and the regions Label Studio stored compared
+with the pipeline's rows. Label Studio is driven through its REST API (the calls label-studio-sdk makes; the SDK
+pins a numpy older than ours, so it is not installed beside the project)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+from typer.testing import CliRunner
+
+from shared.api import serving_app
+from shared.settings import Settings
+from tests.browser import chromium_page
+from tests.conftest import REPO, SAMPLES
+from tests.servers import label_studio_serving, serving_in_thread
+from tools.cli import app
+from tools.query import run_local_query
+
+pytestmark = pytest.mark.slow
+
+USER, PASSWORD = "reviewer@example.com", "a-long-test-password"
+ARTIFACTS = REPO / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def label_studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """Label Studio's URL and a personal access token of its first user (made as a person makes one: logged in,
+    on the account page's API)."""
+    with label_studio_serving(tmp_path_factory.mktemp("label-studio"), USER, PASSWORD) as url:
+        yield url, personal_access_token(url)
+
+
+def personal_access_token(url: str) -> str:
+    with httpx.Client(base_url=url, follow_redirects=True, timeout=60) as browser:
+        browser.get("/user/login/")
+        login = {"email": USER, "password": PASSWORD, "csrfmiddlewaretoken": browser.cookies["csrftoken"]}
+        browser.post("/user/login/", data=login, headers={"Referer": f"{url}/user/login/"})
+        made = browser.post("/api/token/", headers={"X-CSRFToken": browser.cookies["csrftoken"], "Referer": url})
+    assert made.status_code == 201, made.text
+    return str(made.json()["token"])
+
+
+def api(url: str, token: str) -> httpx.Client:
+    access = httpx.post(f"{url}/api/token/refresh/", json={"refresh": token}, timeout=60).json()["access"]
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {access}"}, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The samples annotated by the pipeline, and its `labelstudio` export: (data folder, export folder)."""
+    root = tmp_path_factory.mktemp("label-studio-run")
+    images, data, export = root / "images", root / "data", root / "export"
+    shutil.copytree(SAMPLES, images)
+    run = ["run", str(images), "--prompt", "cat. cup.", "--profile", "tiny", "--data-dir", str(data)]
+    result = CliRunner().invoke(app, [*run, "--attribute", "color=black,brown,white,red"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(
+        app, ["export", "--format", "labelstudio", "--out", str(export), "--data-dir", str(data)]
+    )
+    assert result.exit_code == 0, result.output
+    return data, export
+
+
+def test_a_project_from_the_export_s_config_shows_the_backend_s_pre_annotations_equal_to_the_pipeline_s_rows(
+    label_studio: tuple[str, str], exported: tuple[Path, Path], tiny_settings: Settings, tmp_path: Path
+) -> None:
+    url, token = label_studio
+    data, export = exported
+    # GIVEN a Label Studio project made with the export's label config, the samples uploaded as its tasks, and a
+    # task whose image Label Studio no longer has
+    settings = tiny_settings.model_copy(
+        update={"data_dir": tmp_path / "backend", "label_studio_url": url, "label_studio_api_key": SecretStr(token)}
+    )
+    with api(url, token) as ls, serving_in_thread(serving_app(settings)) as backend:
+        config = (export / "label_config.xml").read_text()
+        project = ls.post("/api/projects", json={"title": "pets", "label_config": config}).json()["id"]
+        uploads = [(f"file{n}", (path.name, path.read_bytes())) for n, path in enumerate(sorted(SAMPLES.iterdir()))]
+        assert ls.post(f"/api/projects/{project}/import", files=uploads).status_code == 201
+        missing = [{"image": f"/data/upload/{project}/gone.jpg"}]
+        assert ls.post(f"/api/projects/{project}/import", json=missing).status_code == 201
+
+        # WHEN the backend is connected (Label Studio checks /health and /setup) and asked for predictions
+        connected = ls.post("/api/ml", json={"project": project, "url": backend, "title": "annotate"})
+        assert connected.status_code == 201 and connected.json()["readable_state"] == "Connected", connected.text
+        tasks = ls.get("/api/tasks", params={"project": project}).json()["tasks"]
+        asked = {"selectedItems": {"all": False, "included": [task["id"] for task in tasks]}}
+        retrieved = ls.post(
+            "/api/dm/actions", params={"id": "retrieve_tasks_predictions", "project": project}, json=asked
+        )
+        assert retrieved.status_code == 200, retrieved.text
+
+        # THEN every readable task holds one prediction whose regions are the pipeline's rows for that image: the
+        # same labels and boxes, with the class and attributes the config lists, and a score per region
+        stored = {task["id"]: ls.get("/api/predictions", params={"task": task["id"]}).json() for task in tasks}
+    rows = pipeline_boxes(data)
+    by_name = {Path(task["data"]["image"]).name.split("-", 1)[-1]: task["id"] for task in tasks}
+    for name, boxes in rows.items():
+        [prediction] = stored[by_name[name]]
+        regions = [r for r in prediction["result"] if r["type"] == "rectanglelabels"]
+        assert [r["value"]["rectanglelabels"] for r in regions] == [[box["label"]] for box in boxes], name
+        for region, box in zip(regions, boxes, strict=True):
+            width, height = region["original_width"], region["original_height"]
+            corners = [region["value"][k] for k in ("x", "y", "width", "height")]
+            expected = [100 * box["x0"] / width, 100 * box["y0"] / height]
+            expected += [100 * (box["x1"] - box["x0"]) / width, 100 * (box["y1"] - box["y0"]) / height]
+            assert corners == pytest.approx(expected, abs=1e-6) and region["score"] == pytest.approx(box["score"])
+        choices = {(r["id"], r["from_name"], r["choices"][0]) for r in map(flat, prediction["result"]) if r["choices"]}
+        assert choices == {
+            (region["id"], name, value)
+            for region, box in zip(regions, boxes, strict=True)
+            for name, value in [("class", box["class_label"]), ("color", box["color"])]
+            if value
+        }
+        assert prediction["model_version"] == "annotate"
+    # AND the task whose image is gone has no prediction's regions: its error did not sink the others
+    [gone] = [task["id"] for task in tasks if task["data"]["image"].endswith("/gone.jpg")]
+    assert all(not prediction["result"] for prediction in stored[gone])
+    # AND a person who opens the first task sees the regions (the README's picture)
+    with chromium_page() as (page, _):
+        page.goto(f"{url}/user/login/")
+        page.fill("input[name=email]", USER)
+        page.fill("input[name=password]", PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_load_state("networkidle")
+        page.goto(f"{url}/projects/{project}/data?task={by_name['chelsea-the-cat.jpg']}")
+        page.get_by_text("Regions").first.wait_for(timeout=60_000)
+        page.wait_for_load_state("networkidle")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "label-studio.png"))
+
+
+def flat(result: dict[str, Any]) -> dict[str, Any]:
+    return {"id": result["id"], "from_name": result["from_name"], "choices": result["value"].get("choices")}
+
+
+def pipeline_boxes(data: Path) -> dict[str, list[dict[str, Any]]]:
+    """The detections table's boxes by the image's file name, in detection order."""
+    rows = run_local_query(
+        "SELECT i.source_uri, d.label, d.score, d.x0, d.y0, d.x1, d.y1, d.class_label, d.color "
+        "FROM detections d JOIN images i USING (image_id, batch_id) ORDER BY i.source_uri, d.detection_index",
+        data,
+    ).to_pylist()
+    boxes: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        boxes.setdefault(Path(row["source_uri"]).name, []).append(row)
+    return boxes
+
+
+def test_setup_refuses_a_config_the_models_cannot_fill_in_one_line(tiny_settings: Settings) -> None:
+    with serving_in_thread(serving_app(tiny_settings)) as backend:
+        refused = httpx.post(
+            f"{backend}/setup", json={"project": "1", "schema": "<View><Text name='t' value='$t'/></View>"}
+        )
+    assert refused.status_code == 400 and "0 Image objects" in refused.json()["error"]["message"]

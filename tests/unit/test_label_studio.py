@@ -1,0 +1,57 @@
+"""A Label Studio label config read as the request the models fill, and the configs they cannot fill refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.errors import RequestRejected
+from shared.label_studio import Project, label_config, read_label_config
+
+PETS = """<View>
+  <Image name="photo" value="$picture"/>
+  <RectangleLabels name="animal" toName="photo"><Label value="dog"/><Label value="cat"/></RectangleLabels>
+  <Choices name="class" toName="photo" perRegion="true"><Choice value="beagle"/></Choices>
+  <Choices name="color" toName="photo" perRegion="true"><Choice value="black"/><Choice value="white"/></Choices>
+  <Choices name="quality" toName="photo"><Choice value="blurry"/></Choices>
+  <TextArea name="notes" toName="photo"/>
+</View>"""
+
+
+def test_the_config_s_controls_name_the_request_and_the_results() -> None:
+    project = read_label_config(PETS)
+    assert (project.image, project.image_key, project.boxes, project.caption) == ("photo", "picture", "animal", "notes")
+    request = project.request()
+    # the labels are the prompt; per-region choices but the class are vocabularies; a whole-task choice is not
+    assert request.prompt == "dog. cat." and request.attributes == {"color": ["black", "white"]} and request.caption
+    assert read_label_config(label_config(project)) == project  # what the export writes reads back the same
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ("<View", "not XML"),
+        ("<View><Text name='t' value='$t'/></View>", "0 Image objects"),
+        ("<View><Image name='i' value='$i'/></View>", "0 RectangleLabels"),
+        ("<View><Image name='i' value='$i'/><RectangleLabels name='b' toName='i'/></View>", "no Label"),
+        (
+            "<View><Image name='i' value='$i'/><RectangleLabels name='b' toName='i'><Label value='a'/>"
+            "</RectangleLabels><PolygonLabels name='p' toName='i'><Label value='a'/></PolygonLabels></View>",
+            "PolygonLabels",
+        ),
+        (
+            "<View><Image name='i' value='$i'/><Text name='t' value='$t'/><RectangleLabels name='b' toName='i'>"
+            "<Label value='a'/></RectangleLabels><Choices name='c' toName='t' perRegion='true'><Choice value='x'/>"
+            "</Choices></View>",
+            "not on the Image",
+        ),
+    ],
+)
+def test_a_config_the_models_cannot_fill_is_refused_saying_why(config: str, said: str) -> None:
+    with pytest.raises(RequestRejected, match=said):
+        read_label_config(config)
+
+
+def test_labels_that_make_a_bad_prompt_are_refused() -> None:
+    project = Project(image="i", image_key="i", boxes="b", labels=("a" * 400,))
+    with pytest.raises(RequestRejected, match="cannot give"):
+        project.request()

@@ -13,7 +13,7 @@ import uuid
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from shared.contracts import MAX_PROMPT_CHARS, AnnotationRequest
 from shared.errors import RequestRejected
@@ -22,25 +22,20 @@ CLASS_CONTROL = "class"  # the per-region Choices that takes each box's class (t
 MAX_LABEL_CONFIG_CHARS = 100_000
 
 
-class RegionBox(Protocol):
-    """A box as both sides have it: its label and score, corners in pixels, class and attribute values."""
+@dataclass(frozen=True)
+class LabelledBox:
+    """A detected box with its class and attribute values, flat, as the exports, the gallery and Label Studio show
+    it."""
 
-    @property
-    def label(self) -> str: ...
-    @property
-    def score(self) -> float: ...
-    @property
-    def x0(self) -> float: ...
-    @property
-    def y0(self) -> float: ...
-    @property
-    def x1(self) -> float: ...
-    @property
-    def y1(self) -> float: ...
-    @property
-    def class_label(self) -> str | None: ...
-    @property
-    def attributes(self) -> dict[str, str]: ...
+    label: str
+    score: float
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+    class_label: str | None
+    class_score: float | None
+    attributes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -141,7 +136,7 @@ UNFILLABLE = frozenset({"PolygonLabels", "BrushLabels", "KeyPointLabels", "Ellip
 
 
 def region_results(
-    boxes: Iterable[RegionBox], width: int, height: int, project: Project, region_key: str
+    boxes: Iterable[LabelledBox], width: int, height: int, project: Project, region_key: str
 ) -> list[dict[str, Any]]:
     """Each box as a region of ``project``'s box control, with its class and attributes as per-region choices where
     the config has that control and that choice (Label Studio shows no other); ``region_key`` makes the regions'

@@ -15,7 +15,6 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter
@@ -23,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from shared.errors import ImageRejected, RequestRejected
-from shared.label_studio import Project, caption_result, read_label_config, region_results
+from shared.label_studio import LabelledBox, Project, caption_result, read_label_config, region_results
 from shared.observability import logger
 from shared.serving import Annotation, AnnotationOptions, Source, image_source
 from shared.settings import Settings
@@ -48,23 +47,11 @@ class BackendPredict(BaseModel):
     label_config: str = Field(max_length=100_000)
 
 
-@dataclass(frozen=True)
-class _Box:
-    label: str
-    score: float
-    x0: float
-    y0: float
-    x1: float
-    y1: float
-    class_label: str | None
-    attributes: dict[str, str] = field(default_factory=dict)
-
-
 def prediction(annotation: Annotation, project: Project) -> dict[str, Any]:
     """The annotation as one of Label Studio's predictions: its regions, the caption, a score per region and the
     lowest for the prediction."""
     boxes = [
-        _Box(
+        LabelledBox(
             label=d.label,
             score=d.score,
             x0=d.box.x0,
@@ -72,6 +59,7 @@ def prediction(annotation: Annotation, project: Project) -> dict[str, Any]:
             x1=d.box.x1,
             y1=d.box.y1,
             class_label=d.class_label,
+            class_score=d.class_score,
             attributes={a.name: a.value for a in d.attributes},
         )
         for d in annotation.detections

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from shared.label_studio import LabelledBox
+
 # SQL in, rows out: tools.query.run_local_query or tools.athena.run_athena_query, bound to their settings.
 Query = Callable[[str], pa.Table]
 Engine = Literal["duckdb", "athena"]
@@ -19,21 +21,6 @@ _ATTRIBUTE_ROWS: dict[Engine, tuple[str, str]] = {
     "duckdb": ("a.name, a.value", "CROSS JOIN UNNEST(d.attributes) AS t(a)"),
     "athena": ("t.name, t.value", "CROSS JOIN UNNEST(d.attributes) AS t(name, value, score)"),
 }
-
-
-@dataclass(frozen=True)
-class LabelledBox:
-    """A detected box with its class and attribute values, flat, as the exports and the gallery show it."""
-
-    label: str
-    score: float
-    x0: float
-    y0: float
-    x1: float
-    y1: float
-    class_label: str | None
-    class_score: float | None
-    attributes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from shared.errors import RequestRejected
-from tools.annotations import AnnotatedImage, LabelledBox
+from shared.label_studio import LabelledBox
+from tools.annotations import AnnotatedImage
 
 MATCH_IOU = 0.5
 # Label Studio's control names in the project's own label config (tools/export.py): a per-region Choices named so

@@ -21,9 +21,9 @@ from PIL import Image
 from shared.batches import image_ref
 from shared.errors import ImageRejected, RequestRejected
 from shared.images import decode_image
-from shared.label_studio import CLASS_CONTROL, Project, caption_result, label_config, region_results
+from shared.label_studio import CLASS_CONTROL, LabelledBox, Project, caption_result, label_config, region_results
 from shared.storage import StoreFor
-from tools.annotations import AnnotatedImage, LabelledBox
+from tools.annotations import AnnotatedImage
 
 IMAGES_FOLDER = "images"
 EXPORT_MARKER = ".annotate-export.json"  # what an export wrote into its folder

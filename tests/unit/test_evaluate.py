@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from shared.errors import RequestRejected
-from tools.annotations import AnnotatedImage, LabelledBox
+from shared.label_studio import LabelledBox
+from tools.annotations import AnnotatedImage
 from tools.evaluate import TruthImage, evaluate_labels, iou, read_truth, word_f1
 from tools.export import label_studio_project, label_studio_task
 

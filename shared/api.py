@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import hmac
 import statistics
 import time
@@ -32,6 +31,7 @@ from shared.dependencies import Dependencies, Step, build_dependencies
 from shared.errors import ImageRejected, ModelUnavailable, RequestRejected
 from shared.label_studio_backend import label_studio_routes
 from shared.observability import logger, metrics
+from shared.secrets import secret_value
 from shared.serving import (
     Annotation,
     AnnotationCall,
@@ -210,17 +210,10 @@ def _basic_password(credentials: str) -> str:
         return ""
 
 
-@functools.cache
-def _secret_value(secret_id: str) -> str:
-    import boto3
-
-    return str(boto3.client("secretsmanager").get_secret_value(SecretId=secret_id)["SecretString"])
-
-
 def api_key(settings: Settings) -> str:
     """The key calls must carry: the settings' own, or the stack's secret (read once per process); '' for none."""
     if settings.api_key_secret:
-        return _secret_value(settings.api_key_secret)
+        return secret_value(settings.api_key_secret)
     return settings.api_key.get_secret_value()
 
 

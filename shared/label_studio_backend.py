@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from shared.errors import ImageRejected, RequestRejected
 from shared.label_studio import LabelledBox, Project, caption_result, read_label_config, region_results
 from shared.observability import logger
+from shared.secrets import secret_value
 from shared.serving import Annotation, AnnotationOptions, Source, image_source
 from shared.settings import Settings
 
@@ -95,7 +96,9 @@ def task_image(task: dict[str, Any], project: Project, settings: Settings) -> So
 def _authorization(settings: Settings) -> str:
     """Label Studio's header for the key: a personal access token (a JWT) is exchanged for an access token at
     ``/api/token/refresh`` ("Authorization: Bearer"); a legacy token is sent as it is ("Authorization: Token")."""
-    key = settings.label_studio_api_key.get_secret_value()
+    key = settings.label_studio_api_key.get_secret_value() or (
+        secret_value(settings.label_studio_api_key_secret) if settings.label_studio_api_key_secret else ""
+    )
     if key.count(".") != 2:
         return f"Token {key}"
     refresh = urllib.request.Request(

@@ -396,6 +396,9 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("ANNOTATE_LABEL_STUDIO_API_KEY", "LABEL_STUDIO_API_KEY", "label_studio_api_key"),
         description="The Label Studio key the ML backend reads media with (a personal access token, or a legacy one)",
     )
+    label_studio_api_key_secret: str = Field(
+        "", description="A Secrets Manager secret holding the Label Studio key (the stack's LabelStudioApiKeySecretArn)"
+    )
     write_group_table_function: str = Field(
         "", description="AWS mode: the function that writes a recorded API call's table rows"
     )

@@ -724,7 +724,7 @@ def export_command(
 def evaluate(
     truth: Annotated[
         Path,
-        typer.Option("--truth", dir_okay=False, help="Labels a person reviewed: a COCO file or a Label Studio export"),
+        typer.Option("--truth", help="Reviewed labels: a COCO file, a Label Studio export, a YOLO data.yaml"),
     ],
     data_dir: DataDir = Path("annotate-data"),
     stack: Stack = None,

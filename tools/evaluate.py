@@ -1,11 +1,12 @@
 """`annotate evaluate`: how good the pipeline's labels were, against labels a person reviewed.
 
-The truth is a COCO detection file or a Label Studio export (JSON) of a project's annotations. Its images are
-matched to the pipeline's by URI, by file name, or by the ``<image_id>.<ext>`` names the project's own exports give
-them. Box quality is COCO's (pycocotools: mAP@[.5:.95] and AP50); precision and recall are counted at a score
-threshold, each truth box matched to at most one box of its label at an IoU of 0.5 or more, highest score first;
-the F1-best threshold is the score at which that count's F1 peaks. Classes and attributes are compared on matched
-boxes, and captions by their word F1 (the harmonic mean of the share of shared words among each caption's words).
+The truth is a COCO detection file, a Label Studio export (JSON) of a project's annotations, or a YOLO dataset. Its
+images are matched to the pipeline's by URI, by file name, or by the ``<image_id>.<ext>`` names the project's own
+exports give them. Box quality is COCO's (pycocotools: mAP@[.5:.95] and AP50); precision and recall are counted at
+a score threshold, each truth box matched to at most one box of its label at an IoU of 0.5 or more, highest score
+first; the F1-best threshold is the score at which that count's F1 peaks. Classes and attributes are compared on
+matched boxes, and captions by their word F1 (the harmonic mean of the share of shared words among each caption's
+words).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import io
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -36,14 +37,26 @@ class TruthImage:
     key: str
     boxes: list[LabelledBox] = field(default_factory=list)
     caption: str | None = None
+    relative: bool = False  # boxes in fractions of the image's sides (YOLO's), scaled once the image is matched
+
+    def in_pixels(self, width: int, height: int) -> TruthImage:
+        if not self.relative:
+            return self
+        boxes = [
+            replace(box, x0=box.x0 * width, x1=box.x1 * width, y0=box.y0 * height, y1=box.y1 * height)
+            for box in self.boxes
+        ]
+        return replace(self, boxes=boxes, relative=False)
 
 
 def read_truth(path: Path) -> list[TruthImage]:
-    """The images of a COCO file or a Label Studio JSON export.
+    """The images of a COCO file, a Label Studio JSON export, or a YOLO dataset (its data.yaml, or its folder).
 
     Raises:
         RequestRejected: the file is missing, not JSON, or neither format.
     """
+    if path.is_dir() or path.suffix in {".yaml", ".yml"}:
+        return _yolo_truth(path if path.is_dir() else path.parent)
     try:
         document = json.loads(path.read_text())
     except FileNotFoundError as missing:
@@ -58,6 +71,35 @@ def read_truth(path: Path) -> list[TruthImage]:
     except (KeyError, TypeError, ValueError, IndexError) as malformed:
         raise RequestRejected(f"{path}: a malformed {type(document).__name__} of labels ({malformed!r})") from None
     raise RequestRejected(f"{path}: neither a COCO file (images, annotations) nor a Label Studio export (tasks)")
+
+
+def _yolo_truth(folder: Path) -> list[TruthImage]:
+    """A YOLO dataset's labels (``labels/<stem>.txt``: class, centre x, centre y, width, height, in fractions of
+    the image), each image named by its stem (the project's export names them by image id).
+
+    Raises:
+        RequestRejected: no data.yaml with names, or a label line that is not five numbers of a known class.
+    """
+    import yaml
+
+    try:
+        names = yaml.safe_load((folder / "data.yaml").read_text())["names"]
+        names = names if isinstance(names, dict) else dict(enumerate(names))
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as error:
+        raise RequestRejected(f"{folder}: not a YOLO dataset (data.yaml with names: {error})") from None
+    images = []
+    for labels in sorted((folder / "labels").glob("*.txt")):
+        boxes = []
+        for number, line in enumerate(labels.read_text().splitlines(), start=1):
+            try:
+                category, cx, cy, width, height = line.split()
+                x, y, w, h = (float(value) for value in (cx, cy, width, height))
+                label = str(names[int(category)])
+            except (ValueError, KeyError) as error:
+                raise RequestRejected(f"{labels}:{number}: not a YOLO box of a known class ({error})") from None
+            boxes.append(LabelledBox(label, 1.0, x - w / 2, y - h / 2, x + w / 2, y + h / 2, None, None))
+        images.append(TruthImage(key=f"{labels.stem}.txt", boxes=boxes, relative=True))
+    return images
 
 
 def _coco_truth(document: dict[str, Any]) -> list[TruthImage]:
@@ -212,6 +254,7 @@ def evaluate_labels(truth: list[TruthImage], predicted: list[AnnotatedImage], th
         )
     if unmatched:
         raise unmatched_refusal(unmatched, truth)
+    matched = [(image.in_pixels(found.width or 1, found.height or 1), found) for image, found in matched]
     labels = sorted({box.label for image, found in matched for box in image.boxes + found.boxes})
     coco = _coco_scores(matched, labels)
     pairs = [_pairs(image.boxes, found.boxes) for image, found in matched]

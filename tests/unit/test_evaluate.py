@@ -182,3 +182,17 @@ def test_truth_about_other_images_is_refused() -> None:
         evaluate_labels([TruthImage(key="s3://elsewhere/z.jpg")], PREDICTED, 0.35)
     with pytest.raises(RequestRejected, match=r"1 of the 2 labelled images .* \(the first: s3://elsewhere/z.jpg\)"):
         evaluate_labels([*as_truth(PREDICTED[:1]), TruthImage(key="s3://elsewhere/z.jpg")], PREDICTED, 0.35)
+
+
+def test_a_yolo_dataset_reads_as_fractions_scaled_to_the_matched_image(tmp_path: Path) -> None:
+    # GIVEN a YOLO dataset naming the image by its id: a dog whose box is the left quarter, top half of the image
+    (tmp_path / "labels").mkdir()
+    (tmp_path / "data.yaml").write_text("names:\n  0: dog\n")
+    (tmp_path / "labels" / "id-a.txt").write_text("0 0.125 0.25 0.25 0.5\n")
+    [truth] = read_truth(tmp_path / "data.yaml")
+    # THEN against the 200 x 100 image, its box is 0..50 x 0..50 in pixels: the pipeline's same box scores 1
+    predicted = [replace(PREDICTED[0], boxes=[replace(box("dog", 0, width=50), y0=0, y1=50)])]
+    assert evaluate_labels([truth], predicted, 0.35).overall.ap50 == pytest.approx(1.0)
+    (tmp_path / "labels" / "id-a.txt").write_text("7 0.1 0.1 0.1 0.1\n")
+    with pytest.raises(RequestRejected, match=r"id-a\.txt:1: not a YOLO box of a known class"):
+        read_truth(tmp_path)

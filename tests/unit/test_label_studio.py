@@ -55,3 +55,24 @@ def test_labels_that_make_a_bad_prompt_are_refused() -> None:
     project = Project(image="i", image_key="i", boxes="b", labels=("a" * 400,))
     with pytest.raises(RequestRejected, match="cannot give"):
         project.request()
+
+
+@pytest.mark.parametrize(
+    ("data", "label_studio_url", "said"),
+    [
+        ({}, "http://ls.example:8080", "no 'image' in its data"),
+        ({"image": "/data/upload/1/cat.jpg"}, "", "set LABEL_STUDIO_URL"),
+        ({"image": "http://elsewhere.example/cat.jpg"}, "http://ls.example:8080", "neither on Label Studio"),
+        ({"image": "http://ls.example:8080.evil.example/cat.jpg"}, "http://ls.example:8080", "neither on Label Studio"),
+        ({"image": "s3://someone-elses/cat.jpg"}, "http://ls.example:8080", "not in a bucket this deployment reads"),
+    ],
+)
+def test_a_task_s_image_is_read_only_from_label_studio_or_the_input_buckets(
+    data: dict[str, str], label_studio_url: str, said: str
+) -> None:
+    from shared.label_studio_backend import task_image
+    from shared.settings import Settings
+
+    project = read_label_config(label_config(Project(image="image", image_key="image", boxes="b", labels=("a",))))
+    with pytest.raises(RequestRejected, match=said):
+        task_image({"id": 1, "data": data}, project, Settings(label_studio_url=label_studio_url))

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
@@ -114,10 +115,24 @@ def _authorization(settings: Settings) -> str:
         raise RequestRejected(f"Label Studio refused LABEL_STUDIO_API_KEY: {error}") from None
 
 
+class _KeyStaysHome(urllib.request.HTTPRedirectHandler):
+    """Follows Label Studio's redirects (a cloud storage's presigned URL) without the key: it is Label Studio's, and
+    a presigned URL is refused with a second means of authentication."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        redirected = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if redirected is not None and urlsplit(newurl).netloc != urlsplit(req.full_url).netloc:
+            redirected.remove_header("Authorization")
+        return redirected
+
+
+_OPENER = urllib.request.build_opener(_KeyStaysHome)
+
+
 def _download(url: str, authorization: str, max_bytes: int) -> bytes:
     request = urllib.request.Request(url, headers={"Authorization": authorization})
     try:
-        with urllib.request.urlopen(request, timeout=DOWNLOAD_TIMEOUT_S) as answer:
+        with _OPENER.open(request, timeout=DOWNLOAD_TIMEOUT_S) as answer:
             data: bytes = answer.read(max_bytes + 1)
     except urllib.error.HTTPError as error:
         raise RequestRejected(f"Label Studio answered {error.code} for {url[:160]}") from None

@@ -76,3 +76,45 @@ def test_a_task_s_image_is_read_only_from_label_studio_or_the_input_buckets(
     project = read_label_config(label_config(Project(image="image", image_key="image", boxes="b", labels=("a",))))
     with pytest.raises(RequestRejected, match=said):
         task_image({"id": 1, "data": data}, project, Settings(label_studio_url=label_studio_url))
+
+
+def test_label_studio_s_key_is_not_sent_on_to_where_it_redirects() -> None:
+    # GIVEN Label Studio answering a media request with a redirect to another host (a cloud storage's presigned URL)
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from shared.label_studio_backend import _download
+
+    seen: dict[str, str | None] = {}
+
+    class Storage(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen["storage"] = self.headers.get("Authorization")
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"picture")
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    class LabelStudio(Storage):
+        def do_GET(self) -> None:
+            seen["label studio"] = self.headers.get("Authorization")
+            self.send_response(303)
+            self.send_header("Location", f"http://localhost:{storage.server_port}/presigned?signature=x")
+            self.end_headers()
+
+    storage, label_studio = (
+        ThreadingHTTPServer(("127.0.0.1", 0), Storage),
+        ThreadingHTTPServer(("127.0.0.1", 0), LabelStudio),
+    )
+    for server in (storage, label_studio):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        # WHEN the backend reads the task's image from Label Studio
+        data = _download(f"http://127.0.0.1:{label_studio.server_port}/tasks/1/presign/", "Token key", 1000)
+    finally:
+        for server in (storage, label_studio):
+            server.shutdown()
+    # THEN Label Studio got the key, and the storage it redirected to did not
+    assert data == b"picture" and seen == {"label studio": "Token key", "storage": None}

@@ -11,6 +11,7 @@ deployment reads; an image that cannot be read is that task's error, never the c
 
 from __future__ import annotations
 
+import functools
 import json
 import urllib.error
 import urllib.request
@@ -72,8 +73,11 @@ def prediction(annotation: Annotation, project: Project) -> dict[str, Any]:
     return {"result": result, "score": score, "model_version": MODEL_VERSION}
 
 
-def task_image(task: dict[str, Any], project: Project, settings: Settings) -> Source:
-    """The task's image, read as Label Studio serves it.
+def task_image(
+    task: dict[str, Any], project: Project, settings: Settings, authorization: Callable[[], str] | None = None
+) -> Source:
+    """The task's image, read as Label Studio serves it; ``authorization`` gives the header for Label Studio (one
+    token exchange per call of /predict, not per task).
 
     Raises:
         RequestRejected: the task names no image, one elsewhere than Label Studio or the input buckets, or one
@@ -91,7 +95,8 @@ def task_image(task: dict[str, Any], project: Project, settings: Settings) -> So
         raise RequestRejected(f"{value[:120]!r} is Label Studio's: set LABEL_STUDIO_URL (and LABEL_STUDIO_API_KEY)")
     if not url.startswith(f"{base}/"):
         raise RequestRejected(f"{value[:120]!r} is neither on Label Studio ({base}) nor s3:// in an input bucket")
-    return image_source(_download(url, _authorization(settings), settings.max_image_bytes), settings)
+    header = authorization() if authorization else _authorization(settings)
+    return image_source(_download(url, header, settings.max_image_bytes), settings)
 
 
 def _authorization(settings: Settings) -> str:
@@ -161,10 +166,11 @@ def label_studio_routes(
     async def predict(call: BackendPredict) -> dict[str, Any]:
         project = read_label_config(call.label_config)
         options = AnnotationOptions.model_validate(project.request().model_dump())
+        authorization = functools.cache(functools.partial(_authorization, settings))
         results = []
         for task in call.tasks:
             try:
-                source = await run_in_threadpool(task_image, task, project, settings)
+                source = await run_in_threadpool(task_image, task, project, settings, authorization)
                 annotation = await run_call(lambda source=source: annotate(source, options))  # type: ignore[misc]
                 results.append(prediction(annotation, project))
             except (ImageRejected, RequestRejected) as error:

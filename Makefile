@@ -50,7 +50,7 @@ clean:
 	rm -rf $(VENV) .venv-sam .venv-labelstudio .aws-sam node_modules $(DATA_DIR)
 
 # llama.cpp for Lambda: every Lambda CPU (AVX2), and ggml's own thread pool instead of OpenMP, whose libgomp.so.1
-# Lambda's runtime does not have (tools/native_libs.py checks every layer's libraries against the runtime). The
+# Lambda's runtime does not have (tools/aws/native_libs.py checks every layer's libraries against the runtime). The
 # virtual environment has the same build (scripts/install.sh), so local captions and annotate bench are Lambda's.
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF
 
@@ -59,10 +59,10 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF
 # here with Python 3.12, portably (GGML_NATIVE=OFF: AVX2, every Lambda CPU).
 # (Lambda's python3.12 is Amazon Linux 2023, glibc 2.34: manylinux_2_28 wheels and older run on it.)
 # sam build needs Python 3.12, Lambda's runtime, on PATH: it builds the functions with it, and the llama.cpp layer
-# compiles against it. Every layer is then checked against Lambda's runtime (tools/native_libs.py, from the project's
+# compiles against it. Every layer is then checked against Lambda's runtime (tools/aws/native_libs.py, from the project's
 # environment: make install), so a layer whose libraries would not load there fails its build, not its first call.
 NEED_PYTHON312 := command -v python3.12 >/dev/null || { echo "sam build needs python3.12 (Lambda's runtime) on PATH" >&2; exit 1; }
-NATIVE_CHECK := $(CURDIR)/$(BIN)/python -m tools.native_libs
+NATIVE_CHECK := $(CURDIR)/$(BIN)/python -m tools.aws.native_libs
 LAYER_PIP := python3 -m pip install --quiet --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
   --implementation cp --python-version 3.12 --only-binary=:all:
 

@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tools.sam_template import by_default, functions, layer_ids, load_template  # noqa: E402
+from tools.aws.sam_template import by_default, functions, layer_ids, load_template  # noqa: E402
 
 TEMPLATE = load_template()
 
@@ -126,7 +126,7 @@ def zip_function(name: str, resource: dict, out: Path) -> tuple[int, int]:
 
 def package_problems(name: str, resource: dict, out: Path) -> list[str]:
     """What would keep one of the function's shared libraries (in its folder or its layers) from loading on Lambda."""
-    from tools.native_libs import problems
+    from tools.aws.native_libs import problems
 
     folders = [out / "functions" / name] + [out / "layers" / layer for layer in layer_ids(deployed_layers(resource))]
     return [f"{folder.name}/{problem}" for folder in folders for problem in problems(folder)]

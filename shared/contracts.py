@@ -3,6 +3,9 @@
 Field names here are the names the ASL uses (``state_machine/pipeline.asl.json``); a test keeps them in step.
 Boxes are in pixels of the image as a viewer shows it (EXIF orientation applied): x0, y0 top-left, x1, y1
 bottom-right.
+
+One piece: every typed boundary in one file, so what crosses a boundary is read, and checked against the ASL, in
+one place; split, the messages, the workflow's states and the results would import one another.
 """
 
 from __future__ import annotations

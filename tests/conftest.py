@@ -48,7 +48,7 @@ def _log_level_is_restored_after_each_test() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def tiny_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     """The tiny profile, with the machine's model cache (tiny models are built once per machine)."""
-    from tools.tiny_models import build_named_models
+    from tools.models.tiny_models import build_named_models
 
     settings = Settings(profile=Profile.TINY, data_dir=tmp_path_factory.mktemp("annotate-data"))
     build_named_models(settings)
@@ -88,8 +88,8 @@ def results_with_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from datetime import UTC, datetime
 
     from shared.contracts import AttributeScore, Box, CaptionOutput, ClassScore, Detection, ImageResult, Status
-    from shared.storage import store_for
-    from shared.tables import write_table_files
+    from shared.storage.objects import store_for
+    from shared.storage.tables import write_table_files
 
     root = tmp_path_factory.mktemp("tables")
     now = datetime.now(UTC)

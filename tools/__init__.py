@@ -1,1 +1,1 @@
-"""What only a laptop or CI runs, never Lambda: the deployment rehearsal (more tools move here, see README)."""
+"""What only a laptop or CI runs, never Lambda: the `annotate` command and what stands in for AWS around it."""

@@ -1,4 +1,4 @@
-"""Api: the synchronous API (shared/api.py) behind a Function URL.
+"""Api: the synchronous API (shared/serving/api.py) behind a Function URL.
 
 Mangum turns each Function URL event into an ASGI call to the same app `annotate serve` runs, so the routes,
 bounds and error shapes are one code path (Powertools' event handler would mean a second set of routes).
@@ -10,10 +10,10 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from shared.api import lambda_adapter
-from shared.dependencies import Step
 from shared.observability import logger, metrics
-from shared.warmup import prepare_function
+from shared.pipeline.dependencies import Step
+from shared.pipeline.warmup import prepare_function
+from shared.serving.api import lambda_adapter
 
 prepare_function(Step.DETECT, Step.CLASSIFY, Step.TAG, Step.CAPTION)
 

@@ -7,11 +7,11 @@ from typing import Any
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from shared import steps
 from shared.contracts import ImageState
-from shared.dependencies import Step, dependencies_of
 from shared.observability import logger, metrics
-from shared.warmup import prepare_function
+from shared.pipeline import steps
+from shared.pipeline.dependencies import Step, dependencies_of
+from shared.pipeline.warmup import prepare_function
 
 prepare_function(Step.CAPTION)
 

@@ -6,11 +6,11 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from shared.ingest import deployed_starter, ingest_sqs_batch
 from shared.observability import logger, metrics
+from shared.pipeline.ingest import deployed_starter, ingest_sqs_batch
+from shared.pipeline.tracing import tracer
 from shared.settings import get_settings
-from shared.storage import store_for
-from shared.tracing import tracer
+from shared.storage.objects import store_for
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -7,10 +7,10 @@ from typing import Any
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from shared import steps
 from shared.contracts import WriteGroupTableInput
-from shared.dependencies import Step, dependencies_of
 from shared.observability import logger
+from shared.pipeline import steps
+from shared.pipeline.dependencies import Step, dependencies_of
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -15,17 +15,18 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from shared import ingest, storage
-from shared.batches import plan_batches
 from shared.contracts import PromptMessage
-from shared.ingest import ingest_sqs_batch
+from shared.pipeline import ingest
+from shared.pipeline.batches import plan_batches
+from shared.pipeline.ingest import ingest_sqs_batch
 from shared.settings import Settings, use_settings
-from shared.storage import store_for
+from shared.storage import objects as storage
+from shared.storage.objects import store_for
 from tests.conftest import SAMPLES
 from tests.integration.test_ingest import S3_EVENT, sqs_event
 from tools.cli import app
-from tools.local_runner import REGION, HandlerDispatcher, LocalStarter, create_idempotency_table, local_workflow
-from tools.query import run_local_query
+from tools.local.runner import REGION, HandlerDispatcher, LocalStarter, create_idempotency_table, local_workflow
+from tools.results.query import run_local_query
 
 STATE_LIMIT = 256 * 1024  # Step Functions' limit on an execution's input, output and every state
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import SAMPLES
 from tools.cli import app
-from tools.query import run_local_query
+from tools.results.query import run_local_query
 
 pytestmark = pytest.mark.slow
 PHRASES = ["cat|dog", "🐶 puppy"]  # the gallery's old separator; a character past U+FFFF

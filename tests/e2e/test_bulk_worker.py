@@ -14,18 +14,18 @@ import pytest
 from pydantic import TypeAdapter
 from typer.testing import CliRunner
 
-from shared.bulk import Stopped, run_job
 from shared.contracts import BatchInput, BulkJob, BulkJobRef, ImageGroup, ImageResult, PromptMessage
-from shared.dependencies import dependencies_of
-from shared.ingest import start_batches
 from shared.observability import metrics
+from shared.pipeline.bulk import Stopped, run_job
+from shared.pipeline.dependencies import dependencies_of
+from shared.pipeline.ingest import start_batches
 from shared.settings import Settings, use_settings
-from shared.storage import LocalStore, store_for
+from shared.storage.objects import LocalStore, store_for
 from tests.conftest import SAMPLES
+from tools.bench.cost import BULK_S3_GETS_PER_IMAGE
 from tools.cli import app
-from tools.cost import BULK_S3_GETS_PER_IMAGE
-from tools.local_runner import LocalStarter, local_workflow
-from tools.query import run_local_query
+from tools.local.runner import LocalStarter, local_workflow
+from tools.results.query import run_local_query
 
 pytestmark = pytest.mark.slow
 ROWS = "SELECT image_id, status, len(detections) AS boxes, caption FROM images ORDER BY image_id"
@@ -191,9 +191,9 @@ def test_the_worker_process_stops_on_sigterm_between_images_and_its_retry_finish
     import sys
     import time
 
-    from shared.batches import image_ref
     from shared.contracts import AnnotationRequest
-    from shared.storage import LocalStore
+    from shared.pipeline.batches import image_ref
+    from shared.storage.objects import LocalStore
 
     # GIVEN eight images in four groups, as one job file, and the worker as its own process (the container's command)
     store, images = LocalStore(), []
@@ -212,7 +212,7 @@ def test_the_worker_process_stops_on_sigterm_between_images_and_its_retry_finish
     )
     (tmp_path / "job.json").write_text(job.model_dump_json())
     environment = os.environ | {"ANNOTATE_PROFILE": "tiny", "ANNOTATE_BULK_JOB": str(tmp_path / "job.json")}
-    command = [sys.executable, "-m", "shared.bulk"]
+    command = [sys.executable, "-m", "shared.pipeline.bulk"]
 
     # WHEN it is sent SIGTERM once its first image is written (ECS's stop on a Spot interruption)
     worker = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

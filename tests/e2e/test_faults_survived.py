@@ -13,17 +13,17 @@ from pydantic import TypeAdapter
 from typer.testing import CliRunner
 
 from shared.contracts import ImageGroup, PromptMessage, groups_manifest_uri
-from shared.ingest import start_batches
+from shared.pipeline.ingest import start_batches
 from shared.settings import Settings, use_settings
-from shared.storage import store_for
+from shared.storage.objects import store_for
 from tests.conftest import SAMPLES
-from tools import workflow
-from tools.chaos import Faults, run_chaos
 from tools.cli import app
-from tools.local_runner import LocalStarter, local_workflow
-from tools.query import run_local_query
-from tools.step_functions import LambdaServiceError
-from tools.workflow import DEFINITION_PATH, all_states
+from tools.local import workflow
+from tools.local.chaos import Faults, run_chaos
+from tools.local.runner import LocalStarter, local_workflow
+from tools.local.step_functions import LambdaServiceError
+from tools.local.workflow import DEFINITION_PATH, all_states
+from tools.results.query import run_local_query
 
 pytestmark = pytest.mark.slow
 
@@ -64,9 +64,9 @@ def test_under_faults_every_image_ends_as_one_row_and_only_the_hung_one_failed(t
 def test_annotate_chaos_prints_its_rates_and_ends_with_the_account(
     tiny_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tools import cli
+    from tools.cli.common import out
 
-    monkeypatch.setattr(cli.out, "width", 40)  # narrower than its lines: a program reading the output gets each whole
+    monkeypatch.setattr(out, "width", 40)  # narrower than its lines: a program reading the output gets each whole
     result = CliRunner().invoke(
         app, ["chaos", "--images", "4", "--hang", "none", "--variants-images", "0", "--throttle", "0.3"]
     )

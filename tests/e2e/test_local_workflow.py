@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from shared.batches import plan_batches
 from shared.contracts import PromptMessage
+from shared.pipeline.batches import plan_batches
 from shared.settings import Settings
-from shared.storage import store_for
+from shared.storage.objects import store_for
 from tests.conftest import SAMPLES
 from tools.cli import app
-from tools.local_runner import local_workflow
-from tools.query import run_local_query
+from tools.local.runner import local_workflow
+from tools.results.query import run_local_query
 
 pytestmark = pytest.mark.slow
 cli = CliRunner()
@@ -295,8 +295,8 @@ def test_status_is_not_done_when_a_result_document_is_missing(tmp_path: Path, ti
 @pytest.mark.parametrize("name", ["class", "label", "image", "caption"])
 def test_an_attribute_named_like_an_exports_own_field_is_refused_in_one_line(name: str, tmp_path: Path) -> None:
     # GIVEN a vocabulary named as COCO's class attribute or a Label Studio control is named
-    from shared.label_studio import CLASS_CONTROL
-    from tools.export import LS_BOXES, LS_CAPTION, LS_IMAGE
+    from shared.serving.label_studio import CLASS_CONTROL
+    from tools.results.export import LS_BOXES, LS_CAPTION, LS_IMAGE
 
     assert name in {LS_IMAGE, LS_BOXES, CLASS_CONTROL, LS_CAPTION}
     # WHEN it is asked for THEN it is refused before anything runs, saying why
@@ -332,7 +332,7 @@ def test_an_export_skips_sources_gone_changed_or_no_longer_pictures_and_leaves_n
         path.name for path in (out / "images").iterdir()
     ]
     # AND an export that fails part-way leaves the folder as it was, and nothing beside it
-    from tools import export
+    from tools.results import export
 
     def broken(*_: object) -> None:
         raise OSError("disk full")

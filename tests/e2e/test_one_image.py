@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from shared.contracts import AnnotationRequest, ImageRef, ImageResult, ImageTask, VariantsRequest
-from shared.dependencies import dependencies_of
-from shared.one_image import annotate_image
+from shared.pipeline.dependencies import dependencies_of
+from shared.pipeline.one_image import annotate_image
 from shared.settings import Settings, use_settings
 from tests.conftest import SAMPLES
 from tools.cli import app

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import REPO, SAMPLES
 from tools.cli import app
-from tools.query import run_local_query
+from tools.results.query import run_local_query
 
 pytestmark = pytest.mark.slow
 cli = CliRunner()
@@ -170,7 +170,7 @@ def test_label_studio_tasks_follow_the_documented_format_and_name_the_configs_co
         for result in prediction.result:
             assert f'name="{result.from_name}"' in config and result.to_name == "image"
     # AND the config reads back as the project the ML backend fills: the same controls, the labels as the prompt
-    from shared.label_studio import read_label_config
+    from shared.serving.label_studio import read_label_config
 
     project = read_label_config(config)
     assert (project.image, project.boxes, project.caption) == ("image", "label", "caption")

@@ -9,10 +9,10 @@ from typing import Any
 from PIL import Image
 
 from shared.contracts import AttributeScore, CaptionOutput, ClassScore, Detection, ImageTask, MadeBy
-from shared.dependencies import Dependencies, Step
+from shared.models.variants import first_seed, requested_variants
+from shared.pipeline.dependencies import Dependencies, Step
 from shared.settings import ImageLimits
-from shared.storage import MemoryStore
-from shared.variants import first_seed, requested_variants
+from shared.storage.objects import MemoryStore
 
 
 @dataclass

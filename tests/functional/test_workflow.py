@@ -11,13 +11,13 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from shared.batches import plan_batches
 from shared.contracts import Box, Detection, ImageResult, PromptMessage
-from shared.dependencies import use_dependencies
 from shared.errors import ModelUnavailable
+from shared.pipeline.batches import plan_batches
+from shared.pipeline.dependencies import use_dependencies
 from shared.settings import Settings
 from tests.fakes import FakeDetector, FakeModels
-from tools.local_runner import ExecutionResult, local_workflow
+from tools.local.runner import ExecutionResult, local_workflow
 
 RESULTS = "s3://results"
 DOG = Detection(label="dog", score=0.9, box=Box(x0=4, y0=4, x1=40, y1=30))

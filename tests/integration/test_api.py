@@ -19,16 +19,16 @@ from PIL import Image
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from shared.api import create_app, serving_app
-from shared.dependencies import Dependencies, Step, build_dependencies
 from shared.errors import ModelUnavailable
-from shared.one_image import annotate_image
-from shared.serving import DependenciesOf, rows_in_process
+from shared.pipeline.dependencies import Dependencies, Step, build_dependencies
+from shared.pipeline.one_image import annotate_image
+from shared.serving.api import create_app, serving_app
+from shared.serving.calls import DependenciesOf, rows_in_process
 from shared.settings import Settings
 from tests.conftest import SAMPLES, encode
 from tests.servers import serving_in_thread
 from tools.cli import app as cli
-from tools.query import run_local_query
+from tools.results.query import run_local_query
 
 pytestmark = pytest.mark.slow
 CAT = (SAMPLES / "chelsea-the-cat.jpg").read_bytes()
@@ -305,7 +305,7 @@ def test_a_stream_that_fails_once_started_ends_with_an_error_event_and_frees_the
     # GIVEN a model whose stream breaks after its first chunk (the real model's first chunk, then a fault)
     from dataclasses import replace
 
-    from shared.captioning import LlamaCaptioner
+    from shared.models.captioning import LlamaCaptioner
 
     real = models(Step.CAPTION).captioner
     assert isinstance(real, LlamaCaptioner)

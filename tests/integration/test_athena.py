@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from shared.errors import RequestRejected
 from shared.settings import Settings
-from tools.athena import run_athena_query
 from tools.cli import app
+from tools.results.athena import run_athena_query
 
 REGION = "us-east-1"
 

@@ -10,7 +10,7 @@ from PIL import Image
 
 from shared.settings import Settings, default_detector_runtime
 from tests.conftest import SAMPLES
-from tools.bench import BenchOptions, _detection_drift, run_bench
+from tools.bench.models import BenchOptions, _detection_drift, run_bench
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,7 @@ def test_a_short_bench_run_writes_its_report(tmp_path: Path) -> None:
 
 
 def test_the_ingest_bench_plans_a_prefix_from_its_listing_and_writes_its_report(tmp_path: Path) -> None:
-    from tools.bench_ingest import run_ingest_bench
+    from tools.bench.ingest import run_ingest_bench
 
     report = run_ingest_bench(1_200, tmp_path)
 

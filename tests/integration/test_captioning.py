@@ -11,13 +11,13 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from shared import storage
-from shared.captioning import PREFIX, load_captioner
 from shared.contracts import AnnotationRequest, DetectOutput, ImageRef, ImageState, ImageTask
 from shared.errors import ModelUnavailable
-from shared.model_sources import resolve_model_file
+from shared.models.captioning import PREFIX, load_captioner
+from shared.models.sources import resolve_model_file
 from shared.observability import metrics
 from shared.settings import Settings, use_settings
+from shared.storage import objects as storage
 from tests.conftest import SAMPLES
 from tests.gguf_factory import write_tiny_llama
 
@@ -95,7 +95,7 @@ def test_the_caption_handler_emits_its_measurements_as_emf_metrics(
     tiny_llm_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from functions.caption.app import handler
-    from tools.local_runner import LocalContext
+    from tools.local.runner import LocalContext
 
     monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
     metrics.clear_metrics()  # what other tests' in-process steps left: the handler emits what is pending

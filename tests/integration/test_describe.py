@@ -8,17 +8,17 @@ import pytest
 import torch
 from PIL import Image
 
-from shared import steps
-from shared.classification import LABELS_FILE, TORCHSCRIPT_FILE, allowed_class_ids, load_classifier
 from shared.contracts import AnnotationRequest, Box, DescribeInput, Detection, ImageRef, ImageTask
-from shared.dependencies import Dependencies, Step, build_dependencies
 from shared.errors import ModelUnavailable
-from shared.model_sources import resolve_model_dir
+from shared.models.classification import LABELS_FILE, TORCHSCRIPT_FILE, allowed_class_ids, load_classifier
+from shared.models.sources import resolve_model_dir
+from shared.models.tagging import load_tagger
+from shared.pipeline import steps
+from shared.pipeline.dependencies import Dependencies, Step, build_dependencies
 from shared.settings import Settings
-from shared.tagging import load_tagger
 from tests.conftest import SAMPLES
-from tools.describe_export import exported_classifier_dir
-from tools.tiny_models import imagenet_labels
+from tools.models.describe_export import exported_classifier_dir
+from tools.models.tiny_models import imagenet_labels
 
 pytestmark = pytest.mark.slow
 CAT = Image.open(SAMPLES / "chelsea-the-cat.jpg").convert("RGB")

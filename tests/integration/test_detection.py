@@ -5,8 +5,8 @@ from PIL import Image
 
 from shared.contracts import Detection
 from shared.errors import ModelUnavailable
-from shared.grounding_onnx import load_detector
-from shared.model_sources import resolve_model_dir
+from shared.models.grounding_onnx import load_detector
+from shared.models.sources import resolve_model_dir
 from shared.settings import Settings
 from tests.conftest import SAMPLES
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shared.detection import best_phrases, phrase_spans, pixel_boxes
 from shared.detector_geometry import resized_size
 from shared.errors import ModelUnavailable, RequestRejected
-from shared.grounding_onnx import (
+from shared.models.detection import best_phrases, phrase_spans, pixel_boxes
+from shared.models.grounding_onnx import (
     WEIGHTS_FILE,
     OnnxGroundingDino,
     export_dir,
@@ -24,19 +24,19 @@ from shared.grounding_onnx import (
     load_onnx_detector,
     phrase_masks,
 )
-from shared.onnx_runtime import openvino_graph_file
+from shared.models.onnx_runtime import openvino_graph_file
 from shared.settings import Settings
 from tests.conftest import SAMPLES
-from tools.detector_export import (
+from tools.models.detector_export import (
     deformable_attention,
     encoder_output_proposals,
     export_grounding_dino,
     exported_detector_dir,
     keep_queries,
 )
-from tools.detector_export import phrase_masks as torch_phrase_masks
-from tools.tiny_models import build_model
-from tools.torch_models import load_torch_detector
+from tools.models.detector_export import phrase_masks as torch_phrase_masks
+from tools.models.tiny_models import build_model
+from tools.models.torch_models import load_torch_detector
 
 pytestmark = pytest.mark.slow
 

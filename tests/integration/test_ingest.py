@@ -14,11 +14,12 @@ from moto import mock_aws
 from pydantic import TypeAdapter
 
 from functions.ingest.app import handler
-from shared import ingest, storage
 from shared.contracts import BatchInput, ImageGroup, ImageRef
+from shared.pipeline import ingest
 from shared.settings import Settings, use_settings
+from shared.storage import objects as storage
 from tests.conftest import SAMPLES
-from tools.local_runner import LocalContext, create_idempotency_table
+from tools.local.runner import LocalContext, create_idempotency_table
 
 REGION = "us-east-1"
 S3_EVENT = json.loads((Path(__file__).parent.parent / "events" / "s3_object_created_eventbridge.json").read_text())
@@ -153,7 +154,7 @@ def test_an_event_another_invocation_is_starting_is_retried_unless_that_invocati
     aws: Any, remaining_ms: int, retried: bool
 ) -> None:
     from shared.contracts import AnnotationRequest
-    from shared.ingest import S3EventClaims, S3Object
+    from shared.pipeline.ingest import S3EventClaims, S3Object
     from shared.settings import get_settings
 
     # GIVEN an invocation that claimed the event and has (or had, when 0) that much time left to start it
@@ -255,8 +256,8 @@ def test_a_message_asking_for_variants_is_refused_by_a_stack_without_them(aws: A
 def test_planning_an_s3_prefix_takes_the_etags_from_the_listing_not_a_head_per_object() -> None:
     from collections import Counter
 
-    from shared.batches import image_ref, plan_batches
     from shared.contracts import PromptMessage
+    from shared.pipeline.batches import image_ref, plan_batches
 
     with mock_aws():
         # GIVEN 2,500 objects under a prefix (three listing pages) and one object named on its own

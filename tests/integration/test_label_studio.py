@@ -15,13 +15,13 @@ import pytest
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from shared.api import serving_app
+from shared.serving.api import serving_app
 from shared.settings import Settings
 from tests.browser import chromium_page
 from tests.conftest import REPO, SAMPLES
 from tests.servers import label_studio_serving, serving_in_thread
 from tools.cli import app
-from tools.query import run_local_query
+from tools.results.query import run_local_query
 
 pytestmark = pytest.mark.slow
 

@@ -10,11 +10,11 @@ import pytest
 from moto import mock_aws
 from PIL import Image
 
-from shared import storage
 from shared.errors import ModelUnavailable
-from shared.grounding_onnx import export_dir, export_file_name, load_detector
-from shared.model_sources import resolve_model_dir
+from shared.models.grounding_onnx import export_dir, export_file_name, load_detector
+from shared.models.sources import resolve_model_dir
 from shared.settings import Settings
+from shared.storage import objects as storage
 from tests.conftest import SAMPLES
 
 pytestmark = pytest.mark.slow

@@ -10,14 +10,14 @@ import pytest
 from moto import mock_aws
 from typer.testing import CliRunner
 
-from shared import storage
-from shared.classification import load_classifier
-from shared.model_sources import resolve_model_file
+from shared.models.classification import load_classifier
+from shared.models.sources import resolve_model_file
 from shared.settings import Settings
+from shared.storage import objects as storage
 from tests.gguf_factory import write_tiny_llama
 from tests.unit.test_workflow_definition import template
 from tools.cli import app
-from tools.models_push import MODEL_OUTPUTS
+from tools.models.push import MODEL_OUTPUTS
 
 pytestmark = pytest.mark.slow
 REGION = "eu-central-1"

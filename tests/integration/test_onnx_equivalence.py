@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from shared.classification import CLASSIFIER_GRAPH, CLASSIFIER_MANIFEST, ClassifierExport, load_classifier
-from shared.model_cache import forget_loaded_models
-from shared.onnx_runtime import find_export, openvino_graph_file, openvino_session, ort_session, weights_file
+from shared.models.cache import forget_loaded_models
+from shared.models.classification import CLASSIFIER_GRAPH, CLASSIFIER_MANIFEST, ClassifierExport, load_classifier
+from shared.models.onnx_runtime import find_export, openvino_graph_file, openvino_session, ort_session, weights_file
+from shared.models.tagging import IMAGE_GRAPH, TAGGER_MANIFEST, TEXT_GRAPH, TOKENIZER_FILE, ClipExport, load_tagger
 from shared.settings import Settings
-from shared.tagging import IMAGE_GRAPH, TAGGER_MANIFEST, TEXT_GRAPH, TOKENIZER_FILE, ClipExport, load_tagger
 from tests.integration.test_describe import CAT
-from tools.tiny_models import build_model
-from tools.torch_models import load_torch_classifier, load_torch_tagger
+from tools.models.tiny_models import build_model
+from tools.models.torch_models import load_torch_classifier, load_torch_tagger
 
 pytestmark = pytest.mark.slow
 

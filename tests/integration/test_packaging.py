@@ -15,13 +15,13 @@ import openvino
 import pyarrow
 import pytest
 
-from shared.onnx_runtime import openvino_session
+from shared.models.onnx_runtime import openvino_session
 from shared.settings import Settings
 from tests.conftest import REPO, SAMPLES
 from tests.unit.test_onnx_graphs import linear_graph
-from tools.native_libs import Runtime, lambda_python_runtime, problems
-from tools.onnx_graphs import openvino_graphs, share_weights
-from tools.sam_template import functions, layer_ids, load_template
+from tools.aws.native_libs import Runtime, lambda_python_runtime, problems
+from tools.aws.sam_template import functions, layer_ids, load_template
+from tools.models.onnx_graphs import openvino_graphs, share_weights
 
 WRITE_AND_READ = """
 import sys
@@ -29,8 +29,8 @@ from datetime import UTC, datetime
 import pyarrow, pyarrow.parquet as pq
 assert pyarrow.__file__.startswith(sys.argv[1]), pyarrow.__file__
 from shared.contracts import ImageResult, Status
-from shared.storage import store_for
-from shared.tables import write_table_files
+from shared.storage.objects import store_for
+from shared.storage.tables import write_table_files
 result = ImageResult(image_id="a" * 16, source_uri="x.jpg", batch_id="b-" + "0" * 20, status=Status.SUCCEEDED,
                      prompt="dog.", processed_at=datetime.now(UTC))
 uris = write_table_files([result], sys.argv[2], result.batch_id, datetime.now(UTC), store_for)
@@ -73,7 +73,7 @@ import sys
 from pathlib import Path
 import numpy as np, openvino
 assert openvino.__file__.startswith(sys.argv[1]), openvino.__file__
-from shared.onnx_runtime import openvino_session
+from shared.models.onnx_runtime import openvino_session
 folder = Path(sys.argv[2])
 session = openvino_session(folder / "a.xml", folder / "model.weights", 1)
 print(session.run(None, {"x": np.ones((2, 64), np.float32)})[0].sum())
@@ -105,10 +105,10 @@ class NoTorch(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"{name} is not in Lambda", name=name)
 sys.meta_path.insert(0, NoTorch())
 from PIL import Image
-from shared.classification import load_classifier
-from shared.grounding_onnx import load_detector
+from shared.models.classification import load_classifier
+from shared.models.grounding_onnx import load_detector
 from shared.settings import Settings
-from shared.tagging import load_tagger
+from shared.models.tagging import load_tagger
 settings = Settings.model_validate_json(sys.argv[1])
 image = Image.open(sys.argv[2]).convert("RGB")
 boxes = load_detector(settings.detection).detect(image, ["cat", "traffic light"], 0.0, 0.0)
@@ -164,7 +164,7 @@ def test_a_library_needing_openmp_or_a_newer_glibc_than_lambdas_is_named(tmp_pat
     assert found == ["libneedsgomp.so needs libgomp.so.1, which is neither in the package nor in the runtime"]
     # (and a build step that checks the folder fails, naming it)
     check = subprocess.run(
-        [sys.executable, "-m", "tools.native_libs", str(tmp_path / "package")], capture_output=True, text=True
+        [sys.executable, "-m", "tools.aws.native_libs", str(tmp_path / "package")], capture_output=True, text=True
     )
     assert check.returncode == 1 and "libneedsgomp.so needs libgomp.so.1" in check.stdout, check
     assert (

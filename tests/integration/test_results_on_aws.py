@@ -17,8 +17,8 @@ from moto.athena.models import QueryResults, athena_backends
 from PIL import Image
 from typer.testing import CliRunner
 
-from shared import storage
 from shared.contracts import AnnotationRequest, BatchInput, ImageRef, ImageResult, Status
+from shared.storage import objects as storage
 from tools.cli import app
 
 REGION = "us-east-1"
@@ -126,8 +126,8 @@ def queue_athena_results(*tables: tuple[list[dict[str, str]], list[list[str | No
 
 
 def test_an_export_from_athena_reads_the_pictures_from_s3(stack: Any, tmp_path: Path) -> None:
-    from shared.batches import image_ref
-    from shared.storage import store_for
+    from shared.pipeline.batches import image_ref
+    from shared.storage.objects import store_for
 
     boto3.client("athena", region_name=REGION).create_work_group(Name="annotate")
     # the picture as ingest named it: by its location and its ETag (the export checks the content is the same)
@@ -204,8 +204,8 @@ def test_an_export_from_athena_reads_the_pictures_from_s3(stack: Any, tmp_path: 
 
 
 def test_the_gallery_of_a_stack_shows_its_pictures_by_presigned_urls(stack: Any, tmp_path: Path) -> None:
-    from tools.annotations import AnnotatedImage
-    from tools.gallery import write_gallery
+    from tools.results.annotations import AnnotatedImage
+    from tools.results.gallery import write_gallery
 
     picture = f"s3://annotate-results/results/{BATCH}/{IMAGES[0].image_id}.png"
     shown = AnnotatedImage(

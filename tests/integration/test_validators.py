@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tools.workflow import placeholders, substitute
+from tools.local.workflow import placeholders, substitute
 
 
 def test_cfn_lint_passes_on_the_template() -> None:

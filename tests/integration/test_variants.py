@@ -13,10 +13,10 @@ from PIL import Image
 from pydantic import ValidationError
 
 from shared.contracts import AnnotationRequest, ImageRef, ImageTask, PromptMessage
-from shared.dependencies import Dependencies, Step, build_dependencies
+from shared.models.variants import load_generator, variant_uris
+from shared.pipeline.dependencies import Dependencies, Step, build_dependencies
+from shared.pipeline.variants_task import run_variant_job
 from shared.settings import Settings
-from shared.variants import load_generator, variant_uris
-from shared.variants_task import run_variant_job
 from tests.conftest import REPO, SAMPLES
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def job(results: Path, **variants: object) -> ImageTask:
 
 @pytest.fixture(scope="module")
 def variants_settings(tiny_settings: Settings) -> Settings:
-    from tools.tiny_models import build_named_models
+    from tools.models.tiny_models import build_named_models
 
     build_named_models(tiny_settings, variants=True)
     return tiny_settings
@@ -91,7 +91,7 @@ def test_the_generator_is_loaded_once_per_process(variants_settings: Settings) -
 def run_entrypoint(job_json: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     environment = {**os.environ, "ANNOTATE_PROFILE": "tiny", "ANNOTATE_VARIANT_JOB": job_json}
     return subprocess.run(
-        [sys.executable, "-m", "shared.variants_task"],
+        [sys.executable, "-m", "shared.pipeline.variants_task"],
         capture_output=True,
         text=True,
         env=environment,

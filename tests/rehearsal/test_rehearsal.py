@@ -10,7 +10,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from shared import storage
+from shared.storage import objects as storage
 from tools.rehearsal.iam import evaluate
 from tools.rehearsal.report import Report
 from tools.rehearsal.stack import TEMPLATE_PATH

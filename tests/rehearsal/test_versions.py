@@ -81,7 +81,7 @@ def test_a_new_layer_publishes_a_new_version_of_each_function_that_uses_it(
     # GIVEN the stack as deployed, WHEN only the layer's content changes (shared/ is in SharedLayer)
     after = _versions(TEMPLATE_PATH, changed_layer=layer)
     # THEN each SnapStart function on that layer gets a new version (its alias moves), and no other one does
-    from tools.sam_template import layer_ids, load_template
+    from tools.aws.sam_template import layer_ids, load_template
 
     resources = load_template()["Resources"]
     on_layer = {f for f in VERSIONED if layer in layer_ids(resources[f]["Properties"]["Layers"])}

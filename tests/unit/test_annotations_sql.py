@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import sqlglot
 
-from tools.annotations import read_annotated_images
+from tools.results.annotations import read_annotated_images
 
 
 def test_the_athena_queries_parse_as_athena_sql_and_select_by_the_condition() -> None:

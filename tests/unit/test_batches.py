@@ -4,10 +4,10 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from shared.batches import expand_locations, plan_batches
 from shared.contracts import ImageGroup, PromptMessage
+from shared.pipeline.batches import expand_locations, plan_batches
 from shared.settings import IngestSettings, Settings
-from shared.storage import store_for
+from shared.storage.objects import store_for
 
 
 def ingest_settings(max_images_per_batch: int = 500, images_per_group: int = 10) -> IngestSettings:
@@ -98,7 +98,7 @@ def test_the_groups_manifest_is_the_json_array_the_distributed_map_reads(tmp_pat
 
 
 def test_a_lambda_lane_batch_is_planned_within_the_accounts_concurrency(tmp_path: Path) -> None:
-    from shared.batches import INVOCATIONS_PER_IMAGE, lambda_fan_out
+    from shared.pipeline.batches import INVOCATIONS_PER_IMAGE, lambda_fan_out
 
     # GIVEN the template's defaults (groups of 10, 40 at once), on accounts from a new one's 10 to the default 1,000
     for quota in (2, 3, 10, 25, 100, 1000, 5000):
@@ -121,7 +121,7 @@ def test_a_lambda_lane_batch_is_planned_within_the_accounts_concurrency(tmp_path
 
 
 def test_a_bulk_lane_batch_runs_no_more_tasks_at_once_than_the_accounts_fargate_vcpus_hold() -> None:
-    from shared.batches import bulk_tasks_at_once
+    from shared.pipeline.batches import bulk_tasks_at_once
 
     # a new account's 6 Spot vCPUs hold three tasks of 2 vCPUs; the default 200 hold the template's 100
     assert bulk_tasks_at_once(Settings(results_uri="/r", fargate_vcpus=6).ingest) == 3

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from PIL import Image
 
-from tools.bench import grid_boxes, markdown_report
+from tools.bench.models import grid_boxes, markdown_report
 
 
 def test_grid_boxes_tile_the_image_with_alternating_labels() -> None:

@@ -2,8 +2,15 @@ from __future__ import annotations
 
 import json
 
-from shared.captioning import EXAMPLES, MAX_CAPTION_CHARS, MAX_FACTS_CHARS, build_prompt, clean_caption, image_facts
 from shared.contracts import AnnotationRequest, AttributeScore, Box, Detection
+from shared.models.captioning import (
+    EXAMPLES,
+    MAX_CAPTION_CHARS,
+    MAX_FACTS_CHARS,
+    build_prompt,
+    clean_caption,
+    image_facts,
+)
 
 
 def detection(label: str, x: float, y: float, kind: str | None = None, **attributes: str) -> Detection:
@@ -80,7 +87,7 @@ def test_captions_are_one_bounded_line_of_plain_text() -> None:
 def test_json_captions_are_parsed_and_an_unfinished_document_is_a_clear_error() -> None:
     import pytest
 
-    from shared.captioning import LlamaCaptioner
+    from shared.models.captioning import LlamaCaptioner
 
     caption, tags = LlamaCaptioner._parse('{"caption": "A cat.\\nFacts: x", "tags": ["cat", "gray"]}', as_json=True)
     assert (caption, tags) == ("A cat.", ["cat", "gray"])

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.conftest import REPO
-from tools.cost import (
+from tools.bench.cost import (
     SCENARIOS,
     STATES_PER_BATCH,
     STATES_PER_BULK_BATCH,
@@ -23,7 +23,7 @@ from tools.cost import (
     orchestration_share,
     rekognition_month,
 )
-from tools.workflow import DEFINITION_PATH
+from tools.local.workflow import DEFINITION_PATH
 
 BENCH = {
     "steps": {
@@ -141,8 +141,8 @@ def test_annotate_cost_writes_the_table_and_the_chart(tmp_path) -> None:
 
 
 def test_the_functions_memory_architecture_and_snapstart_are_what_the_template_deploys() -> None:
-    from tools.cost import FUNCTIONS, billed_functions
-    from tools.sam_template import load_template
+    from tools.aws.sam_template import load_template
+    from tools.bench.cost import FUNCTIONS, billed_functions
 
     # GIVEN the template, and a copy whose Detect memory parameter defaults to twice as much, on arm64
     template = load_template()
@@ -168,7 +168,7 @@ def test_the_functions_memory_architecture_and_snapstart_are_what_the_template_d
 
 
 def test_detects_cold_start_without_a_snapshot_is_the_one_measured_as_lambda_runs_it_where_there_is_one() -> None:
-    from tools.cost import with_lambda_cold_start
+    from tools.bench.cost import with_lambda_cold_start
 
     # GIVEN annotate bench-lambda-detect's report: OpenVINO (the template's runtime) answers first in 9 s, warm in 4 s
     measured = {"runtimes": {"openvino": {"first_answer_s": 9.0, "warm_answer_s": 4.0}}}
@@ -184,7 +184,7 @@ def test_detects_cold_start_without_a_snapshot_is_the_one_measured_as_lambda_run
 
 
 def test_the_api_idles_free_as_deployed_and_under_the_study_s_39_dollars_with_snapstart() -> None:
-    from tools.cost import API_MEMORY_MB, api_costs
+    from tools.bench.cost import API_MEMORY_MB, api_costs
 
     # GIVEN an API bench's measured seconds and peak
     measured = {"medians_s": {"http": 2.0, "http_with_caption": 3.0}, "server_peak_rss_mb": 3000.0}
@@ -214,7 +214,7 @@ def test_a_million_images_in_the_bulk_lane_matches_the_hand_computation() -> Non
 
 
 def test_a_bulk_job_of_the_default_size_ends_well_within_the_time_its_child_waits_for_its_task() -> None:
-    from tools.cost import TASK_START_S, bulk_jobs, bulk_model_load_s
+    from tools.bench.cost import TASK_START_S, bulk_jobs, bulk_model_load_s
 
     # GIVEN the worker's seconds as measured here and a job of the template's default size
     bench = json.loads((REPO / "bench" / "bench.json").read_text())
@@ -239,7 +239,7 @@ def test_a_bulk_task_compiles_every_size_of_detect_it_meets_where_a_warm_machine
 
 
 def test_on_demand_costs_more_than_spot_and_the_lambda_lane_more_than_both() -> None:
-    from tools.cost import lambda_lane
+    from tools.bench.cost import lambda_lane
 
     spot, on_demand = bulk_lane(10_000, BENCH, BULK, PRICES), bulk_lane(10_000, BENCH, BULK, PRICES, spot=False)
     assert spot.total < on_demand.total < lambda_lane(10_000, BENCH, PRICES).total
@@ -248,7 +248,7 @@ def test_on_demand_costs_more_than_spot_and_the_lambda_lane_more_than_both() -> 
 def test_the_bulk_lane_plans_as_the_template_deploys_it() -> None:
     from shared.contracts import MAX_IMAGES_PER_GROUP
     from shared.settings import Settings
-    from tools.sam_template import load_template
+    from tools.aws.sam_template import load_template
 
     parameters = load_template()["Parameters"]
     defaults = Settings()

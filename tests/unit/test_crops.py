@@ -3,7 +3,7 @@ from __future__ import annotations
 from PIL import Image
 
 from shared.contracts import Box
-from shared.crops import crop_boxes
+from shared.pipeline.crops import crop_boxes
 
 IMAGE = Image.new("RGB", (100, 80))
 

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from shared.errors import RequestRejected
-from shared.label_studio import LabelledBox
-from tools.annotations import AnnotatedImage
-from tools.evaluate import TruthImage, evaluate_labels, iou, read_truth, word_f1
-from tools.export import label_studio_project, label_studio_task
+from shared.serving.label_studio import LabelledBox
+from tools.results.annotations import AnnotatedImage
+from tools.results.evaluate import evaluate_labels, iou, word_f1
+from tools.results.export import label_studio_project, label_studio_task
+from tools.results.truth import TruthImage, read_truth
 
 
 def box(

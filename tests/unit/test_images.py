@@ -5,9 +5,9 @@ import pytest
 from PIL import Image
 
 from shared.errors import ImageRejected
-from shared.images import decode_image, load_image
 from shared.settings import Settings
-from shared.storage import store_for
+from shared.storage.images import decode_image, load_image
+from shared.storage.objects import store_for
 from tests.conftest import SAMPLES, encode
 
 MAX_PIXELS = 40_000_000

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared.errors import RequestRejected
-from shared.label_studio import Project, label_config, read_label_config
+from shared.serving.label_studio import Project, label_config, read_label_config
 
 PETS = """<View>
   <Image name="photo" value="$picture"/>
@@ -70,7 +70,7 @@ def test_labels_that_make_a_bad_prompt_are_refused() -> None:
 def test_a_task_s_image_is_read_only_from_label_studio_or_the_input_buckets(
     data: dict[str, str], label_studio_url: str, said: str
 ) -> None:
-    from shared.label_studio_backend import task_image
+    from shared.serving.label_studio_backend import task_image
     from shared.settings import Settings
 
     project = read_label_config(label_config(Project(image="image", image_key="image", boxes="b", labels=("a",))))
@@ -83,7 +83,7 @@ def test_label_studio_s_key_is_not_sent_on_to_where_it_redirects() -> None:
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from shared.label_studio_backend import _download
+    from shared.serving.label_studio_backend import _download
 
     seen: dict[str, str | None] = {}
 

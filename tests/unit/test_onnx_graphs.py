@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from shared.errors import ModelUnavailable
-from shared.onnx_runtime import openvino_graph_file, openvino_session, ort_session
-from tools.onnx_graphs import SHARED_MIN_BYTES, openvino_graphs, optimize_offline, share_weights
+from shared.models.onnx_runtime import openvino_graph_file, openvino_session, ort_session
+from tools.models.onnx_graphs import SHARED_MIN_BYTES, openvino_graphs, optimize_offline, share_weights
 
 RNG = np.random.default_rng(0)
 SHARED = RNG.standard_normal((64, 32)).astype(np.float32)  # 8 kB: in the weights file

@@ -1,5 +1,5 @@
 """The README and docs/ say what is there: every link leads to a file, every generated table is its report as the
-tools last wrote it, and the layout names every module a newcomer finds."""
+tools last wrote it, and the layout names every folder a newcomer finds."""
 
 from __future__ import annotations
 
@@ -53,12 +53,15 @@ def test_the_readmes_cost_tables_are_the_cost_reports() -> None:
     assert scenarios.rstrip() in readme and lanes.rstrip() in readme
 
 
-def test_the_layout_names_every_module_of_shared_and_tools() -> None:
+def test_the_layout_names_every_folder_and_each_folder_says_what_it_holds() -> None:
+    import ast
+
     development = (REPO / "docs" / "development.md").read_text()
     layout = development[development.index("## Layout") : development.index("## Development")]
     for package in ("shared", "tools"):
-        for path in (REPO / package).glob("*.py"):
-            if path.name != "__init__.py":
-                assert f"{path.name}`" in layout, f"{package}/{path.name} is not in the layout (docs/development.md)"
-    for named in ("functions/", "state_machine/", "layers/", "template.yaml", "tests/", "scripts/", "tools/rehearsal/"):
+        for init in (REPO / package).rglob("__init__.py"):
+            folder = init.parent.relative_to(REPO).as_posix()
+            assert f"`{folder}/`" in layout, f"{folder}/ is not in the layout (docs/development.md)"
+            assert ast.get_docstring(ast.parse(init.read_text())), f"{folder}/__init__.py does not say what it holds"
+    for named in ("functions/", "state_machine/", "layers/", "template.yaml", "tests/", "scripts/"):
         assert (REPO / named).exists() and f"`{named}" in layout

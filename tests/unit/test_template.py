@@ -11,12 +11,12 @@ import pytest
 import sqlglot
 
 from shared.contracts import MANIFESTS_PREFIX
-from shared.storage import BATCHES_PREFIX, RESULTS_PREFIX
-from shared.tables import QUERIED_SCHEMAS, SCHEMAS, TABLES_PREFIX
+from shared.storage.objects import BATCHES_PREFIX, RESULTS_PREFIX
+from shared.storage.tables import QUERIED_SCHEMAS, SCHEMAS, TABLES_PREFIX
 from tests.conftest import REPO
 from tests.unit.test_workflow_definition import template
-from tools.query import IMAGES_LATEST_SQL, glue_type, images_latest_view, run_local_query
-from tools.sam_template import layer_ids
+from tools.aws.sam_template import layer_ids
+from tools.results.query import IMAGES_LATEST_SQL, glue_type, images_latest_view, run_local_query
 
 TEMPLATE_TEXT = (REPO / "template.yaml").read_text()
 RESOURCES = template()["Resources"]
@@ -148,8 +148,8 @@ def test_images_latest_gives_each_source_image_its_newest_row(tmp_path: Path) ->
     from datetime import UTC, datetime, timedelta
 
     from shared.contracts import ImageResult, Status
-    from shared.storage import store_for
-    from shared.tables import write_table_files
+    from shared.storage.objects import store_for
+    from shared.storage.tables import write_table_files
 
     # GIVEN a source image annotated twice (a failure, then a success a day later) and another once
     first = datetime(2026, 11, 29, tzinfo=UTC)
@@ -240,7 +240,7 @@ def test_a_bulk_task_holds_the_workers_measured_peak_with_a_sixth_to_spare() -> 
 
 
 def test_a_bulk_task_compiles_detect_without_the_cache_a_fresh_task_never_reads() -> None:
-    from tools.sam_template import bulk_task_settings
+    from tools.aws.sam_template import bulk_task_settings
 
     # GIVEN the bulk task definition's environment, read as the settings type it
     task = bulk_task_settings(template())

@@ -7,9 +7,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from shared import storage, warmup
-from shared.dependencies import Dependencies, Step, use_dependencies
+from shared.pipeline import warmup
+from shared.pipeline.dependencies import Dependencies, Step, use_dependencies
 from shared.settings import Settings, use_settings
+from shared.storage import objects as storage
 
 
 @pytest.fixture

@@ -40,8 +40,8 @@ from shared.contracts import (
     bulk_job_uri,
     groups_manifest_uri,
 )
-from tools.sam_template import load_template
-from tools.workflow import (
+from tools.aws.sam_template import load_template
+from tools.local.workflow import (
     DEFINITION_PATH,
     EXPRESS_LIMIT_S,
     FARGATE_PLACEHOLDERS,
@@ -399,7 +399,7 @@ def test_the_bulk_lane_runs_each_job_of_the_bulk_manifest_spot_first_then_on_dem
 
 
 def test_a_spot_shortage_is_waited_out_for_minutes_before_on_demand_is_paid_for() -> None:
-    from tools.workflow import retry_wait_s
+    from tools.local.workflow import retry_wait_s
 
     # No capacity at RunTask is ECS.AmazonECSException ("Capacity is unavailable at this time", AWS's knowledge
     # center on Fargate RunTask capacity); a task that fails to start under .sync is AmazonECS.Unknown
@@ -497,7 +497,7 @@ def test_no_state_spells_out_the_image_task_field_by_field() -> None:
 
 def test_no_arn_names_a_partition_of_its_own() -> None:
     # GovCloud and China are partitions of their own ("aws-us-gov", "aws-cn"): every ARN takes the stack's
-    from tools.sam_template import TEMPLATE_PATH
+    from tools.aws.sam_template import TEMPLATE_PATH
 
     for path in (TEMPLATE_PATH, *sorted((TEMPLATE_PATH.parent / "state_machine").glob("*.json"))):
         assert "arn:aws:" not in path.read_text(), path

@@ -33,9 +33,9 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from tools.aws.sam_template import by_default
 from tools.rehearsal.calls import CallLog, acting_as, current_principal
 from tools.rehearsal.iam import Request, evaluate
-from tools.sam_template import by_default
 
 if TYPE_CHECKING:
     from tools.rehearsal.stack import DeployedFunction, DeployedStack
@@ -47,7 +47,7 @@ def missing_keys_answer_403(stack: DeployedStack, log: CallLog) -> Iterator[None
     role allows s3:ListBucket on the bucket (which is then recorded as a request it made use of)."""
     import boto3
 
-    from shared import storage
+    from shared.storage import objects as storage
     from tools.rehearsal.stack import policies
 
     # read now, as nobody: a lookup made while a function acts would be recorded as that function's request

@@ -7,9 +7,9 @@ import json
 import re
 from typing import Any
 
+from tools.local.workflow import all_states
 from tools.rehearsal.report import Report
 from tools.rehearsal.stack import DeployedStack
-from tools.workflow import all_states
 
 
 def _dimensions(alarm: dict[str, Any]) -> list[tuple[str, str, str]]:

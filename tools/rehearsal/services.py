@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.settings import get_settings, settings_from_environment, use_settings
-from tools.local_runner import container_environment, services_in_process
+from tools.local.runner import container_environment, services_in_process
+from tools.local.step_functions import LambdaServiceError
 from tools.rehearsal.calls import CallLog, acting_as, current_principal
 from tools.rehearsal.iam import Request
 from tools.rehearsal.stack import DeployedFunction, DeployedStack
-from tools.step_functions import LambdaServiceError
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ class InProcessServices:
             if "ANNOTATE_BULK_JOB" in variables:
                 self._run_bulk_task()
                 return
-            from shared.variants_task import main
+            from shared.pipeline.variants_task import main
 
             if main() != 0:
                 raise RuntimeError("the Variants container exited with status 1 (its log says why)")
@@ -188,9 +188,9 @@ class InProcessServices:
     def _run_bulk_task(self) -> None:
         """The bulk container's work, as its entrypoint does it; its first task is stopped after one image, as a
         Spot interruption stops it (SIGTERM between two images), and the workflow runs the job again."""
-        from shared.bulk import run_task
-        from shared.model_cache import forget_loaded_models
-        from shared.model_sources import forget_model_files
+        from shared.models.cache import forget_loaded_models
+        from shared.models.sources import forget_model_files
+        from shared.pipeline.bulk import run_task
 
         if not self.bulk_tasks:  # a task starts on a machine of its own: it reads the models, as its role
             forget_loaded_models()

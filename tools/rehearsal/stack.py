@@ -6,6 +6,9 @@ encryption) is created from the transformed template through each service's own 
 a model taught to it; whatever none of these creates is listed as not rehearsed. The state machine
 is created in moto's Step Functions interpreter with its definition substituted from the stack's resources,
 which moto's CloudFormation does not do.
+
+One piece: packaging, the transform, what moto leaves out and the state machine are one deploy, made in
+CloudFormation's order from one transformed template.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-from tools.local_runner import MOTO_CONFIG as LOCAL_MOTO_CONFIG
+from tools.aws.sam_template import TEMPLATE_PATH
+from tools.local.runner import MOTO_CONFIG as LOCAL_MOTO_CONFIG
+from tools.local.workflow import for_moto, substitute, without_function_timeouts
 from tools.rehearsal.iam import Statement, statements
-from tools.sam_template import TEMPLATE_PATH
-from tools.workflow import for_moto, substitute, without_function_timeouts
 
 if TYPE_CHECKING:
     from moto.core.config import DefaultConfig
@@ -661,7 +664,7 @@ def redeploy(stack: DeployedStack) -> DeployedStack:
     import boto3
     from moto.cloudformation.models import cloudformation_backends
 
-    from tools.sam_template import by_default
+    from tools.aws.sam_template import by_default
 
     deployment = replace(stack.deployment, parameters=stack.deployment.parameters | stack.deployment.redeploy_with)
 
@@ -692,7 +695,7 @@ def _machine_definition(
     when given: an update's), and its resolved properties."""
     from moto.cloudformation.parsing import clean_json
 
-    from tools.sam_template import by_default
+    from tools.aws.sam_template import by_default
 
     [(logical_id, resource)] = [
         (k, r) for k, r in template["Resources"].items() if r["Type"] == "AWS::StepFunctions::StateMachine"

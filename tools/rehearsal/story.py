@@ -5,6 +5,8 @@
 Everything comes from the deployed stack: names from its outputs, each function's handler, environment,
 memory, timeout and role from Lambda, the workflow as CloudFormation substituted it. Every AWS request a
 deployed principal makes is checked against that principal's deployed policies.
+
+One piece: the story is one sequence, told in order, each act reading what the ones before deployed and sent.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 from unittest import mock
 
 from shared.settings import Profile, Settings
-from shared.tables import SCHEMAS
+from shared.storage.tables import SCHEMAS
 from tools.rehearsal.aws_behaviours import (
     PublishFailed,
     missing_keys_answer_403,
@@ -66,7 +68,8 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
     """Deploy and play the story on a fresh moto; the report says what happened and what failed."""
     from moto import mock_aws
 
-    from shared import ingest, storage
+    from shared.pipeline import ingest
+    from shared.storage import objects as storage
 
     # The user's shell is set for the stack's region (README: export AWS_REGION), as `sam deploy` was, and so
     # are Lambda's and ECS's environments. EMF metrics would go to stdout here, not to CloudWatch. moto decodes
@@ -207,7 +210,7 @@ def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: 
 def _push_models(stack: DeployedStack, report: Report, with_variants: bool, settings: Settings) -> None:
     import boto3
 
-    from tools.models_push import push_models, stack_model_uris
+    from tools.models.push import push_models, stack_model_uris
 
     started = time.monotonic()
     cloudformation = boto3.client("cloudformation", region_name=stack.region)
@@ -301,7 +304,7 @@ def _a_prompt_message_is_annotated(services: Any, stack: DeployedStack, report: 
 
 def _throttle_retries(state: str) -> int:
     """How often the workflow's ``state`` retries a throttle within a child."""
-    from tools.workflow import DEFINITION_PATH, all_states
+    from tools.local.workflow import DEFINITION_PATH, all_states
 
     [task] = [found for name, found in all_states(json.loads(DEFINITION_PATH.read_text())) if name == state]
     return sum(r["MaxAttempts"] for r in task["Retry"] if "Lambda.TooManyRequestsException" in r["ErrorEquals"])
@@ -443,8 +446,8 @@ def _the_api_answers_through_its_url(services: Any, stack: DeployedStack, report
     checked in API_KEY mode."""
     import boto3
 
-    from shared.model_cache import forget_loaded_models
-    from shared.model_sources import forget_model_files
+    from shared.models.cache import forget_loaded_models
+    from shared.models.sources import forget_model_files
     from tools.rehearsal.iam import statements
 
     started = time.monotonic()
@@ -625,7 +628,7 @@ def _download_todays_tables(stack: DeployedStack, report: Report, local: Path) -
 
 
 def _check_rows(report: Report, local: Path, images: int, batches: int, with_variants: bool) -> None:
-    from tools.query import run_local_query
+    from tools.results.query import run_local_query
 
     rows = run_local_query("SELECT source_uri, status, failed_step, error, variants_model FROM images", local)
     rows = rows.to_pylist()
@@ -649,7 +652,7 @@ def _query_the_views(stack: DeployedStack, report: Report, local: Path, images: 
     import boto3
     import sqlglot
 
-    from tools.query import run_local_query
+    from tools.results.query import run_local_query
 
     glue = boto3.client("glue", region_name=stack.region)
     tables = glue.get_tables(DatabaseName=stack.outputs["GlueDatabaseName"])["TableList"]
@@ -669,7 +672,7 @@ def _run_named_queries(stack: DeployedStack, report: Report, local: Path) -> Non
     import boto3
     import sqlglot
 
-    from tools.query import run_local_query
+    from tools.results.query import run_local_query
 
     athena = boto3.client("athena", region_name=stack.region)
     database, workgroup = stack.outputs["GlueDatabaseName"], stack.outputs["AthenaWorkGroupName"]

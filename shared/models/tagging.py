@@ -1,0 +1,159 @@
+"""Zero-shot attribute tagging of boxes with CLIP (an exported open_clip model on ONNX Runtime): 'a photo of a
+brown dog' against the crop."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+from PIL import Image
+from pydantic import BaseModel, ConfigDict
+
+from shared.contracts import AttributeScore
+from shared.errors import ModelUnavailable
+from shared.models.cache import cached_per_settings
+from shared.models.onnx_runtime import center_crop, find_export, normalized, ort_session, resize_short_side, softmax
+from shared.observability import logger
+from shared.settings import DescriptionSettings
+
+PROMPT_TEMPLATE = "a photo of a {value} {label}"
+
+
+class Tagger(Protocol):
+    name: str
+
+    def tag(
+        self, crops: list[Image.Image], box_labels: list[str], vocabularies: dict[str, list[str]]
+    ) -> list[list[AttributeScore]]: ...
+
+
+TAGGER_MANIFEST = "clip-export.json"
+IMAGE_GRAPH, TEXT_GRAPH, TOKENIZER_FILE = "clip-image.onnx", "clip-text.onnx", "tokenizer.json"
+
+
+class ClipExport(BaseModel):
+    """An exported open_clip model: its preprocessing, its tokenizer's framing and its logit scale."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str
+    image_size: int
+    image_mean: list[float]
+    image_std: list[float]
+    context_length: int
+    end_of_text_id: int
+    logit_scale: float
+
+    def preprocess(self, crops: list[Image.Image]) -> np.ndarray:
+        """open_clip's transform: bicubic resize of the short side, center crop, normalize."""
+        sized = [
+            center_crop(
+                resize_short_side(crop.convert("RGB"), self.image_size, Image.Resampling.BICUBIC), self.image_size
+            )
+            for crop in crops
+        ]
+        return normalized(sized, self.image_mean, self.image_std)
+
+    def tokens(self, tokenizer: Any, texts: list[str]) -> np.ndarray:
+        """open_clip's token rows: start, text, end, zeros; a text too long keeps its end token."""
+        rows = np.zeros((len(texts), self.context_length), np.int64)
+        for row, encoding in zip(rows, tokenizer.encode_batch(texts), strict=True):
+            ids = encoding.ids
+            if len(ids) > self.context_length:
+                ids = [*ids[: self.context_length - 1], self.end_of_text_id]
+            row[: len(ids)] = ids
+        return rows
+
+
+@dataclass
+class ClipTagger:
+    """CLIP image and text towers; text embeddings are cached per (vocabulary, label) for the process."""
+
+    name: str
+    encode_image: Callable[[list[Image.Image]], np.ndarray]  # crops -> features
+    encode_text: Callable[[list[str]], np.ndarray]  # texts -> features
+    logit_scale: float
+    cache_size: int = 4096
+    passed_over: list[str] = field(default_factory=list)  # models tried first that did not load, with why
+    text_encodings: int = 0  # how many vocabularies were encoded (not served from the cache)
+    _text_cache: OrderedDict[tuple[str, tuple[str, ...], str], np.ndarray] = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def tag(
+        self, crops: list[Image.Image], box_labels: list[str], vocabularies: dict[str, list[str]]
+    ) -> list[list[AttributeScore]]:
+        """Per crop, the best value of each attribute, in one image forward for all crops."""
+        if not crops:
+            return []
+        images = _unit(self.encode_image(crops))
+        results = []
+        for image, label in zip(images, box_labels, strict=True):
+            scores = []
+            for name, values in vocabularies.items():
+                probabilities = softmax(self.logit_scale * self._text_embeddings(name, values, label) @ image)
+                best = int(probabilities.argmax())
+                scores.append(AttributeScore(name=name, value=values[best], score=round(float(probabilities[best]), 4)))
+            results.append(scores)
+        return results
+
+    def _text_embeddings(self, name: str, values: list[str], label: str) -> np.ndarray:
+        key = (name, tuple(values), label)
+        with self._lock:
+            if key in self._text_cache:
+                self._text_cache.move_to_end(key)
+                return self._text_cache[key]
+        text = _unit(self.encode_text([PROMPT_TEMPLATE.format(value=value, label=label) for value in values]))
+        with self._lock:
+            self.text_encodings += 1
+            self._text_cache[key] = text
+            while len(self._text_cache) > self.cache_size:
+                self._text_cache.popitem(last=False)
+        return text
+
+
+def _unit(features: np.ndarray) -> np.ndarray:
+    features = features.astype(np.float64)
+    return features / np.linalg.norm(features, axis=-1, keepdims=True)
+
+
+@cached_per_settings
+def load_tagger(settings: DescriptionSettings) -> ClipTagger:
+    """The first of the settings' CLIP models whose export loads, on ONNX Runtime; each one passed over is logged
+    as a warning.
+
+    Raises:
+        ModelUnavailable: none of them could be loaded.
+    """
+    reasons = []
+    for source in settings.tagger_models or []:
+        try:
+            tagger = _exported_tagger(source, settings)
+        except (ModelUnavailable, RuntimeError, OSError, ValueError) as error:
+            reasons.append(f"{source}: {error}")
+            logger.warning("tagger model unavailable, trying the next", extra={"model": source, "error": str(error)})
+            continue
+        tagger.passed_over = reasons
+        logger.info("tagger loaded", extra={"model": source, "passed_over": len(reasons)})
+        return tagger
+    raise ModelUnavailable("no tagger model could be loaded: " + " | ".join(reasons))
+
+
+def _exported_tagger(source: str, settings: DescriptionSettings) -> ClipTagger:
+    from tokenizers import Tokenizer
+
+    folder = find_export(source, settings, TAGGER_MANIFEST)
+    export = ClipExport.model_validate_json((folder / TAGGER_MANIFEST).read_text())
+    image_session = ort_session(folder / IMAGE_GRAPH, settings.torch_threads)
+    text_session = ort_session(folder / TEXT_GRAPH, settings.torch_threads)
+    tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+    return ClipTagger(
+        source,
+        encode_image=lambda crops: image_session.run(None, {"pixels": export.preprocess(crops)})[0],
+        encode_text=lambda texts: text_session.run(None, {"tokens": export.tokens(tokenizer, texts)})[0],
+        logit_scale=export.logit_scale,
+        cache_size=settings.text_cache_size,
+    )

@@ -1,0 +1,192 @@
+"""From a prompt message to batches of image groups: expand folders and prefixes, name images and batches by content."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from shared.contracts import (
+    AnnotationRequest,
+    BatchInput,
+    BulkJob,
+    BulkJobRef,
+    ImageGroup,
+    ImageRef,
+    Lane,
+    PromptMessage,
+    bulk_job_uri,
+)
+from shared.errors import RequestRejected
+from shared.settings import IngestSettings
+from shared.storage.objects import StoreFor, is_s3, local_path, local_uri
+
+
+def expand_locations(locations: list[str], store_for: StoreFor, results_root: str | None = None) -> dict[str, str]:
+    """Every image a message names, with its fingerprint (content digest, or S3's ETag): files as they are, local
+    folders and S3 prefixes ending in '/' expanded. A prefix's ETags come from its listing (one request per 1,000
+    objects); a named object costs one HEAD. Nothing under ``results_root`` is an input: the results of a run in a
+    folder of photos sit inside that folder.
+
+    A location that does not exist is kept (fingerprint 'missing'), so that it ends as a failure row rather than
+    silently vanishing; so is a symlink loop.
+
+    Raises:
+        RequestRejected: a location is the results folder or lies inside it.
+    """
+    results = results_root.rstrip("/") + "/" if results_root else None
+
+    def an_input(uri: str) -> bool:
+        return not (results and uri.startswith(results))
+
+    found: dict[str, str] = {}
+    for location in locations:
+        if not is_s3(location):
+            path = local_path(location).expanduser().absolute()
+            # a symlink loop is kept as named: it ends as its failure row
+            with contextlib.suppress(RuntimeError, OSError):
+                path = path.resolve()
+            location = local_uri(path)
+        if not an_input(location + "/"):
+            raise RequestRejected(f"{location} is where results are written, not an image or a folder of images")
+        store = store_for(location)
+        if not is_s3(location):  # a local fingerprint reads the file: the results' files are left out first
+            uris = store.list_uris(location) if local_path(location).is_dir() else [location]
+            listed: Iterable[tuple[str, str]] = ((uri, store.fingerprint(uri)) for uri in uris if an_input(uri))
+        elif location.endswith("/"):
+            listed = (entry for entry in store.list_fingerprinted(location) if an_input(entry[0]))
+        else:
+            listed = [(location, store.fingerprint(location))]
+        for uri, fingerprint in listed:
+            found.setdefault(uri, fingerprint)
+    return found
+
+
+def image_ref(uri: str, fingerprint: str) -> ImageRef:
+    return ImageRef(image_id=hashlib.sha256(f"{uri}\0{fingerprint}".encode()).hexdigest()[:16], source_uri=uri)
+
+
+def batch_id(request: AnnotationRequest, images: list[ImageRef]) -> str:
+    """Derived from the images' content and the request, so the same inputs and options name the same batch."""
+    digest = hashlib.sha256(request.model_dump_json().encode())
+    for image in sorted(images, key=lambda ref: ref.image_id):
+        digest.update(image.image_id.encode())
+    return f"b-{digest.hexdigest()[:20]}"
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    """An execution's input and the groups its Distributed Map reads from the groups manifest."""
+
+    input: BatchInput
+    groups: list[ImageGroup]
+    groups_per_job: int = 0  # the bulk lane's
+
+    def groups_manifest(self) -> bytes:
+        return b"[" + b",".join(group.model_dump_json().encode() for group in self.groups) + b"]"
+
+    def bulk_jobs(self) -> list[tuple[BulkJobRef, BulkJob]]:
+        """The bulk lane's jobs (``input.bulk_jobs`` of them), each with the manifest item that names it."""
+        batch, per_job = self.input, self.groups_per_job
+        return [
+            (
+                BulkJobRef(job_uri=bulk_job_uri(batch.results_uri, batch.batch_id, number)),
+                BulkJob(
+                    batch_id=batch.batch_id,
+                    request=batch.request,
+                    results_uri=batch.results_uri,
+                    planned_at=batch.planned_at,
+                    groups=self.groups[start : start + per_job],
+                ),
+            )
+            for number, start in enumerate(range(0, len(self.groups), per_job))
+        ]
+
+
+def choose_lane(message: PromptMessage, images: int, settings: IngestSettings) -> Lane:
+    """The message's lane; ``auto`` is bulk from ``bulk_from_images`` images where the stack has the lane and the
+    request can run there.
+
+    Raises:
+        RequestRejected: bulk asked of a stack without the lane, or with variants (made by the Lambda lane's task).
+    """
+    if message.lane == "auto":
+        wanted = settings.bulk_enabled and message.variants is None and images >= settings.bulk_from_images
+        return "bulk" if wanted else "lambda"
+    if message.lane == "bulk" and not settings.bulk_enabled:
+        raise RequestRejected("the message asks for the bulk lane, but this stack was deployed without it")
+    if message.lane == "bulk" and message.variants is not None:
+        raise RequestRejected("variants are made in the lambda lane: send the message with lane lambda or auto")
+    return message.lane
+
+
+def bulk_tasks_at_once(settings: IngestSettings) -> int:
+    """``bulk_concurrency``, within the account's Fargate vCPUs: a RunTask past the quota fails ("You've reached the
+    limit on the number of vCPUs you can run concurrently", ECS's service quotas), and the task would go to
+    on-demand or fail instead of waiting."""
+    return max(1, min(settings.bulk_concurrency, settings.fargate_vcpus * 1024 // settings.bulk_task_cpu))
+
+
+def groups_per_bulk_job(groups: int, settings: IngestSettings) -> int:
+    """At most ``groups_per_bulk_job``, and fewer when the batch would otherwise leave some of the tasks that may run
+    at once idle: with 100 tasks at once, 1,000 groups run as 100 tasks of 10 groups, not 20 of 50."""
+    return max(1, min(settings.groups_per_bulk_job, -(-groups // bulk_tasks_at_once(settings))))
+
+
+# The Lambda invocations one image holds at once, at most: Classify and Tag run side by side (Describe's Parallel)
+INVOCATIONS_PER_IMAGE = 2
+
+
+def lambda_fan_out(settings: IngestSettings) -> tuple[int, int]:
+    """(images per group, groups at once) of a Lambda-lane batch, within the account's concurrency: past it Lambda
+    refuses invocations (TooManyRequestsException), which a child retries for seconds before it hands its group back
+    to the parent to wait minutes: planned within the quota, a batch alone is never throttled. One invocation is left
+    for Ingest. Groups shrink before their count does: a
+    group's images all run at once, so a child's time stays one image's, within Express's 5 minutes."""
+    budget = max(INVOCATIONS_PER_IMAGE, settings.lambda_concurrency - 1)
+    images = max(1, min(settings.images_per_group, budget // INVOCATIONS_PER_IMAGE))
+    groups = max(1, min(settings.group_concurrency, budget // (images * INVOCATIONS_PER_IMAGE)))
+    return images, groups
+
+
+def plan_batches(
+    message: PromptMessage, settings: IngestSettings, store_for: StoreFor, now: datetime | None = None
+) -> list[PlannedBatch]:
+    """The executions that annotate everything ``message`` names: one, unless it names more images than one
+    execution takes (``max_images_per_batch``), each in groups of ``images_per_group`` (``bulk_images_per_group`` in
+    the bulk lane), fewer where the account's Lambda concurrency needs it (:func:`lambda_fan_out`)."""
+    request = message.request()
+    planned_at = now or datetime.now(UTC)
+    refs = [
+        image_ref(uri, fingerprint)
+        for uri, fingerprint in expand_locations(message.images, store_for, settings.results_root).items()
+    ]
+    batches = []
+    lane = choose_lane(message, min(len(refs), settings.max_images_per_batch), settings)
+    for start in range(0, len(refs), settings.max_images_per_batch):
+        chunk = refs[start : start + settings.max_images_per_batch]
+        size, at_once = lambda_fan_out(settings)
+        size = settings.bulk_images_per_group if lane == "bulk" else size
+        groups = [
+            ImageGroup(group_id=f"g-{index:06d}", images=chunk[offset : offset + size])
+            for index, offset in enumerate(range(0, len(chunk), size))
+        ]
+        per_job = groups_per_bulk_job(len(groups), settings)
+        batch = BatchInput(
+            batch_id=batch_id(request, chunk),
+            request=request,
+            results_uri=settings.results_root,
+            planned_at=planned_at,
+            images=len(chunk),
+            groups=len(groups),
+            group_concurrency=at_once,
+            lane=lane,
+            bulk_jobs=-(-len(groups) // per_job) if lane == "bulk" else 0,
+            bulk_concurrency=bulk_tasks_at_once(settings),
+            hand_backs=settings.hand_backs,
+            hand_back_wait_s=settings.hand_back_wait_s,
+        )
+        batches.append(PlannedBatch(input=batch, groups=groups, groups_per_job=per_job))
+    return batches

@@ -1,0 +1,114 @@
+"""What each step works with (its ports), built once per function from the settings in force.
+
+A handler asks :func:`dependencies_of` for its step's value and passes it to the step; tests put in-memory fakes
+in force with :func:`use_dependencies` and run the same handlers and workflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from shared.contracts import MadeBy
+from shared.settings import ImageLimits, Settings, get_settings
+from shared.storage.objects import StoreFor, store_for
+
+if TYPE_CHECKING:
+    from shared.models.captioning import Captioner
+    from shared.models.classification import Classifier
+    from shared.models.detection import Detector
+    from shared.models.tagging import Tagger
+    from shared.models.variants import Generator
+
+
+class Step(StrEnum):
+    """A function (or the Variants task) of the workflow: ``functions/<step>/app.py``."""
+
+    DETECT = "detect"
+    CLASSIFY = "classify"
+    TAG = "tag"
+    CAPTION = "caption"
+    WRITE_RESULT = "write_result"
+    WRITE_GROUP_TABLE = "write_group_table"
+    SUMMARIZE_BATCH = "summarize_batch"
+    VARIANTS = "variants"
+
+
+@dataclass(frozen=True)
+class Dependencies:
+    """The store that holds each URI, the image limits and crop margin, and the step's model (only its own)."""
+
+    store_for: StoreFor
+    image_limits: ImageLimits
+    crop_margin: float = 0.1
+    made_by: MadeBy = field(default_factory=MadeBy)
+    detector: Detector | None = None
+    classifier: Classifier | None = None
+    tagger: Tagger | None = None
+    captioner: Captioner | None = None
+    generator: Generator | None = None
+
+
+def build_dependencies(step: Step, settings: Settings) -> Dependencies:
+    """The real ports of ``step``: S3 or local files, and its model from the settings (loaded once per process)."""
+    common = Dependencies(store_for=store_for, image_limits=settings.image_limits, crop_margin=settings.crop_margin)
+    if step is Step.DETECT:
+        from shared.models.grounding_onnx import load_detector
+
+        detection = settings.detection
+        made_by = MadeBy(
+            model=detection.detector_model,
+            settings=detection.model_dump(
+                include={
+                    "detection_short_side",
+                    "detector_aspect_ratios",  # which size an image is padded to
+                    "detector_int8",
+                    "detector_max_queries",
+                    "detector_runtime",
+                    "max_detections",
+                    "nms_iou",
+                }
+            ),
+        )
+        return replace(common, detector=load_detector(detection), made_by=made_by)
+    if step is Step.CLASSIFY:
+        from shared.models.classification import load_classifier
+
+        description = settings.description
+        made_by = MadeBy(
+            model=description.classifier_model,
+            settings=description.model_dump(include={"class_filter", "crop_margin"}),
+        )
+        return replace(common, classifier=load_classifier(description), made_by=made_by)
+    if step is Step.TAG:
+        from shared.models.tagging import load_tagger
+
+        description = settings.description
+        tagger = load_tagger(description)
+        made_by = MadeBy(model=tagger.name, settings=description.model_dump(include={"crop_margin"}))
+        return replace(common, tagger=tagger, made_by=made_by)
+    if step is Step.CAPTION:
+        from shared.models.captioning import load_captioner
+
+        return replace(common, captioner=load_captioner(settings.caption))
+    if step is Step.VARIANTS:
+        from shared.models.variants import load_generator
+
+        return replace(common, generator=load_generator(settings.variants))
+    return common
+
+
+_override: Callable[[Step], Dependencies] | None = None
+
+
+def dependencies_of(step: Step) -> Dependencies:
+    """The dependencies in force for ``step``: the ones given to :func:`use_dependencies`, else the real ones."""
+    return _override(step) if _override is not None else build_dependencies(step, get_settings())
+
+
+def use_dependencies(factory: Callable[[Step], Dependencies] | None) -> None:
+    """Put ``factory``'s dependencies in force for this process (tests); None restores the real ones."""
+    global _override
+    _override = factory

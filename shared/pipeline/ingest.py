@@ -1,0 +1,345 @@
+"""From messages to workflow executions: prompt messages and S3 object-created events (via EventBridge).
+
+The SQS-triggered ingest function and the local `annotate send` / `annotate run` share this code; only the
+:class:`WorkflowStarter` differs (Step Functions in AWS, the local runner on a laptop).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel
+from pydantic import ValidationError
+
+from shared.contracts import AnnotationRequest, BatchInput, PromptMessage, batch_input_uri
+from shared.errors import RequestRejected, TransientError, validation_reason
+from shared.observability import MetricUnit, logger, metrics
+from shared.pipeline.batches import PlannedBatch, plan_batches
+from shared.pipeline.tracing import tracer
+from shared.settings import IngestSettings
+from shared.storage.objects import StoreFor, is_s3, join_uri, split_s3
+
+MAX_MESSAGE_BYTES = 256 * 1024  # SQS's own limit; a local file may not exceed it either
+
+
+class WorkflowStarter(Protocol):
+    def start(self, batch: BatchInput, name: str) -> str:
+        """Start one execution; starting the same ``name`` again must not start a second one."""
+        ...
+
+
+def parse_body(body: str) -> PromptMessage | S3EventNotificationEventBridgeModel:
+    """A prompt message, or an S3 object-created event as EventBridge delivers it.
+
+    Raises:
+        RequestRejected: the body is neither; the message says why.
+    """
+    if len(body.encode()) > MAX_MESSAGE_BYTES:
+        raise RequestRejected(f"message is over {MAX_MESSAGE_BYTES} bytes")
+    try:
+        document = json.loads(body)
+    except ValueError as error:
+        raise RequestRejected(f"message is not JSON: {error}") from error
+    except RecursionError as error:  # a message of thousands of nested brackets: the parser's stack runs out
+        raise RequestRejected("message is not a valid message: its JSON is nested too deeply") from error
+    try:
+        if isinstance(document, dict) and document.get("source") == "aws.s3":
+            event = S3EventNotificationEventBridgeModel.model_validate(document)
+            if event.detail_type != "Object Created":
+                raise RequestRejected(f"S3 event {event.detail_type!r} is not an object creation")
+            return event
+        return PromptMessage.model_validate(document)
+    except ValidationError as error:
+        raise RequestRejected(validation_reason(error)) from error
+
+
+def dead_letter(body: str, reason: str, source: str, results_root: str, store_for: StoreFor) -> str:
+    """Keep a rejected message with its reason (the local dead-letter place); returns where it went."""
+    digest = hashlib.sha256(body.encode(errors="replace")).hexdigest()[:16]
+    uri = join_uri(results_root, "dead-letter", f"{digest}.json")
+    record = {"source": source, "reason": reason, "body": body}
+    store_for(uri).write_bytes(uri, json.dumps(record, indent=2).encode(), "application/json")
+    logger.warning("message dead-lettered", extra={"source": source, "reason": reason, "dead_letter_uri": uri})
+    return uri
+
+
+def execution_name(batch_id: str, delivery: str) -> str:
+    """Deterministic: the same batch from the same delivery (a redelivered message) gets the same name."""
+    return f"{batch_id}-{hashlib.sha256(delivery.encode()).hexdigest()[:16]}"
+
+
+def refuse_outside_buckets(locations: list[str], buckets: Collection[str]) -> None:
+    """AWS mode: every location must be an ``s3://`` object or prefix in one of ``buckets``.
+
+    Local paths would otherwise be read from the function's own file system (``/var/task``, ``/etc``) and
+    copied into the results bucket; other buckets may belong to someone else.
+
+    Raises:
+        RequestRejected: the first location that is not allowed, and why.
+    """
+    if not buckets:
+        raise RequestRejected("no input bucket is configured (ANNOTATE_INPUT_BUCKETS): every location is refused")
+    for location in locations:
+        if not is_s3(location):
+            raise RequestRejected(f"{location!r} is not an s3:// location; only s3:// objects and prefixes are read")
+        try:
+            bucket, _ = split_s3(location)
+        except ValueError as error:
+            raise RequestRejected(str(error)) from error
+        if bucket not in buckets:
+            raise RequestRejected(
+                f"{location!r} is not in an input bucket of this stack ({', '.join(sorted(buckets))})"
+            )
+
+
+@tracer.capture_method
+def start_batches(
+    message: PromptMessage,
+    delivery: str,
+    settings: IngestSettings,
+    starter: WorkflowStarter,
+    store_for: StoreFor,
+    allowed_buckets: Collection[str] | None = None,
+) -> list[str]:
+    """Plan the message's batches, write each one's input and groups manifest beside the results, and start one
+    execution each (one per message unless it names more than ``max_images_per_batch`` images).
+
+    ``allowed_buckets`` is AWS mode: only ``s3://`` locations in those buckets are accepted (None: local mode).
+    """
+    if allowed_buckets is not None:
+        refuse_outside_buckets(message.images, allowed_buckets)
+    if message.variants is not None and not settings.variants_enabled:
+        raise RequestRejected("the message asks for variants, but this stack was deployed without them")
+    batches = plan_batches(message, settings, store_for)
+    if not batches:
+        raise RequestRejected("the message's locations hold no images: " + ", ".join(message.images[:5]))
+    started = []
+    for index, batch in enumerate(batches):
+        groups_uri = batch.input.groups_uri
+        store_for(groups_uri).write_bytes(groups_uri, batch.groups_manifest(), "application/json")
+        if batch.input.lane == "bulk":
+            write_bulk_jobs(batch, store_for)
+        input_uri = batch_input_uri(settings.results_root, batch.input.batch_id)
+        store_for(input_uri).write_bytes(input_uri, batch.input.model_dump_json(indent=2).encode(), "application/json")
+        started.append(starter.start(batch.input, execution_name(batch.input.batch_id, f"{delivery}#{index}")))
+    logger.info(
+        "batches started",
+        extra={"delivery": delivery, "lane": batches[0].input.lane, "batches": len(started), "executions": started},
+    )
+    metrics.add_metric(name="BatchesStarted", unit=MetricUnit.Count, value=len(started))
+    metrics.add_metric(name="ImagesStarted", unit=MetricUnit.Count, value=sum(b.input.images for b in batches))
+    return started
+
+
+def write_bulk_jobs(batch: PlannedBatch, store_for: StoreFor) -> None:
+    """Each bulk job's document, then the manifest the bulk lane's Distributed Map reads (a JSON array of their
+    locations): the Map starts no task before all of its jobs exist."""
+    jobs = batch.bulk_jobs()
+    for ref, job in jobs:
+        store_for(ref.job_uri).write_bytes(ref.job_uri, job.model_dump_json().encode(), "application/json")
+    manifest = b"[" + b",".join(ref.model_dump_json().encode() for ref, _ in jobs) + b"]"
+    uri = batch.input.bulk_manifest_uri
+    store_for(uri).write_bytes(uri, manifest, "application/json")
+
+
+@dataclass(frozen=True)
+class S3Object:
+    """A dropped image as its event names it: its identity is bucket, key and ETag."""
+
+    bucket: str
+    key: str
+    etag: str
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+class Claim(StrEnum):
+    NEW = "new"  # this invocation starts it
+    STARTED = "started"  # an earlier delivery started it: skip
+    IN_FLIGHT = "in flight"  # another invocation is starting it: retry the record later
+
+
+class S3EventClaims:
+    """Which S3 events this invocation is the first to start (Powertools Idempotency's DynamoDB persistence).
+
+    An event is the object (bucket, key, ETag) under the request it is annotated with. It is claimed in progress
+    until its execution has started, then marked started: delivered again, in this SQS batch or another, it is
+    skipped, so the image gets one row. A claim whose execution could not start is released; one left in progress
+    by an invocation that died expires when that invocation's time is up, so a retry of the message claims it again.
+    """
+
+    def __init__(self, settings: IngestSettings, request: AnnotationRequest, remaining_ms: int | None) -> None:
+        from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer, IdempotencyConfig
+
+        self._persistence = DynamoDBPersistenceLayer(
+            table_name=settings.idempotency_table, boto3_client=_dynamodb_client()
+        )
+        config = IdempotencyConfig(expires_after_seconds=settings.idempotency_expiry_s)
+        self._persistence.configure(config, function_name="s3-events")
+        self._request = hashlib.sha256(request.model_dump_json().encode()).hexdigest()
+        self._remaining_ms = remaining_ms
+
+    def _data(self, event: S3Object) -> dict[str, str]:
+        return {"object": f"{event.bucket}/{event.key}", "etag": event.etag, "request": self._request}
+
+    def claim(self, event: S3Object) -> Claim:
+        from aws_lambda_powertools.utilities.idempotency.exceptions import IdempotencyItemAlreadyExistsError
+
+        try:
+            self._persistence.save_inprogress(self._data(event), self._remaining_ms)
+        except IdempotencyItemAlreadyExistsError as error:
+            earlier = error.old_data_record
+            return Claim.STARTED if earlier is not None and earlier.status == "COMPLETED" else Claim.IN_FLIGHT
+        return Claim.NEW
+
+    def started(self, event: S3Object, executions: list[str]) -> None:
+        self._persistence.save_success(self._data(event), {"executions": executions})
+
+    def release(self, event: S3Object, reason: Exception) -> None:
+        self._persistence.delete_record(self._data(event), reason)
+
+
+def ingest_sqs_batch(
+    event: dict[str, Any],
+    settings: IngestSettings,
+    starter: WorkflowStarter,
+    store_for: StoreFor,
+    allowed_buckets: Collection[str] | None = None,
+    remaining_ms: Callable[[], int] | None = None,
+) -> dict[str, Any]:
+    """Handle one SQS batch: each prompt message starts its own batches; the S3 events are grouped into one.
+
+    ``allowed_buckets``: AWS mode, see :func:`start_batches`. ``remaining_ms`` (Lambda's remaining time) bounds how
+    long this invocation's claims on S3 events stay in progress (see :class:`S3EventClaims`).
+
+    Returns the partial batch response: the records that failed (a malformed message, a start that failed, an S3
+    event another invocation is starting) come back to the queue, and after the queue's receive limit reach its
+    dead-letter queue; the rest succeed.
+    """
+    dropped: dict[str, S3Object] = {}  # SQS message id -> the object its event names
+
+    def handle(record: SQSRecord) -> None:
+        try:
+            parsed = parse_body(record.body)
+            if isinstance(parsed, PromptMessage):
+                start_batches(parsed, record.message_id, settings, starter, store_for, allowed_buckets)
+                return
+        except RequestRejected as error:
+            logger.warning("message rejected", extra={"message_id": record.message_id, "reason": str(error)})
+            metrics.add_metric(name="MessagesRejected", unit=MetricUnit.Count, value=1)
+            raise
+        detail = parsed.detail
+        etag = detail.object.etag or detail.object.sequencer or ""
+        dropped[record.message_id] = S3Object(bucket=detail.bucket.name, key=detail.object.key, etag=etag)
+
+    processor = BatchProcessor(event_type=EventType.SQS)
+    with processor(records=event.get("Records", []), handler=handle):
+        processor.process()
+    response: dict[str, Any] = dict(processor.response())
+    if dropped:
+        retry = _start_dropped(dropped, settings, starter, store_for, allowed_buckets, remaining_ms)
+        response["batchItemFailures"] += [{"itemIdentifier": message_id} for message_id in retry]
+    return response
+
+
+def _start_dropped(
+    dropped: dict[str, S3Object],
+    settings: IngestSettings,
+    starter: WorkflowStarter,
+    store_for: StoreFor,
+    allowed_buckets: Collection[str] | None,
+    remaining_ms: Callable[[], int] | None,
+) -> list[str]:
+    """Start the dropped images not started before as one batch; returns the SQS message ids to retry."""
+    request = AnnotationRequest(prompt=settings.ingest_prompt)
+    claims = None
+    retry: list[str] = []
+    if settings.idempotency_table:
+        claims = S3EventClaims(settings, request, remaining_ms() if remaining_ms else None)
+        claimed = {message_id: claims.claim(event) for message_id, event in dropped.items()}
+        skipped = [dropped[m].uri for m, claim in claimed.items() if claim is Claim.STARTED]
+        retry = [message_id for message_id, claim in claimed.items() if claim is Claim.IN_FLIGHT]
+        if skipped or retry:
+            logger.info("S3 events started before or in flight", extra={"started": skipped[:20], "in_flight": retry})
+            metrics.add_metric(name="DuplicateEvents", unit=MetricUnit.Count, value=len(skipped))
+        dropped = {message_id: dropped[message_id] for message_id, claim in claimed.items() if claim is Claim.NEW}
+    if not dropped:
+        return retry
+    events = list(dropped.values())
+    message = PromptMessage(prompt=settings.ingest_prompt, images=[event.uri for event in events])
+    identities = "|".join(sorted(f"{event.uri}@{event.etag}" for event in events))
+    try:
+        executions = start_batches(message, identities, settings, starter, store_for, allowed_buckets)
+    except Exception as error:
+        logger.exception("starting the S3 batch failed", extra={"images": len(events)})
+        if claims is not None:
+            for event in events:
+                claims.release(event, error)
+        return retry + list(dropped)
+    if claims is not None:
+        for event in events:
+            claims.started(event, executions)
+    return retry
+
+
+class StepFunctionsStarter:
+    """Starts executions of the deployed workflow; a name that already ran is a redelivery, not an error."""
+
+    def __init__(self, client: Any, state_machine_arn: str) -> None:
+        self._sfn = client
+        self._arn = state_machine_arn
+
+    def start(self, batch: BatchInput, name: str) -> str:
+        from botocore.exceptions import ClientError
+
+        try:
+            return str(
+                self._sfn.start_execution(stateMachineArn=self._arn, name=name, input=batch.model_dump_json())[
+                    "executionArn"
+                ]
+            )
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            if code == "ExecutionAlreadyExists":
+                logger.info("execution already started", extra={"execution_name": name})
+                return self._arn.replace(":stateMachine:", ":execution:") + f":{name}"
+            if code in {"ThrottlingException", "ServiceUnavailable", "InternalFailure"}:
+                raise TransientError(f"StartExecution failed: {error}") from error
+            raise
+
+
+@functools.cache
+def _dynamodb_client() -> Any:
+    """One client per process (the region is boto3's own resolution, the function's region in Lambda)."""
+    import boto3
+
+    return boto3.client("dynamodb")
+
+
+@functools.cache
+def deployed_starter(state_machine_arn: str) -> StepFunctionsStarter:
+    """The starter of the deployed workflow; one client per process, reused while the function is warm.
+
+    The client's region is boto3's own resolution (Lambda sets AWS_REGION to the function's region).
+    """
+    import boto3
+
+    if not state_machine_arn:
+        raise RequestRejected("ANNOTATE_STATE_MACHINE_ARN is not set")
+    return StepFunctionsStarter(boto3.client("stepfunctions"), state_machine_arn)
+
+
+def refresh_clients() -> None:
+    """New AWS clients on next use (a test's or the rehearsal's fresh moto, or a new region)."""
+    _dynamodb_client.cache_clear()
+    deployed_starter.cache_clear()

@@ -1,0 +1,423 @@
+"""What each workflow state does. Handlers in ``functions/`` parse their event and call one of these with their
+step's :class:`~shared.pipeline.dependencies.Dependencies`."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from PIL import Image
+from pydantic import TypeAdapter
+
+from shared.contracts import (
+    MAX_LISTED_GROUPS,
+    BatchSummary,
+    BoxAttributes,
+    BoxClasses,
+    BranchFailure,
+    CaptionOutput,
+    ClassifyOutput,
+    DescribeInput,
+    Description,
+    Detection,
+    DetectOutput,
+    FailedStep,
+    GroupSummary,
+    HandBack,
+    ImageGroup,
+    ImageOutcome,
+    ImageResult,
+    ImageState,
+    ImageTask,
+    MadeBy,
+    Status,
+    StepFailure,
+    SummarizeInput,
+    TagOutput,
+    VariantsOutput,
+    WriteGroupTableInput,
+    groups_manifest_uri,
+)
+from shared.errors import ImageRejected
+from shared.models.captioning import image_facts
+from shared.models.variants import variant_uris
+from shared.observability import MetricUnit, logger, metrics
+from shared.pipeline.crops import crop_boxes
+from shared.pipeline.dependencies import Dependencies
+from shared.storage.images import load_image
+from shared.storage.objects import BATCHES_PREFIX, RESULTS_PREFIX, join_uri
+from shared.storage.render import draw_detections
+
+T = TypeVar("T")
+P = TypeVar("P")
+
+
+def _port(port: P | None, name: str) -> P:
+    if port is None:
+        raise TypeError(f"this function's dependencies have no {name}")
+    return port
+
+
+def result_uris(task: ImageTask) -> tuple[str, str]:
+    """Where the image's result document and annotated picture go."""
+    base = join_uri(task.results_uri, RESULTS_PREFIX, task.batch_id, task.image.image_id)
+    return f"{base}.json", f"{base}.png"
+
+
+def _elapsed_ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 1)
+
+
+def detect(task: ImageTask, deps: Dependencies) -> DetectOutput:
+    """Decode the image and find the request's phrases in it."""
+    started = time.perf_counter()
+    image = load_image(task.image.source_uri, deps.store_for, deps.image_limits)
+    detections = _port(deps.detector, "detector").detect(
+        image.pixels, task.request.phrases, task.request.box_threshold, task.request.text_threshold
+    )
+    logger.info(
+        "detected",
+        extra={"image_id": task.image.image_id, "boxes": len(detections), "width": image.width},
+    )
+    return DetectOutput(
+        width=image.width, height=image.height, detections=detections, ms=_elapsed_ms(started), made_by=deps.made_by
+    )
+
+
+def box_crops(task: DescribeInput, deps: Dependencies) -> list[Image.Image | str]:
+    """The crops Classify and Tag both describe: one read and decode of the image, then each box with its margin
+    (or why the box has no crop)."""
+    image = load_image(task.task.image.source_uri, deps.store_for, deps.image_limits)
+    return crop_boxes(image.pixels, [d.box for d in task.detections], deps.crop_margin)
+
+
+def _per_box(
+    task: DescribeInput, deps: Dependencies, describe: Callable[[list[Image.Image], list[str]], list[T]]
+) -> list[T | str]:
+    """``describe`` over the crops of the image's boxes, in one call; a box without a crop gets the reason."""
+    crops = box_crops(task, deps)
+    kept = [
+        (crop, detection.label)
+        for crop, detection in zip(crops, task.detections, strict=True)
+        if not isinstance(crop, str)
+    ]
+    described = iter(describe([crop for crop, _ in kept], [label for _, label in kept]) if kept else [])
+    logger.info(
+        "described",
+        extra={"image_id": task.task.image.image_id, "boxes": len(kept), "skipped": len(crops) - len(kept)},
+    )
+    return [crop if isinstance(crop, str) else next(described) for crop in crops]
+
+
+def classify(task: DescribeInput, deps: Dependencies) -> ClassifyOutput:
+    """Classify every box of the image, in one batch."""
+    started = time.perf_counter()
+    model = _port(deps.classifier, "classifier")
+    results = _per_box(task, deps, lambda crops, labels: model.classify(crops, labels, task.task.request.top_k))
+    return ClassifyOutput(
+        classes=[BoxClasses(skipped=r) if isinstance(r, str) else BoxClasses(top_k=r) for r in results],
+        ms=_elapsed_ms(started),
+        made_by=deps.made_by,
+    )
+
+
+def tag(task: DescribeInput, deps: Dependencies) -> TagOutput:
+    """Tag every box of the image with the request's attribute vocabularies, in one batch."""
+    started = time.perf_counter()
+    model = _port(deps.tagger, "tagger")
+    vocabularies = task.task.request.attributes
+    results = _per_box(task, deps, lambda crops, labels: model.tag(crops, labels, vocabularies))
+    return TagOutput(
+        tags=[BoxAttributes(skipped=r) if isinstance(r, str) else BoxAttributes(attributes=r) for r in results],
+        ms=_elapsed_ms(started),
+        made_by=deps.made_by,
+    )
+
+
+def describe_detections(
+    detections: list[Detection], description: Description | None
+) -> tuple[list[Detection], dict[FailedStep, StepFailure]]:
+    """The detections with what Classify and Tag found merged in, and the failures of those that failed."""
+    if description is None:
+        return detections, {}
+    failures = {}
+    if isinstance(description.classify, BranchFailure):
+        failures[FailedStep.CLASSIFY] = description.classify.failure
+    else:
+        detections = [
+            d.model_copy(
+                update={
+                    "top_k": c.top_k,
+                    "class_label": c.top_k[0].label if c.top_k else None,
+                    "class_score": c.top_k[0].score if c.top_k else None,
+                    "skipped": c.skipped,
+                }
+            )
+            for d, c in zip(detections, description.classify.classes, strict=True)
+        ]
+    if isinstance(description.tag, BranchFailure):
+        failures[FailedStep.TAG] = description.tag.failure
+    else:
+        detections = [
+            d.model_copy(update={"attributes": t.attributes, "skipped": d.skipped or t.skipped})
+            for d, t in zip(detections, description.tag.tags, strict=True)
+        ]
+    return detections, failures
+
+
+def caption(state: ImageState, deps: Dependencies) -> CaptionOutput:
+    """Write the image's caption from what Detect, Classify and Tag found."""
+    started = time.perf_counter()
+    if state.detection is None:
+        raise ValueError("Caption needs the Detect step's output")
+    detections, _ = describe_detections(state.detection.detections, state.description)
+    facts = image_facts(state.task.request, state.detection.width, state.detection.height, detections)
+    captioner = _port(deps.captioner, "captioner")
+    image = (
+        load_image(state.task.image.source_uri, deps.store_for, deps.image_limits).pixels
+        if captioner.multimodal
+        else None
+    )
+    output = captioner.caption(facts, image, as_json=state.task.request.caption_format == "json")
+    output = output.model_copy(update={"ms": _elapsed_ms(started)})
+    for name, unit, value in (
+        ("CaptionTimeToFirstToken", MetricUnit.Milliseconds, output.ttft_ms),
+        ("CaptionTokensPerSecond", MetricUnit.CountPerSecond, output.tokens_per_s),
+        ("CaptionPromptTokens", MetricUnit.Count, output.prompt_tokens),
+        ("CaptionCompletionTokens", MetricUnit.Count, output.completion_tokens),
+        ("CaptionPeakMemory", MetricUnit.Megabytes, output.peak_rss_mb),
+    ):
+        metrics.add_metric(name=name, unit=unit, value=value)
+    logger.info("captioned", extra={"image_id": state.task.image.image_id, "ttft_ms": output.ttft_ms})
+    return output
+
+
+def write_result(state: ImageState, deps: Dependencies) -> ImageOutcome:
+    """Write the image's result document (and, when it was detected, the annotated picture)."""
+    result = write_result_document(state, deps)
+    return ImageOutcome(image=state.task.image, status=result.status, error=result.error, result_uri=result.result_uri)
+
+
+def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
+    """``write_result``'s document, as written (the one-image path keeps it rather than read it back)."""
+    task = state.task
+    json_uri, png_uri = result_uris(task)
+    detections, failures = describe_detections(state.detection.detections if state.detection else [], state.description)
+    failures = state.failures | failures
+    if not failures and state.detection is None:
+        failures = {
+            FailedStep.DETECT: StepFailure(Error="NoDetectionResult", Cause="the workflow produced no detection result")
+        }
+    variants = None
+    if state.variants_task is not None:
+        variants, failure = _variants_document(state, deps)
+        failures |= {FailedStep.VARIANTS: failure} if failure else {}
+    annotated_uri = None
+    if state.detection is not None:
+        image = load_image(task.image.source_uri, deps.store_for, deps.image_limits)
+        deps.store_for(png_uri).write_bytes(png_uri, draw_detections(image.pixels, detections), "image/png")
+        annotated_uri = png_uri
+    result = ImageResult(
+        image_id=task.image.image_id,
+        source_uri=task.image.source_uri,
+        batch_id=task.batch_id,
+        job_id=task.request.job_id,
+        status=Status.FAILED if failures else Status.SUCCEEDED,
+        error="; ".join(f"{step}: {failure.reason}" for step, failure in failures.items()) or None,
+        failed_step=",".join(failures) or None,
+        width=state.detection.width if state.detection else None,
+        height=state.detection.height if state.detection else None,
+        prompt=task.request.prompt,
+        detections=detections,
+        detect_ms=state.detection.ms if state.detection else None,
+        classify_ms=_branch_ms(state.description.classify) if state.description else None,
+        tag_ms=_branch_ms(state.description.tag) if state.description else None,
+        made_by=_made_by(state),
+        caption=state.caption,
+        variants=variants,
+        annotated_uri=annotated_uri,
+        result_uri=json_uri,
+        processed_at=datetime.now(UTC),
+    )
+    deps.store_for(json_uri).write_bytes(json_uri, result.model_dump_json(indent=2).encode(), "application/json")
+    logger.info("result written", extra={"image_id": result.image_id, "status": result.status, "error": result.error})
+    return result
+
+
+def _made_by(state: ImageState) -> dict[str, MadeBy]:
+    outputs: dict[str, DetectOutput | ClassifyOutput | TagOutput | BranchFailure | None] = {"detect": state.detection}
+    if state.description is not None:
+        outputs |= {"classify": state.description.classify, "tag": state.description.tag}
+    return {
+        step: output.made_by
+        for step, output in outputs.items()
+        if isinstance(output, DetectOutput | ClassifyOutput | TagOutput)
+    }
+
+
+def _branch_ms(output: ClassifyOutput | TagOutput | BranchFailure) -> float | None:
+    return None if isinstance(output, BranchFailure) else output.ms
+
+
+def _variants_document(state: ImageState, deps: Dependencies) -> tuple[VariantsOutput | None, StepFailure | None]:
+    """The document the Variants task wrote for this image, or why there is none."""
+    document_uri, _ = variant_uris(state.task)
+    try:
+        return VariantsOutput.model_validate_json(deps.store_for(document_uri).read_bytes(document_uri)), None
+    except ImageRejected:
+        return None, StepFailure(Error="NoVariantsDocument", Cause=f"the Variants task wrote no {document_uri}")
+
+
+def write_group_table(
+    state: WriteGroupTableInput, deps: Dependencies, known: Mapping[str, ImageResult] | None = None
+) -> GroupSummary:
+    """Gather the group's result documents into its files of the ``images`` and ``detections`` tables, and keep
+    the group's summary where SummarizeBatch finds it. A document in ``known`` (by its location) is not read
+    again: the bulk worker holds what it wrote."""
+    from shared.storage.tables import write_table_files  # pyarrow: only WriteGroupTable's and SummarizeBatch's packages
+
+    now = datetime.now(UTC)
+    results = [_result_of(outcome, state, deps, now, known or {}) for outcome in state.outcomes]
+    uris = write_table_files(
+        results, state.results_uri, f"{state.batch_id}-{state.group_id}", state.planned_at, deps.store_for
+    )
+    failed = sum(result.status is Status.FAILED for result in results)
+    summary = GroupSummary(
+        batch_id=state.batch_id,
+        group_id=state.group_id,
+        succeeded=len(results) - failed,
+        failed=failed,
+        images_table_uri=uris["images"],
+        detections_table_uri=uris["detections"],
+    )
+    uri = group_summary_uri(state.results_uri, state.batch_id, state.group_id)
+    deps.store_for(uri).write_bytes(uri, summary.model_dump_json().encode(), "application/json")
+    logger.info(
+        "group tables written", extra=summary.model_dump(include={"batch_id", "group_id", "succeeded", "failed"})
+    )
+    return summary
+
+
+def group_summary_uri(results_uri: str, batch_id: str, group_id: str) -> str:
+    return join_uri(results_uri, BATCHES_PREFIX, batch_id, "groups", f"{group_id}.json")
+
+
+def summarize_batch(state: SummarizeInput, deps: Dependencies) -> BatchSummary:
+    """The batch's summary from its groups' summaries. Groups that wrote none (their child workflow failed or timed
+    out) are handed back to a later round while a Lambda-lane batch has rounds left (:func:`hand_back`); after its
+    last, each of their images gets a failure row, so that every image of the batch ends as one row."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shared.storage.tables import table_file_uris, write_table_files
+
+    groups_uri = state.groups_uri
+    groups = TypeAdapter(list[ImageGroup]).validate_json(deps.store_for(groups_uri).read_bytes(groups_uri))
+    summaries_root = join_uri(state.results_uri, BATCHES_PREFIX, state.batch_id, "groups")
+    summary_uris = list(deps.store_for(summaries_root).list_uris(summaries_root))
+    with ThreadPoolExecutor(max_workers=16) as pool:  # one GET each: S3 answers them side by side
+        documents = pool.map(lambda uri: deps.store_for(uri).read_bytes(uri), summary_uris)
+        finished = {summary.group_id: summary for summary in map(GroupSummary.model_validate_json, documents)}
+    unfinished = [group for group in groups if group.group_id not in finished]
+    handed_back = hand_back(state, unfinished, deps) if unfinished else None
+    rows = [] if handed_back else _unfinished_rows(state, unfinished)
+    stem = f"{state.batch_id}-unfinished"
+    if rows:
+        write_table_files(rows, state.results_uri, stem, state.planned_at, deps.store_for)
+        logger.warning("groups did not finish", extra={"batch_id": state.batch_id, "groups": len(unfinished)})
+    elif not handed_back:  # a rerun that finished every group: the earlier run's failure rows are no longer true
+        for uri in table_file_uris(state.results_uri, stem, state.planned_at).values():
+            deps.store_for(uri).delete(uri)
+    uri = join_uri(state.results_uri, BATCHES_PREFIX, state.batch_id, "summary.json")
+    summary = BatchSummary(
+        batch_id=state.batch_id,
+        images=state.images,
+        succeeded=sum(group.succeeded for group in finished.values()),
+        failed=sum(group.failed for group in finished.values()) + len(rows),
+        groups=state.groups,
+        unfinished=len(unfinished),
+        unfinished_groups=[group.group_id for group in unfinished[:MAX_LISTED_GROUPS]],
+        error=state.error,
+        summary_uri=uri,
+        handed_back=handed_back,
+    )
+    deps.store_for(uri).write_bytes(uri, summary.model_dump_json(indent=2).encode(), "application/json")
+    logger.info("batch summarized", extra=summary.model_dump(exclude={"unfinished_groups", "error"}))
+    return summary
+
+
+# The longest wait before a round: each round waits twice the one before, from the batch's hand_back_wait_s
+MAX_HAND_BACK_WAIT_S = 900
+
+
+def hand_back(state: SummarizeInput, unfinished: list[ImageGroup], deps: Dependencies) -> HandBack | None:
+    """The next round of a Lambda-lane batch with rounds left: its manifest (the ``unfinished`` groups) written, and
+    the parent's wait before it, doubling each round and jittered, so that batches throttled together do not come
+    back together. None when the batch has no round left, or runs in the bulk lane (its groups are too large for
+    a child, and its Fargate tasks have their own waits)."""
+    if state.lane != "lambda" or state.round >= state.hand_backs:
+        return None
+    next_round = state.round + 1
+    uri = groups_manifest_uri(state.results_uri, state.batch_id, next_round)
+    manifest = b"[" + b",".join(group.model_dump_json().encode() for group in unfinished) + b"]"
+    deps.store_for(uri).write_bytes(uri, manifest, "application/json")
+    longest = min(MAX_HAND_BACK_WAIT_S, state.hand_back_wait_s * 2**state.round)
+    wait = random.randint(-(-longest // 2), longest)
+    handed_back = HandBack(round=next_round, groups=len(unfinished), wait_seconds=wait)
+    logger.warning("groups handed back", extra={"batch_id": state.batch_id, **handed_back.model_dump()})
+    return handed_back
+
+
+def _unfinished_rows(state: SummarizeInput, unfinished: list[ImageGroup]) -> list[ImageResult]:
+    """A failure row for each image of the groups that did not finish in the batch's last round."""
+    reason = state.error.reason if state.error else "its child workflow ended without writing the group's rows"
+    if state.round:
+        reason += f" (in each of {state.round + 1} rounds)"
+    now = datetime.now(UTC)
+    return [
+        ImageResult(
+            image_id=image.image_id,
+            source_uri=image.source_uri,
+            batch_id=state.batch_id,
+            job_id=state.request.job_id,
+            status=Status.FAILED,
+            error=f"group {group.group_id} did not finish: {reason}",
+            failed_step=FailedStep.GROUP,
+            prompt=state.request.prompt,
+            processed_at=now,
+        )
+        for group in unfinished
+        for image in group.images
+    ]
+
+
+def _result_of(
+    outcome: ImageOutcome,
+    state: WriteGroupTableInput,
+    deps: Dependencies,
+    now: datetime,
+    known: Mapping[str, ImageResult],
+) -> ImageResult:
+    """The image's result document; when there is none (writing it failed), a failure row from the outcome."""
+    if outcome.result_uri is not None and outcome.result_uri in known:
+        return known[outcome.result_uri]
+    if outcome.result_uri:
+        try:
+            document = deps.store_for(outcome.result_uri).read_bytes(outcome.result_uri)
+            return ImageResult.model_validate(json.loads(document))
+        except ImageRejected:
+            logger.warning("result document missing", extra={"result_uri": outcome.result_uri})
+    return ImageResult(
+        image_id=outcome.image.image_id,
+        source_uri=outcome.image.source_uri,
+        batch_id=state.batch_id,
+        job_id=state.request.job_id,
+        status=Status.FAILED,
+        error=outcome.write_failure.reason if outcome.write_failure else "the result document was not written",
+        failed_step=FailedStep.WRITE_RESULT,
+        prompt=state.request.prompt,
+        processed_at=now,
+    )

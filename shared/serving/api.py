@@ -1,0 +1,185 @@
+"""The synchronous API: one image annotated now, and OpenAI-compatible chat and images, on the workflow's models.
+
+One ASGI app (FastAPI) serves both places: `annotate serve` runs it on uvicorn, and the API function runs it on Lambda
+through Mangum (:func:`lambda_adapter`), so the routes, bounds and errors are the same code. Model work runs one call
+at a time (each model already uses every core); calls beyond that wait in a bounded queue, and past it get 429.
+
+Here: the annotation route, the page, /health and the app put together; its bounds are in bounds.py, its
+OpenAI-compatible routes in openai_routes.py, Label Studio's in label_studio_backend.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse
+from starlette.concurrency import run_in_threadpool
+
+from shared.observability import metrics
+from shared.pipeline.dependencies import Dependencies, Step, build_dependencies
+from shared.serving.bounds import (
+    AnswerFailures,
+    BodyLimit,
+    Calls,
+    SameSiteOnly,
+    bearer_check,
+    error_handlers,
+    upload,
+)
+from shared.serving.calls import (
+    Annotation,
+    AnnotationCall,
+    AnnotationOptions,
+    DependenciesOf,
+    RecordRows,
+    annotate_one,
+    image_source,
+    rows_by_function,
+    rows_in_process,
+)
+from shared.serving.label_studio_backend import label_studio_routes
+from shared.serving.openai_routes import image_routes, openai_routes
+from shared.settings import Settings, get_settings
+
+ANNOTATIONS_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": AnnotationCall.model_json_schema()},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["image"],
+                    "properties": {
+                        "image": {"type": "string", "format": "binary"},
+                        "request": {"type": "string", "description": "The options (AnnotationOptions) as JSON"},
+                    },
+                }
+            },
+        },
+    }
+}
+
+
+def _annotation_routes(calls: Calls) -> APIRouter:
+    router = APIRouter()
+    settings = calls.settings
+
+    @router.post(
+        "/v1/annotations",
+        response_model=Annotation,
+        summary="Annotate one image: boxes, classes, attributes and a caption, as the workflow writes them",
+        openapi_extra=ANNOTATIONS_BODY,
+    )
+    async def annotations(request: Request) -> Annotation:
+        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            form = await request.form(max_files=1, max_fields=1)
+            source = image_source(await upload(form, "image"), settings)
+            options = AnnotationOptions.model_validate_json(str(form.get("request") or "{}"))
+        else:
+            call = AnnotationCall.model_validate_json(await request.body())
+            options = AnnotationOptions.model_validate(call.model_dump(exclude={"image"}))
+            source = await run_in_threadpool(image_source, call.image, settings)
+        return await calls.run(
+            lambda: annotate_one(source, options, settings, calls.dependencies_of, calls.record_rows)
+        )
+
+    return router
+
+
+def create_app(
+    settings: Settings,
+    dependencies_of: DependenciesOf,
+    record_rows: RecordRows,
+    after_call: Callable[[], None] = metrics.clear_metrics,
+    behind_function_url: bool = False,
+) -> FastAPI:
+    """The API on ``settings``' models; ``record_rows`` writes a recorded call's table rows. ``after_call``: what
+    becomes of the steps' metrics after each call: dropped here; on Lambda the handler flushes them as EMF.
+    ``behind_function_url``: every call was authenticated before it arrived (the URL's IAM auth, or the key), and
+    it is named by the URL's own host."""
+    calls = Calls(settings, dependencies_of, record_rows, after_call)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if settings.preload_models:
+            # Loaded before the first call, not during it; a model that cannot load answers 503 when asked for.
+            asyncio.get_running_loop().run_in_executor(None, calls.preload)
+        yield
+
+    app = FastAPI(
+        title="annotate",
+        summary="One image annotated now; OpenAI-compatible chat and images on the same CPU models",
+        lifespan=lifespan,
+        exception_handlers=error_handlers(),
+    )
+    app.add_middleware(AnswerFailures)
+    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
+    app.add_middleware(
+        SameSiteOnly,
+        hosts=frozenset(settings.api_hosts),
+        authenticated=behind_function_url or bool(settings.api_key_secret or settings.api_key.get_secret_value()),
+    )
+    authorized = [Depends(bearer_check(settings))]
+    app.include_router(_annotation_routes(calls), dependencies=authorized)
+    app.include_router(openai_routes(calls), dependencies=authorized)
+    app.include_router(image_routes(calls), dependencies=authorized)
+    app.include_router(
+        label_studio_routes(
+            settings,
+            calls.run,
+            lambda source, options: annotate_one(source, options, settings, calls.dependencies_of, calls.record_rows),
+        ),
+        dependencies=authorized,
+    )
+
+    @app.get("/", include_in_schema=False)
+    def playground() -> HTMLResponse:
+        page = resources.files("shared.serving").joinpath("playground.html").read_text()
+        return HTMLResponse(page.replace("{{ max_body_bytes }}", str(settings.api_max_body_bytes)))
+
+    @app.get("/health", summary="Whether the server answers (UP, as Label Studio's ML backends say), its calls held")
+    def health() -> dict[str, Any]:
+        return {"status": "UP", "calls_held": calls.admission.inside, "queue_size": settings.api_queue_size}
+
+    return app
+
+
+_adapters: dict[str, Any] = {}
+
+
+def lambda_adapter() -> Any:
+    """The app as a Lambda handler (Mangum: Function URL events to ASGI), on the settings in force; made once per
+    environment (once per settings)."""
+    from mangum import Mangum
+
+    settings = get_settings()
+    key = settings.model_dump_json()
+    if key not in _adapters:
+        _adapters.clear()
+        _adapters[key] = Mangum(
+            serving_app(settings, after_call=lambda: None, behind_function_url=True), lifespan="off"
+        )
+    return _adapters[key]
+
+
+def serving_app(
+    settings: Settings | None = None,
+    after_call: Callable[[], None] = metrics.clear_metrics,
+    behind_function_url: bool = False,
+) -> FastAPI:
+    """The API on the settings in force and the real models; a recorded call's rows are written here, or in AWS by
+    the stack's WriteGroupTable function."""
+    settings = settings or get_settings()
+
+    def models(step: Step) -> Dependencies:
+        return build_dependencies(step, settings)
+
+    function = settings.write_group_table_function
+    rows = rows_by_function(function) if function else rows_in_process(models)
+    return create_app(settings, models, rows, after_call, behind_function_url)

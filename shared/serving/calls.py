@@ -1,0 +1,317 @@
+"""What the synchronous API does for one call, without HTTP: annotate one image (uploaded or named by an s3://
+location), write a chat completion, generate or edit pictures. The API (shared/serving/api.py) parses and answers; this
+module holds the work, on the same steps and models as the workflow (shared/pipeline/one_image.py)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import re
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from PIL import Image, ImageOps
+from pydantic import Field, model_validator
+
+from shared.contracts import (
+    AnnotationRequest,
+    ImageOutcome,
+    ImageResult,
+    ImageTask,
+    VariantsRequest,
+    WriteGroupTableInput,
+)
+from shared.errors import ImageRejected, RequestRejected
+from shared.pipeline import steps
+from shared.pipeline.batches import batch_id, image_ref
+from shared.pipeline.dependencies import Dependencies, Step
+from shared.pipeline.one_image import annotate_image
+from shared.settings import Settings
+from shared.storage.images import decode_image
+from shared.storage.objects import MemoryStore, ObjectStore, is_s3, join_uri, split_s3, store_for
+
+UPLOADS_PREFIX = "uploads"  # under the results root: uploaded pictures whose results were recorded
+NOT_KEPT_ROOT = "memory://not-kept"  # where an unrecorded call's result document and picture live, in memory
+API_GROUP_ID = "g-000000"
+
+
+class AnnotationOptions(AnnotationRequest):
+    """The prompt message's request fields, and what the caller wants back."""
+
+    picture: bool = Field(False, description="Add the annotated picture (PNG, base64) to the answer")
+    record: bool = Field(
+        False, description="Also keep the result where the workflow keeps results, with its table rows"
+    )
+
+    @model_validator(mode="after")
+    def _no_variants(self) -> AnnotationOptions:
+        if self.variants is not None:
+            raise ValueError("variants are not made here: call /v1/images/edits, or send a prompt message")
+        return self
+
+    def request(self) -> AnnotationRequest:
+        return AnnotationRequest.model_validate(self.model_dump(include=set(AnnotationRequest.model_fields)))
+
+
+class AnnotationCall(AnnotationOptions):
+    """``POST /v1/annotations`` as JSON: the options and the image, base64 (or a data: URI) or an s3:// location."""
+
+    image: str = Field(min_length=1, description="The image: base64, a data: URI, or an s3:// location")
+
+
+class Annotation(ImageResult):
+    """The image's result document, as the workflow writes it, and the annotated picture when asked for."""
+
+    picture_png: str | None = Field(
+        None,
+        description="The annotated picture, PNG in base64 (picture=true); downscaled (picture_scale) where its PNG"
+        " would pass api_max_picture_bytes, so that an answer fits a Lambda function URL's 6 MB",
+    )
+    picture_scale: float | None = Field(
+        None, description="The picture's size over the image's (1.0: full size); boxes are in the image's pixels"
+    )
+
+
+RecordRows = Callable[[WriteGroupTableInput], None]
+DependenciesOf = Callable[[Step], Dependencies]
+
+
+@dataclass(frozen=True)
+class Source:
+    """The image a call names: its bytes, read once, and where it lives (or would live, once recorded)."""
+
+    uri: str
+    data: bytes
+    kept: bool  # already in storage (an s3:// location), so recording does not copy it
+
+
+def image_source(image: bytes | str, settings: Settings) -> Source:
+    """The call's image: the uploaded bytes, base64 text, or an s3:// location in a bucket the deployment reads.
+
+    Raises:
+        RequestRejected: not base64, or a location this deployment does not read.
+        ImageRejected: the location holds nothing, or too many bytes.
+    """
+    if isinstance(image, bytes):
+        data = image
+    elif is_s3(image):
+        try:
+            bucket, key = split_s3(image)
+        except ValueError:
+            bucket, key = "", ""
+        if not (bucket and key):
+            raise RequestRejected(f"{image[:80]!r} names no object: give s3://BUCKET/KEY")
+        if bucket not in settings.input_buckets:
+            allowed = ", ".join(settings.input_buckets) or "none: pass the image's bytes"
+            raise RequestRejected(f"{image[:80]!r} is not in a bucket this deployment reads (allowed: {allowed})")
+        data = store_for(image).read_bytes(image, max_bytes=settings.max_image_bytes)
+        return Source(uri=image, data=data, kept=True)
+    else:
+        _, comma, data_part = image.partition(",")
+        if image.startswith("data:") and not comma:
+            raise RequestRejected("image: a data: URI has its base64 after a comma (data:image/png;base64,...)")
+        encoded = data_part if image.startswith("data:") else image
+        try:
+            data = base64.b64decode(encoded, validate=True)
+        except ValueError as error:
+            raise RequestRejected("image is neither base64 nor an s3:// location") from error
+    return Source(uri=f"sha256:{hashlib.sha256(data).hexdigest()[:32]}", data=data, kept=False)
+
+
+def _upload_uri(results_root: str, source: Source, source_format: str) -> str:
+    extension = {"JPEG": "jpg", "MPO": "jpg"}.get(source_format, source_format.lower())
+    return join_uri(results_root, UPLOADS_PREFIX, f"{source.uri.removeprefix('sha256:')}.{extension}")
+
+
+def annotate_one(
+    source: Source,
+    options: AnnotationOptions,
+    settings: Settings,
+    dependencies_of: DependenciesOf,
+    record_rows: RecordRows,
+) -> Annotation:
+    """The image's result document, as the workflow would write it for the same image and request.
+
+    Unless ``options.record``, nothing is kept: the document and picture are made in memory. With it, the upload
+    is kept under ``uploads/``, the document and picture where the workflow writes them, and its rows in the tables.
+
+    Raises:
+        ImageRejected: the bytes are not an image this pipeline accepts (checked before any model runs).
+        ModelUnavailable: a model the request needs cannot be loaded.
+    """
+    if len(source.data) > settings.max_image_bytes:
+        raise ImageRejected(f"the image is {len(source.data):,} bytes, over the limit of {settings.max_image_bytes:,}")
+    decoded = decode_image(source.data, max_pixels=settings.max_image_pixels)
+    request = options.request()
+    root = settings.results_root if options.record else NOT_KEPT_ROOT
+    source_uri = source.uri
+    if options.record and not source.kept:
+        source_uri = _upload_uri(root, source, decoded.source_format)
+        store_for(source_uri).write_bytes(source_uri, source.data)
+    read_once = MemoryStore({source_uri: source.data})
+
+    def store_of(uri: str) -> ObjectStore:
+        """The image from the bytes already read (the steps read it three times); what a call writes, in memory,
+        or where the workflow keeps it when recorded."""
+        return read_once if uri == source_uri or not options.record else store_for(uri)
+
+    # Named as the workflow names an image: its location and the content its store fingerprints (exports check it).
+    ref = image_ref(source_uri, (store_for if options.record else store_of)(source_uri).fingerprint(source_uri))
+    task = ImageTask(batch_id=batch_id(request, [ref]), request=request, image=ref, results_uri=root)
+    needed = [Step.DETECT, Step.CLASSIFY, Step.TAG, Step.WRITE_RESULT] + ([Step.CAPTION] if request.caption else [])
+    # Loaded before the image runs: a model that cannot load is the service's failure (503), not the image's.
+    dependencies = {step: replace(dependencies_of(step), store_for=store_of) for step in needed}
+    result = annotate_image(task, dependencies.__getitem__)
+    if options.record:
+        outcome = ImageOutcome(image=ref, status=result.status, error=result.error, result_uri=result.result_uri)
+        record_rows(
+            WriteGroupTableInput(
+                batch_id=task.batch_id,
+                group_id=API_GROUP_ID,
+                request=request,
+                results_uri=root,
+                planned_at=result.processed_at,
+                outcomes=[outcome],
+            )
+        )
+    picture, scale = None, None
+    if options.picture and result.annotated_uri:
+        png, scale = fitted_png(
+            store_of(result.annotated_uri).read_bytes(result.annotated_uri), settings.api_max_picture_bytes
+        )
+        picture = base64.b64encode(png).decode()
+    unkept = (
+        {} if options.record else {"result_uri": None, "annotated_uri": None}
+    )  # memory:// means nothing to a caller
+    return Annotation(**(result.model_dump() | unkept), picture_png=picture, picture_scale=scale)
+
+
+def fitted_png(png: bytes, max_bytes: int) -> tuple[bytes, float]:
+    """``png`` as it is when it has at most ``max_bytes``, else downscaled until it has: a PNG's size follows its
+    pixels, so each try scales by the square root of the ratio, a tenth under it. Returns the PNG and its scale."""
+    scale, fitted = 1.0, png
+    with Image.open(io.BytesIO(png)) as picture:
+        picture.load()
+        while len(fitted) > max_bytes:
+            scale *= 0.9 * (max_bytes / len(fitted)) ** 0.5
+            size = (max(1, round(picture.width * scale)), max(1, round(picture.height * scale)))
+            buffer = io.BytesIO()
+            picture.resize(size, Image.Resampling.LANCZOS).save(buffer, format="PNG")
+            fitted = buffer.getvalue()
+    return fitted, round(scale, 4)
+
+
+def rows_in_process(dependencies_of: DependenciesOf) -> RecordRows:
+    """Table rows written here, by the WriteGroupTable step's code (local mode)."""
+
+    def write(table_input: WriteGroupTableInput) -> None:
+        steps.write_group_table(table_input, dependencies_of(Step.WRITE_GROUP_TABLE))
+
+    return write
+
+
+def rows_by_function(function_name: str) -> RecordRows:
+    """Table rows written by the stack's WriteGroupTable function (the API function ships no pyarrow)."""
+
+    def invoke(table_input: WriteGroupTableInput) -> None:
+        import boto3
+
+        response = boto3.client("lambda").invoke(
+            FunctionName=function_name, Payload=table_input.model_dump_json().encode()
+        )
+        if response.get("FunctionError"):
+            raise RuntimeError(f"WriteGroupTable failed: {response['Payload'].read()[:500]!r}")
+
+    return invoke
+
+
+# --- OpenAI's image endpoints, on the Variants step's engine and bounds ---------------------------------------
+
+
+def variants_request(prompt: str, count: int, size: str, mode: str, strength: float | None = None) -> VariantsRequest:
+    """OpenAI's ``n`` and ``size`` ("512x512") as the Variants step's request, within its bounds.
+
+    Raises:
+        ValidationError: outside the Variants step's bounds.
+        RequestRejected: a size that is not square.
+    """
+    width, _, height = size.partition("x")
+    if not (re.fullmatch("[0-9]{1,5}", width) and width == height):
+        raise RequestRejected(f"size {size[:20]!r}: give a square size such as 512x512")
+    fields: dict[str, Any] = {"prompt": prompt, "count": count, "size": int(width), "mode": mode}
+    if strength is not None:
+        fields["strength"] = strength
+    return VariantsRequest.model_validate(fields)
+
+
+def generate_pictures(
+    request: VariantsRequest, source: Source | None, settings: Settings, dependencies_of: DependenciesOf
+) -> dict[str, Any]:
+    """OpenAI's images response (``b64_json``) for a generation, or an edit of ``source``'s picture."""
+    from shared.models.variants import SdGenerator
+
+    generator = dependencies_of(Step.VARIANTS).generator
+    if not isinstance(generator, SdGenerator):
+        raise TypeError("the Variants dependencies have no stable-diffusion.cpp engine")
+    init_image = None
+    if source is not None:
+        pixels = decode_image(source.data, max_pixels=settings.max_image_pixels).pixels
+        init_image = ImageOps.fit(pixels, (request.size, request.size), method=Image.Resampling.LANCZOS)
+    seed = (
+        request.seed if request.seed is not None else int(hashlib.sha256(request.prompt.encode()).hexdigest()[:7], 16)
+    )
+    data = []
+    for picture, _, _ in generator.render(request, init_image, seed):
+        buffer = io.BytesIO()
+        picture.save(buffer, format="PNG")
+        data.append({"b64_json": base64.b64encode(buffer.getvalue()).decode(), "revised_prompt": request.prompt})
+    return {"created": int(time.time()), "data": data}
+
+
+# --- OpenAI's chat, on the Caption step's llama.cpp model ------------------------------------------------------
+
+# llama-cpp-python's own server takes these out of the request before calling the model; so do we.
+NOT_FOR_THE_MODEL = {"model", "n", "user", "logit_bias_type", "min_tokens", "functions", "function_call", "tools"}
+
+
+def _captioner(dependencies_of: DependenciesOf) -> Any:
+    from shared.models.captioning import LlamaCaptioner
+
+    captioner = dependencies_of(Step.CAPTION).captioner
+    if not isinstance(captioner, LlamaCaptioner):
+        raise TypeError("the Caption dependencies have no llama.cpp model")
+    return captioner
+
+
+def _model_arguments(completion: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in completion.items() if name not in NOT_FOR_THE_MODEL | {"stream"}}
+
+
+def chat_completion(completion: dict[str, Any], model_name: str, dependencies_of: DependenciesOf) -> dict[str, Any]:
+    """llama-cpp-python's chat completion (OpenAI's shape), named as the API lists it."""
+    return {**_captioner(dependencies_of).chat(_model_arguments(completion)), "model": model_name}
+
+
+def chat_chunks(
+    completion: dict[str, Any], model_name: str, dependencies_of: DependenciesOf
+) -> Generator[dict[str, Any]]:
+    """:func:`chat_completion` as OpenAI's chunks. The model is the stream's until it ends or is closed: close it."""
+    return _named_chunks(_captioner(dependencies_of).chat_stream(_model_arguments(completion)), model_name)
+
+
+def _named_chunks(chunks: Generator[dict[str, Any]], model_name: str) -> Generator[dict[str, Any]]:
+    """The chunks named as the API lists the model; closing this closes the model's stream (it holds the model)."""
+    try:
+        for chunk in chunks:
+            yield {**chunk, "model": model_name}
+    finally:
+        chunks.close()
+
+
+def server_sent_event(data: dict[str, Any]) -> bytes:
+    """One event of OpenAI's stream (which ends with ``data: [DONE]``)."""
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"

@@ -1,0 +1,226 @@
+"""The Parquet tables: ``images`` (one row per input image) and ``detections`` (one row per box).
+
+Both are partitioned by ``dt=YYYY-MM-DD`` (the day ingest planned the batch) and hold one file per group of images,
+named by the batch and group, so running a batch again replaces its rows instead of adding a second copy.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shared.contracts import DEFAULT_ATTRIBUTES, CaptionOutput, Detection, ImageResult
+from shared.storage.objects import StoreFor, join_uri
+
+TABLES_PREFIX = "tables"
+
+CLASS_SCORE_STRUCT = pa.struct([("label", pa.string()), ("score", pa.float64())])
+ATTRIBUTE_STRUCT = pa.struct([("name", pa.string()), ("value", pa.string()), ("score", pa.float64())])
+BOX_FIELDS = [(name, pa.float64()) for name in ("x0", "y0", "x1", "y1")]
+
+# A box and its class: in each `images` row's detections, and the columns of a `detections` row.
+DETECTION_FIELDS = [
+    ("label", pa.string()),
+    ("score", pa.float64()),
+    *BOX_FIELDS,
+    ("class_label", pa.string()),
+    ("class_score", pa.float64()),
+]
+DETECTION_STRUCT = pa.struct(
+    [
+        *DETECTION_FIELDS,
+        ("top_k", pa.list_(CLASS_SCORE_STRUCT)),
+        ("attributes", pa.list_(ATTRIBUTE_STRUCT)),
+        ("skipped", pa.string()),
+    ]
+)
+
+# The default attributes get a column each in `detections` (value and score); every attribute, the request's
+# own vocabularies included, is also in its `attributes` list.
+FLAT_ATTRIBUTES = tuple(DEFAULT_ATTRIBUTES)
+
+# The caption and its measurements: a column per field of CaptionOutput, `caption` and `caption_<field>`.
+_ARROW_TYPES: dict[object, pa.DataType] = {
+    str: pa.string(),
+    float: pa.float64(),
+    int: pa.int32(),
+    float | None: pa.float64(),
+    list[str]: pa.list_(pa.string()),
+}
+CAPTION_FIELDS = [
+    (name if name == "caption" else f"caption_{name}", _ARROW_TYPES[field.annotation])
+    for name, field in CaptionOutput.model_fields.items()
+]
+
+# The steps whose model a row names, and its column: detector_model, classifier_model, tagger_model.
+MADE_BY_ROLES = {"detect": "detector", "classify": "classifier", "tag": "tagger"}
+
+# Which image a row is about: the first columns of both tables.
+IMAGE_KEY_FIELDS = [("image_id", pa.string()), ("source_uri", pa.string()), ("batch_id", pa.string())]
+
+IMAGES_SCHEMA = pa.schema(
+    [
+        *IMAGE_KEY_FIELDS,
+        ("job_id", pa.string()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("failed_step", pa.string()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("prompt", pa.string()),
+        ("detections", pa.list_(DETECTION_STRUCT)),
+        # What each step took for this image (caption_ms is with the caption's columns, variants_ms with theirs)
+        ("detect_ms", pa.float64()),
+        ("classify_ms", pa.float64()),
+        ("tag_ms", pa.float64()),
+        # Which models made the row, and their steps' settings that change output (JSON: {step: {setting: value}})
+        *((f"{role}_model", pa.string()) for role in MADE_BY_ROLES.values()),
+        ("output_settings", pa.string()),
+        *CAPTION_FIELDS,
+        ("variants_model", pa.string()),
+        ("variant_uris", pa.list_(pa.string())),
+        ("variant_seeds", pa.list_(pa.int64())),
+        ("variants_ms", pa.float64()),
+        ("annotated_uri", pa.string()),
+        ("result_uri", pa.string()),
+        ("processed_at", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+
+DETECTIONS_SCHEMA = pa.schema(
+    [
+        *IMAGE_KEY_FIELDS,
+        ("detection_index", pa.int32()),
+        *DETECTION_FIELDS,
+        *(
+            (column, type_)
+            for name in FLAT_ATTRIBUTES
+            for column, type_ in ((name, pa.string()), (f"{name}_score", pa.float64()))
+        ),
+        ("attributes", pa.list_(ATTRIBUTE_STRUCT)),
+        ("skipped", pa.string()),
+        ("processed_at", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+
+SCHEMAS = {"images": IMAGES_SCHEMA, "detections": DETECTIONS_SCHEMA}
+
+# `annotate evaluate`'s rows: per label (and for every label together, ``label`` null), how the pipeline's boxes
+# compared with labels a person reviewed; written beside the other tables, one file per evaluation.
+EVALUATIONS_SCHEMA = pa.schema(
+    [
+        ("evaluated_at", pa.timestamp("ms", tz="UTC")),
+        ("truth_file", pa.string()),
+        ("prompt", pa.string()),
+        ("threshold", pa.float64()),
+        ("images", pa.int32()),
+        ("label", pa.string()),
+        ("truth_boxes", pa.int32()),
+        ("predicted_boxes", pa.int32()),
+        ("ap", pa.float64()),
+        ("ap50", pa.float64()),
+        ("precision", pa.float64()),
+        ("recall", pa.float64()),
+        ("f1", pa.float64()),
+        ("best_threshold", pa.float64()),
+        ("best_f1", pa.float64()),
+        ("class_accuracy", pa.float64()),
+        ("caption_word_f1", pa.float64()),
+    ]
+)
+# Every table `annotate query` and Athena read: the pipeline's two and the evaluations
+QUERIED_SCHEMAS = SCHEMAS | {"evaluations": EVALUATIONS_SCHEMA}
+PARTITION_COLUMN = "dt"
+
+
+def _detection_row(detection: Detection) -> dict[str, object]:
+    return {**detection.model_dump(exclude={"box"}), **detection.box.model_dump()}
+
+
+def _flat_attributes(detection: Detection) -> dict[str, object]:
+    found = {a.name: a for a in detection.attributes}
+    columns: dict[str, object] = {}
+    for name in FLAT_ATTRIBUTES:
+        columns[name] = found[name].value if name in found else None
+        columns[f"{name}_score"] = found[name].score if name in found else None
+    return columns
+
+
+def _caption_columns(result: ImageResult) -> dict[str, object]:
+    """The caption and its measurements, as ``caption`` and ``caption_<field>`` columns."""
+    fields = result.caption.model_dump() if result.caption else {}
+    return {"caption": fields.pop("caption", None), **{f"caption_{name}": value for name, value in fields.items()}}
+
+
+def _variant_columns(result: ImageResult) -> dict[str, object]:
+    variants = result.variants
+    return {
+        "variants_model": variants.model if variants else None,
+        "variant_uris": [v.uri for v in variants.images] if variants else [],
+        "variant_seeds": [v.seed for v in variants.images] if variants else [],
+        "variants_ms": variants.ms if variants else None,
+    }
+
+
+def _made_by_columns(result: ImageResult) -> dict[str, object]:
+    made_by = result.made_by
+    settings = {step: made.settings for step, made in made_by.items() if made.settings}
+    return {
+        **{f"{role}_model": made_by[step].model if step in made_by else None for step, role in MADE_BY_ROLES.items()},
+        "output_settings": json.dumps(settings, sort_keys=True) if settings else None,
+    }
+
+
+def images_table(results: list[ImageResult]) -> pa.Table:
+    rows = [
+        {
+            **result.model_dump(exclude={"detections", "caption", "variants", "made_by"}),
+            **_made_by_columns(result),
+            "detections": [_detection_row(d) for d in result.detections],
+            **_caption_columns(result),
+            **_variant_columns(result),
+        }
+        for result in results
+    ]
+    return pa.Table.from_pylist(rows, schema=IMAGES_SCHEMA)
+
+
+def detections_table(results: list[ImageResult]) -> pa.Table:
+    rows = [
+        {
+            "image_id": result.image_id,
+            "source_uri": result.source_uri,
+            "batch_id": result.batch_id,
+            "detection_index": index,
+            **_detection_row(detection),
+            **_flat_attributes(detection),
+            "processed_at": result.processed_at,
+        }
+        for result in results
+        for index, detection in enumerate(result.detections)
+    ]
+    return pa.Table.from_pylist(rows, schema=DETECTIONS_SCHEMA)
+
+
+def table_file_uris(results_root: str, file_stem: str, day: datetime) -> dict[str, str]:
+    """Where a group's (or a batch's unfinished groups') rows go in each table: one file per day and name."""
+    partition = f"{PARTITION_COLUMN}={day:%Y-%m-%d}"
+    return {name: join_uri(results_root, TABLES_PREFIX, name, partition, f"{file_stem}.parquet") for name in SCHEMAS}
+
+
+def write_table_files(
+    results: list[ImageResult], results_root: str, file_stem: str, day: datetime, store_for: StoreFor
+) -> dict[str, str]:
+    """Write ``results``' rows of both tables under ``file_stem``, replacing an earlier copy; returns their URIs.
+
+    The day is the batch's planning day, so the same batch run again writes the same files.
+    """
+    uris = table_file_uris(results_root, file_stem, day)
+    for name, table in (("images", images_table(results)), ("detections", detections_table(results))):
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression="zstd")
+        store_for(uris[name]).write_bytes(uris[name], sink.getvalue().to_pybytes(), "application/vnd.apache.parquet")
+    return uris

@@ -1,0 +1,254 @@
+"""Measurements: `annotate bench` and its siblings (ingest, the API, the bulk lane, Detect as Lambda runs it),
+`chaos` (AWS's faults and quotas played against the local workflow) and `cost` (a month priced from them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from shared.errors import validation_reason
+from tools.cli.common import (
+    err,
+    fail,
+    out,
+    quiet_logs,
+)
+
+commands = typer.Typer()
+
+
+@commands.command()
+def bench(
+    images: Annotated[list[Path] | None, typer.Argument(help="Images to run on (default: two samples)")] = None,
+    repeats: Annotated[int, typer.Option(help="Alternating runs per image and side")] = 3,
+    threads: Annotated[int, typer.Option(help="torch and llama.cpp threads; 0 = every core")] = 0,
+    short_side: Annotated[int, typer.Option(help="The pipeline's detection resolution")] = 800,
+    crops: Annotated[int, typer.Option(help="Boxes per image for Classify and Tag")] = 8,
+    models: Annotated[str, typer.Option(help="random (full-size architectures) or tiny")] = "random",
+    lossy_short_side: Annotated[int, typer.Option(help="The lower detection resolution measured for drift")] = 512,
+    lossy_queries: Annotated[int, typer.Option(help="The fewer decoder queries measured for drift")] = 300,
+    variants: Annotated[bool, typer.Option(help="Also time variants at 256 and 512 px")] = True,
+    out_dir: Annotated[Path, typer.Option(help="Where bench.json and bench.md go")] = Path("bench"),
+) -> None:
+    """Time this pipeline against the straightforward way, side by side, and write the report."""
+    from tools.bench.models import BenchOptions, run_bench
+
+    quiet_logs(False)
+    samples = Path(__file__).resolve().parents[2] / "samples"
+    try:
+        options = BenchOptions(
+            images=images or [samples / "chelsea-the-cat.jpg", samples / "coffee.webp"],
+            repeats=repeats,
+            threads=threads,
+            short_side=short_side,
+            crops=crops,
+            models=models,
+            lossy_short_side=lossy_short_side,
+            lossy_queries=lossy_queries,
+            variants=variants,
+            out_dir=out_dir,
+        )
+    except ValidationError as error:
+        raise fail(validation_reason(error)) from None
+    report = run_bench(options, progress=lambda text: err.print(f"[dim]{text}[/dim]"))
+    out.print((out_dir / "bench.md").read_text(), highlight=False, soft_wrap=True)
+    out.print(f"whole image: {report['whole_image']['speedup']}x the reference; written to {out_dir}/")
+
+
+@commands.command("bench-ingest")
+def bench_ingest(
+    objects: Annotated[int, typer.Option(help="Objects under the prefix ingest plans")] = 100_000,
+    out_dir: Annotated[Path, typer.Option(help="Where ingest.json and ingest.md go")] = Path("bench"),
+) -> None:
+    """Time ingest planning a large S3 prefix (moto), and its memory, beside a HEAD per object; write the report."""
+    from tools.bench.ingest import run_ingest_bench
+
+    quiet_logs(False)
+    run_ingest_bench(objects, out_dir, progress=lambda text: err.print(f"[dim]{text}[/dim]"))
+    out.print((out_dir / "ingest.md").read_text(), highlight=False, soft_wrap=True)
+
+
+@commands.command("bench-api")
+def bench_api(
+    image: Annotated[Path | None, typer.Argument(help="The image to answer (default: a sample)")] = None,
+    repeats: Annotated[int, typer.Option(help="Alternating runs of each side")] = 7,
+    out_dir: Annotated[Path, typer.Option(help="Where api.json and api.md go")] = Path("bench"),
+) -> None:
+    """Time the synchronous API (annotate serve) against the same work in-process, and write the report."""
+    from tools.bench.api import markdown_report, run_api_bench
+
+    quiet_logs(False)
+    image = image or Path(__file__).resolve().parents[2] / "samples" / "chelsea-the-cat.jpg"
+    if not image.is_file():
+        raise fail(f"{image} is not a file: name an image to answer")
+    report = run_api_bench(image, repeats, out_dir)
+    out.print(markdown_report(report), highlight=False)
+
+
+@commands.command("bench-bulk")
+def bench_bulk(
+    images: Annotated[list[Path] | None, typer.Argument(help="Images to run on (default: two samples)")] = None,
+    copies: Annotated[int, typer.Option(help="Copies of each image (distinct files)")] = 5,
+    repeats: Annotated[int, typer.Option(help="Alternating runs of each side")] = 3,
+    out_dir: Annotated[Path, typer.Option(help="Where bulk.json and bulk.md go")] = Path("bench"),
+    models: Annotated[str, typer.Option(help="random: full-size architectures; tiny: a quick check")] = "random",
+) -> None:
+    """Time the bulk worker against the same images one at a time, and write the report."""
+    from tools.bench.bulk import markdown_report, run_bulk_bench
+
+    quiet_logs(False)
+    samples = Path(__file__).resolve().parents[2] / "samples"
+    missing = [str(path) for path in images or [] if not path.is_file()]
+    if missing:
+        raise fail(f"not files: {', '.join(missing)}")
+    if models not in ("random", "tiny"):
+        raise fail(f"--models is random or tiny, not {models}")
+    report = run_bulk_bench(
+        images or [samples / "chelsea-the-cat.jpg", samples / "coffee.webp"],
+        copies,
+        repeats,
+        out_dir,
+        "tiny" if models == "tiny" else "random",
+    )
+    out.print(markdown_report(report), highlight=False)
+
+
+@commands.command("bench-lambda-detect")
+def bench_lambda_detect(
+    image: Annotated[Path, typer.Option(exists=True, dir_okay=False)] = Path("samples/chelsea-the-cat.jpg"),
+    out_dir: Annotated[Path, typer.Option(help="Where lambda-detect.json and lambda-detect.md go")] = Path("bench"),
+) -> None:
+    """Time Detect and measure its peak memory as a Lambda environment without SnapStart runs it, on OpenVINO and
+    ONNX Runtime (the full-size model, random weights); write the report."""
+    from tools.bench.lambda_detect import write_report
+
+    quiet_logs(False)
+    out.print(write_report(image, out_dir), highlight=False, soft_wrap=True)
+
+
+@commands.command()
+def chaos(
+    images: Annotated[int, typer.Option(min=3, max=5000, help="Generated images to annotate")] = 200,
+    throttle: Annotated[float, typer.Option(min=0, max=0.5, help="Lambda TooManyRequests, per invocation")] = 0.05,
+    snapstart_not_ready: Annotated[
+        float, typer.Option(min=0, max=0.5, help="Lambda SnapStartNotReady, per model step invocation")
+    ] = 0.02,
+    service_error: Annotated[
+        float, typer.Option(min=0, max=0.5, help="Lambda ServiceException, per invocation")
+    ] = 0.02,
+    s3_slowdown: Annotated[float, typer.Option(min=0, max=0.5, help="S3 503 SlowDown, per request")] = 0.03,
+    s3_internal_error: Annotated[float, typer.Option(min=0, max=0.5, help="S3 500, per request")] = 0.01,
+    hang: Annotated[str, typer.Option(help="The step that hangs past its timeout once (none: no hang)")] = "detect",
+    variants_images: Annotated[
+        int, typer.Option(min=0, max=20, help="Images of a second batch with variants, whose first Fargate task stops")
+    ] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of the images and the faults")] = 7,
+    lambda_concurrency: Annotated[
+        int | None, typer.Option(min=2, help="The account's Lambda concurrency quota (a new account's may be 10)")
+    ] = None,
+    snapstart_reinit: Annotated[
+        float, typer.Option(min=0, max=120, help="Seconds an inactive SnapStart version re-initialises")
+    ] = 0.0,
+    batches: Annotated[int, typer.Option(min=1, max=10, help="Messages sent at once, whose batches overlap")] = 1,
+    bulk_images: Annotated[int, typer.Option(min=0, max=200, help="Images of a bulk-lane message sent with them")] = 0,
+    fargate_vcpus: Annotated[
+        int | None, typer.Option(min=1, help="The account's Fargate vCPUs (a new account's may be 6)")
+    ] = None,
+    spot_shortage: Annotated[
+        float, typer.Option(min=0, max=600, help="Seconds Fargate Spot has no capacity, from the first Spot task")
+    ] = 0.0,
+) -> None:
+    """Annotate generated images through the local workflow with AWS faults injected; account for every image.
+
+    Exits 1 when an image has no row or more than one, or one other than the hung image is recorded as failed.
+    """
+    from tools.local.chaos import MODEL_STEPS, Faults, run_chaos
+
+    if hang not in {*MODEL_STEPS, "write_result", "none"}:
+        raise fail(f"--hang must be one of {sorted({*MODEL_STEPS, 'write_result', 'none'})}")
+    quiet_logs(False)
+    faults = Faults(
+        throttle=throttle,
+        snapstart_not_ready=snapstart_not_ready,
+        service_error=service_error,
+        s3_slowdown=s3_slowdown,
+        s3_internal_error=s3_internal_error,
+        hang_step=None if hang == "none" else hang,
+        variants_images=variants_images,
+        seed=seed,
+        lambda_concurrency=lambda_concurrency,
+        snapstart_reinit_s=snapstart_reinit,
+        batches=batches,
+        bulk_images=bulk_images,
+        fargate_vcpus=fargate_vcpus,
+        spot_shortage_s=spot_shortage,
+    )
+    # Each line whole, at any width: a program reads the last one
+    out.print(faults.account(), highlight=False, soft_wrap=True)
+    out.print(faults.describe(), highlight=False, soft_wrap=True)
+    report = run_chaos(images, faults)
+    out.print(f"Lambda invocations at once: {report.most_in_flight} at the most", highlight=False, soft_wrap=True)
+    if bulk_images:
+        out.print(f"Fargate vCPUs at once: {report.most_fargate_vcpus:g} at the most", highlight=False, soft_wrap=True)
+    out.print(report.timing, highlight=False, soft_wrap=True)
+    for row in report.failed:
+        failed = f"recorded as failed: {row['source_uri']} ({row['failed_step']}): {row['error']}"
+        out.print(failed, highlight=False, soft_wrap=True)
+    injected = "injected: " + ", ".join(f"{name} {n}" for name, n in sorted(report.injected.items()))
+    out.print(injected, highlight=False, soft_wrap=True)
+    out.print(report.line, highlight=False, soft_wrap=True)
+    if report.lost or report.duplicated or report.unexpected_failures:
+        raise typer.Exit(1)
+
+
+@commands.command()
+def cost(
+    bench_file: Annotated[Path, typer.Option("--bench", help="A bench.json written by annotate bench")] = Path(
+        "bench/bench.json"
+    ),
+    prices_file: Annotated[Path | None, typer.Option("--prices", help="Prices (default: tools/bench/data)")] = None,
+    out_dir: Annotated[Path, typer.Option(help="Where cost.md, cost.json and cost.png go")] = Path("bench"),
+) -> None:
+    """Cost per 1,000 images and per month for the original study's scenarios, from measured seconds."""
+    import json
+
+    from tools.bench.cost import (
+        api_costs,
+        api_line,
+        bulk_line,
+        cost_table,
+        lanes_table,
+        load_prices,
+        markdown_table,
+        with_lambda_cold_start,
+        write_chart,
+    )
+
+    if not bench_file.is_file():
+        raise fail(f"{bench_file} does not exist: run annotate bench first")
+    lambda_detect = bench_file.with_name("lambda-detect.json")  # annotate bench-lambda-detect's, where it ran
+    api_bench = bench_file.with_name("api.json")  # annotate bench-api's
+    bulk_bench = bench_file.with_name("bulk.json")  # annotate bench-bulk's
+    try:
+        prices = load_prices(prices_file)
+        bench = json.loads(bench_file.read_text())
+        if lambda_detect.is_file():
+            bench = with_lambda_cold_start(bench, json.loads(lambda_detect.read_text()))
+        rows = cost_table(bench, prices)
+        report = markdown_table(rows, prices, bench)
+        if api_bench.is_file():
+            report += "\n" + api_line(api_costs(json.loads(api_bench.read_text()), prices)) + "\n"
+        if bulk_bench.is_file():
+            bulk = json.loads(bulk_bench.read_text())
+            report += "\n" + bulk_line(bench, bulk, prices) + "\n\n" + lanes_table(bench, bulk, prices)
+    except (KeyError, TypeError, ValueError) as error:
+        raise fail(f"{bench_file} or the prices file is not what annotate bench writes: {error!r}") from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "cost.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out_dir / "cost.md").write_text(report)
+    write_chart(rows, out_dir / "cost.png")
+    out.print(report, highlight=False, soft_wrap=True)
+    out.print(f"written to {out_dir}/cost.md, cost.json and cost.png")

@@ -1,0 +1,578 @@
+"""Run the real workflow definition on this machine, with no AWS account.
+
+moto's Step Functions interpreter (LocalStack's) executes ``state_machine/pipeline.asl.json`` as AWS would;
+its Lambda invocations are dispatched here to the real handlers in ``functions/``, in this process. As in
+Lambda, each function serves one invocation at a time.
+
+One piece: the dispatcher, the interpreter's patched service calls and the local starter share one moto backend
+and its executions; apart, each would reach into the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from unittest import mock
+
+from shared.contracts import BatchInput, BatchSummary, ImageOutcome, SummarizeInput
+from shared.observability import logger, metrics
+from shared.pipeline.dependencies import Step, dependencies_of
+from shared.settings import get_settings
+from shared.storage.objects import split_s3
+from tools.local.step_functions import (
+    FargateRefused,
+    FunctionTimedOut,
+    LambdaServiceError,
+    aws_task_errors,
+    express_children_limited,
+)
+from tools.local.workflow import FUNCTION_PLACEHOLDERS, for_moto, step_timeouts, substitute, without_function_timeouts
+
+if TYPE_CHECKING:
+    from moto.core.config import DefaultConfig
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"
+FUNCTION_PREFIX = "annotate-"
+# Locally the Fargate tasks (Variants, the bulk lane's) run in this process, so their placeholders only need to be
+# well formed.
+LOCAL_FARGATE = {
+    f"{kind}{part}": value
+    for kind, family in (("Variants", "annotate-variants"), ("Bulk", "annotate-bulk"))
+    for part, value in {
+        "ClusterArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/annotate-local",
+        "TaskDefinitionArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/{family}:1",
+        "SubnetA": "subnet-local-a",
+        "SubnetB": "subnet-local-b",
+        "SecurityGroup": "sg-local",
+    }.items()
+}
+# Locally, moto's S3 holds what the workflow itself reads and writes (the groups manifest its ItemReader reads, the
+# ResultWriter's manifest); everything else stays in the local results folder.
+LOCAL_BUCKET = "annotate-local-workflow"
+MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
+
+# (function name, payload, error or None), after each invocation, and ("bulk", {"outcome": ...}, None) after each
+# image of a bulk task: the CLI's progress display listens.
+InvocationListener = Callable[[str, dict[str, Any], BaseException | None], None]
+# (function name, payload), before the Lambda service runs an invocation: it may refuse it (LambdaServiceError) or
+# delay it, as `annotate chaos` does, without holding the function's environment; ("variants", {"task": job})
+# before a Variants task's container runs, and ("bulk", {"job_uri": ..., "image": n}) before each image of a bulk
+# task: it may stop the task there (any exception).
+InvocationGate = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class LocalContext:
+    """The parts of Lambda's context object that handlers and Powertools read."""
+
+    function_name: str
+    aws_request_id: str
+    memory_limit_in_mb: int = 3008
+    function_version: str = "$LATEST"
+
+    @property
+    def invoked_function_arn(self) -> str:
+        return f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{FUNCTION_PREFIX}{self.function_name}"
+
+    @staticmethod
+    def get_remaining_time_in_millis() -> int:
+        return 900_000
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    execution_arn: str
+    status: str  # SUCCEEDED, FAILED, TIMED_OUT or ABORTED
+    summary: BatchSummary | None
+    error: str | None
+
+
+def _error_payload(error: BaseException, error_type: str | None = None) -> dict[str, Any]:
+    return {
+        "errorType": error_type or type(error).__name__,
+        "errorMessage": str(error),
+        "stackTrace": traceback.format_tb(error.__traceback__),
+    }
+
+
+class HandlerDispatcher:
+    """Stands in for the Lambda service: runs ``functions/<name>/app.handler`` in this process, one invocation at a
+    time per function; with ``timeouts``, ends an invocation that ran past the function's timeout with Lambda's
+    timeout error (the timeout is the workflow's TimeoutSeconds for the step, which the function's equals: a test
+    holds them)."""
+
+    def __init__(
+        self,
+        listener: InvocationListener | None = None,
+        gate: InvocationGate | None = None,
+        timeouts: bool = False,
+        stopping: threading.Event | None = None,
+        concurrency: int | None = None,
+    ) -> None:
+        self.listener = listener
+        self.gate = gate
+        self._locks = {name: threading.Lock() for name in FUNCTION_PLACEHOLDERS.values()}
+        self._timeouts = step_timeouts() if timeouts else {}
+        self.stopping = stopping or threading.Event()
+        self.concurrency = concurrency
+        self.in_flight = self.most_in_flight = self.throttled = 0
+        self.busy_s = 0.0  # the functions' time, summed over every invocation
+        self._counting = threading.Lock()
+
+    def invoke(self, function: str, payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """(response payload, whether it is an error payload), as the Lambda Invoke API returns them."""
+        name = function.rsplit(":function:", 1)[-1].split(":", 1)[0].removeprefix(FUNCTION_PREFIX)
+        if self.stopping.is_set():
+            threading.Event().wait()  # the run is stopping: no invocation starts; the process ends without it
+        self._admit()
+        try:
+            if self.gate:
+                self.gate(name, payload)  # may refuse the invocation: LambdaServiceError reaches the caller
+            response, error = self._run(name, payload)
+        except FunctionTimedOut as timed_out:  # Lambda ended it at the function's timeout: its work is lost
+            response, error = _error_payload(timed_out, "Sandbox.Timedout"), timed_out
+        finally:
+            with self._counting:
+                self.in_flight -= 1
+        if self.listener:
+            self.listener(name, payload, error)
+        return response, error is not None
+
+    def _admit(self) -> None:
+        """Count the invocation in flight, or refuse it as Lambda does past the account's concurrency: Lambda "scales
+        up the number of execution environments to handle these requests until your account reaches its concurrency
+        quota" (Lambda developer guide, Lambda scaling behavior), and past it Invoke fails with
+        TooManyRequestsException, reason ConcurrentInvocationLimitExceeded (Lambda API reference). Here each
+        invocation waits for its function's one environment, so one counts from the Invoke call, as it would run on
+        AWS, not from when the function takes it."""
+        with self._counting:
+            if self.concurrency is not None and self.in_flight >= self.concurrency:
+                self.throttled += 1
+                raise LambdaServiceError(
+                    "TooManyRequestsException",
+                    f"Rate Exceeded: the account's concurrency of {self.concurrency} is in use",
+                )
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+
+    def drain(self, seconds: float) -> bool:
+        """Once ``stopping`` is set: wait for the invocations under way (and a bulk task's image) to end, and keep
+        every function from starting another. False when some were still running after ``seconds``."""
+        deadline = time.monotonic() + seconds
+        held = [*self._locks.values(), _BULK_TASK_AT_A_TIME]
+        return all(lock.acquire(timeout=max(0.0, deadline - time.monotonic())) for lock in held)
+
+    def _run(self, name: str, payload: dict[str, Any]) -> tuple[dict[str, Any], BaseException | None]:
+        handler = importlib.import_module(f"functions.{name}.app").handler
+        with self._locks[name]:
+            started = time.monotonic()
+            try:
+                response = handler(payload, LocalContext(function_name=name, aws_request_id=str(uuid.uuid4())))
+            except Exception as caught:  # a handler's exception is the task's error, as in Lambda
+                return _error_payload(caught), caught
+            finally:
+                metrics.clear_metrics()  # disabled locally (see local_workflow), so nothing else clears them
+                with self._counting:
+                    self.busy_s += time.monotonic() - started
+        if time.monotonic() - started > self._timeouts.get(name, float("inf")):
+            raise FunctionTimedOut(self._timeouts[name])
+        return response, None
+
+
+# Runs one ECS task's container to its end from RunTask's parameters and the task's ARN; raises when it would
+# exit non-zero.
+ContainerRunner = Callable[[dict[str, Any], str], None]
+# Serves one Lambda invocation: (function name or ARN, qualifier, payload) -> (response, whether an error).
+Invoker = Callable[[str, str | None, dict[str, Any]], tuple[dict[str, Any], bool]]
+
+
+def container_environment(run_task_parameters: dict[str, Any]) -> dict[str, str]:
+    """The environment RunTask's container overrides set (moto leaves the parameters' key case as written)."""
+    overrides = run_task_parameters.get("overrides") or run_task_parameters.get("Overrides") or {}
+    containers = overrides.get("containerOverrides") or overrides.get("ContainerOverrides") or []
+    return {
+        (item.get("name") or item.get("Name")): (item.get("value") or item.get("Value"))
+        for container in containers
+        for item in (container.get("environment") or container.get("Environment") or [])
+    }
+
+
+def _task_failed(service: Any, env: Any, cause: str, error: str = "States.TaskFailed") -> Exception:
+    """States.TaskFailed with ``cause``, as a stopped task with a non-zero exit code gives in AWS (moto would
+    otherwise report States.Runtime, which States.ALL cannot catch); or ``error``, a task ECS did not start."""
+    from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
+    from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import CustomErrorName
+    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
+        FailureEvent,
+        FailureEventException,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
+        StatesErrorNameType,
+    )
+    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+
+    details = TaskFailedEventDetails(
+        error=error,
+        cause=cause,
+        resource=service._get_sfn_resource(),
+        resourceType=service._get_sfn_resource_type(),
+    )
+    event = FailureEvent(
+        env=env,
+        error_name=(
+            StatesErrorName(typ=StatesErrorNameType.StatesTaskFailed)
+            if error == "States.TaskFailed"
+            else CustomErrorName(error)
+        ),
+        event_type=HistoryEventType.TaskFailed,
+        event_details=EventDetails(taskFailedEventDetails=details),  # type: ignore[typeddict-item]
+    )
+    return FailureEventException(failure_event=event)
+
+
+@contextmanager
+def services_in_process(invoke: Invoker, run_container: ContainerRunner, express_limit: bool = True) -> Iterator[None]:
+    """Inside an active ``mock_aws``: the interpreter's Lambda invocations and ECS tasks (.sync) run here, a Lambda
+    service error fails a Task as on AWS, and (``express_limit``) Express children end at the Express limit."""
+    from moto.awslambda_simple.models import LambdaSimpleBackend
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_ecs
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_ecs import (
+        StateTaskServiceEcs,
+    )
+
+    def lambda_invoke(backend: Any, function: str, qualifier: Any, body: Any, headers: Any, response_headers: Any):
+        response, failed = invoke(function, qualifier, json.loads(body or "{}"))
+        if failed:
+            response_headers["x-amz-function-error"] = "Unhandled"
+        return json.dumps(response).encode()
+
+    # The interpreter's Lambda tasks, straight to ``invoke``: through a botocore client and moto's HTTP routing
+    # each invocation cost tens of milliseconds of the GIL, which a thousand-image run spends ten times over.
+    def interpreter_invoke(parameters: dict[str, Any], region: str, state_credentials: Any) -> dict[str, Any]:
+        function, qualifier = str(parameters["FunctionName"]), parameters.get("Qualifier")
+        if function.startswith("arn:") and function.count(":") == 7:  # an alias or version ARN
+            function, qualifier = function.rsplit(":", 1)
+        payload = parameters.get("Payload") or b"{}"
+        try:
+            response, failed = invoke(
+                function, qualifier, json.loads(payload) if isinstance(payload, str | bytes) else payload
+            )
+        except LambdaServiceError as refused:  # the Invoke call itself failed, as botocore raises it
+            raise refused.as_client_error() from refused
+        return {"StatusCode": 200, "Payload": response} | ({"FunctionError": "Unhandled"} if failed else {})
+
+    # moto calls this with keywords: the parameter names are its own.
+    def run_task(
+        service: Any, env: Any, resource_runtime_part: Any, normalised_parameters: dict, state_credentials: Any
+    ) -> None:
+        cluster = str(normalised_parameters.get("Cluster") or normalised_parameters.get("cluster"))
+        task_arn = f"{cluster.replace(':cluster/', ':task/')}/{uuid.uuid4().hex}"
+        try:
+            run_container(normalised_parameters, task_arn)
+        except FargateRefused as refused:  # no task started
+            raise _task_failed(service, env, str(refused), refused.error) from refused
+        except Exception as error:  # the container's exit code 1
+            cause = f"Essential container in task exited: {type(error).__name__}: {error}"
+            raise _task_failed(service, env, cause) from error
+        task = {"TaskArn": task_arn, "LastStatus": "STOPPED", "Containers": [{"ExitCode": 0}]}
+        env.stack.append({"Tasks": [task]})
+
+    def stopped_task(service: Any, env: Any, *args: Any, **kwargs: Any) -> Callable[[], dict]:
+        task = env.stack.pop()["Tasks"][0]
+        return lambda: task
+
+    with (
+        aws_task_errors(),
+        express_children_limited() if express_limit else nullcontext(),
+        mock.patch.object(LambdaSimpleBackend, "invoke", lambda_invoke),
+        mock.patch.object(lambda_eval_utils, "_invoke_lambda_function", interpreter_invoke),
+        mock.patch.object(StateTaskServiceEcs, "_eval_service_task", run_task),
+        mock.patch.object(StateTaskServiceEcs, "_build_sync_resolver", stopped_task),
+        # moto's interpreter drops RunTask's CapacityProviderStrategy, which Step Functions passes on to ECS (the
+        # AWS CDK's EcsRunTask sets it since aws-cdk#35465): the bulk lane's Spot-then-on-demand depends on it.
+        mock.patch.dict(
+            state_task_service_ecs._SUPPORTED_API_PARAM_BINDINGS,
+            {"runtask": state_task_service_ecs._SUPPORTED_API_PARAM_BINDINGS["runtask"] | {"CapacityProviderStrategy"}},
+        ),
+    ):
+        yield
+
+
+def create_idempotency_table(name: str, region: str = REGION) -> None:
+    """Inside ``mock_aws``: the table Powertools Idempotency keeps ingest's claims in, as template.yaml makes it."""
+    import boto3
+
+    boto3.client("dynamodb", region_name=region).create_table(
+        TableName=name,
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+
+
+def local_definition() -> str:
+    """The definition as the local runner creates it: placeholders filled with local values; the children run as
+    Standard executions, marked for the Express limit unless the request asks for variants (see
+    :func:`~tools.local.workflow.for_moto`); no Lambda Task has TimeoutSeconds, since here each function is one
+    environment that a Task may wait for: with ``aws_limits``, the dispatcher times each invocation from its start
+    instead, as Lambda does."""
+    return without_function_timeouts(
+        for_moto(
+            substitute(
+                {
+                    placeholder: f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{FUNCTION_PREFIX}{name}"
+                    for placeholder, name in FUNCTION_PLACEHOLDERS.items()
+                }
+                | LOCAL_FARGATE
+                | {
+                    "ResultsBucket": LOCAL_BUCKET,
+                    "Partition": "aws",
+                    "GroupExecutionType": "EXPRESS",
+                    "VariantsResource": "arn:aws:states:::ecs:runTask.sync",
+                }
+            ),
+            variants_run_standard=True,
+        )
+    )
+
+
+def _run_container(
+    gate: InvocationGate | None,
+    listener: InvocationListener | None,
+    stopping: threading.Event,
+    run_task_parameters: dict[str, Any],
+    task_arn: str,
+) -> None:
+    """Locally a Fargate task's container (the Variants step's, or a bulk job's) is this process, with the settings
+    in force; ``gate`` may stop the task, as Fargate may (an exception is a stopped task): a Variants task before it
+    starts, a bulk task before each of its images."""
+    environment = container_environment(run_task_parameters)
+    if "ANNOTATE_BULK_JOB" in environment:
+        # ECS may refuse to start it (``gate``: FargateRefused); once started, it holds its vCPUs until it stops
+        strategy = run_task_parameters.get("CapacityProviderStrategy") or [{}]
+        task = {
+            "capacity_provider": strategy[0].get("CapacityProvider") or strategy[0].get("capacityProvider"),
+            "vcpus": get_settings().bulk_task_cpu / 1024,
+        }
+        if gate:
+            gate("fargate:start", task)
+        try:
+            _run_bulk_container(gate, listener, stopping, environment["ANNOTATE_BULK_JOB"])
+        finally:
+            if gate:
+                gate("fargate:stop", task)
+        return
+    from shared.pipeline.variants_task import run
+
+    job = environment.get("ANNOTATE_VARIANT_JOB", "")
+    if gate:
+        gate("variants", {"task": json.loads(job or "{}")})
+    run(job)
+
+
+# A bulk task takes every core of its machine: here, one at a time (the Map may start many at once).
+_BULK_TASK_AT_A_TIME = threading.Lock()
+
+
+def _run_bulk_container(
+    gate: InvocationGate | None, listener: InvocationListener | None, run_stopping: threading.Event, job_uri: str
+) -> None:
+    from shared.pipeline.bulk import read_job, run_job
+
+    dependencies = dependencies_of(Step.WRITE_RESULT)
+    checks = itertools.count()
+
+    def stopping() -> bool:  # the gate's exception ends the task between two images, as a kill would
+        if gate:
+            gate("bulk", {"job_uri": job_uri, "image": next(checks)})
+        return run_stopping.is_set()
+
+    def on_image(outcome: ImageOutcome) -> None:
+        if listener:
+            listener("bulk", {"outcome": outcome.model_dump(mode="json")}, None)
+
+    with _BULK_TASK_AT_A_TIME:
+        run_job(read_job(job_uri, dependencies.store_for), dependencies_of, stopping, on_image)
+
+
+@contextmanager
+def _interpreter_quiet() -> Iterator[None]:
+    """moto's interpreter logs what it does not apply (ToleratedFailurePercentage) and each optional path a state
+    finds absent (NoSuchJsonPathError) as warnings and errors, on runs that succeed; how an execution ended is in
+    its status and error, which the runner reports."""
+    interpreter = logging.getLogger("moto.stepfunctions.parser")
+    level = interpreter.level
+    interpreter.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        interpreter.setLevel(level)
+
+
+# How long a stopping run waits for the invocations under way (a default-profile Detect takes seconds to tens).
+DRAIN_SECONDS = 300
+
+
+@contextmanager
+def local_workflow(
+    listener: InvocationListener | None = None,
+    gate: InvocationGate | None = None,
+    aws_limits: bool = False,
+    stopping: threading.Event | None = None,
+    dispatcher: HandlerDispatcher | None = None,
+) -> Iterator[Callable[..., ExecutionResult]]:
+    """Inside: a function that runs one batch through the workflow and waits for it to end. ``aws_limits``: hold
+    each function to its timeout and each child (but those of a request with variants) to the Express limit, as
+    AWS does (`annotate chaos`). Off for `annotate run`: here every function is one environment on this machine's
+    cores, which a batch's images queue for, and a real model may be slower here than on Lambda.
+
+    ``dispatcher``: a Lambda service of the caller's (an account's quota, as `annotate chaos` plays it), instead of
+    one made from ``listener``, ``gate``, ``aws_limits`` and ``stopping``.
+
+    Once ``stopping`` is set (Ctrl-C), no invocation starts; the batch under way ends ABORTED when those under
+    way have ended, and the process must then end (os._exit: the workflow's threads wait for invocations that
+    never come, and native libraries' threads abort an ordinary interpreter exit)."""
+    import boto3
+    from moto import mock_aws
+
+    dispatcher = dispatcher or HandlerDispatcher(listener, gate, timeouts=aws_limits, stopping=stopping)
+    with (
+        _interpreter_quiet(),
+        mock_aws(config=MOTO_CONFIG),
+        services_in_process(
+            lambda function, _, payload: _mirroring_hand_backs(dispatcher.invoke(function, payload), payload),
+            partial(_run_container, dispatcher.gate, dispatcher.listener, dispatcher.stopping),
+            express_limit=aws_limits,
+        ),
+        # Locally the measurements are in the image rows; EMF is for CloudWatch and would flood the terminal.
+        mock.patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"}),
+    ):
+        client = boto3.client("stepfunctions", region_name=REGION)
+        s3 = boto3.client("s3", region_name=REGION)
+        s3.create_bucket(Bucket=LOCAL_BUCKET)
+        machine_arn = client.create_state_machine(
+            name="annotate-local",
+            definition=local_definition(),
+            roleArn=f"arn:aws:iam::{ACCOUNT}:role/annotate-local",
+        )["stateMachineArn"]
+
+        def run(batch: BatchInput, name: str | None = None) -> ExecutionResult:
+            # The ItemReader reads S3: the groups manifest ingest wrote (and the bulk lane's, the bulk manifest)
+            _to_moto_s3(batch, "round_groups_uri", *(["bulk_manifest_uri"] if batch.lane == "bulk" else []))
+            execution_arn = client.start_execution(
+                stateMachineArn=machine_arn,
+                name=name or f"{batch.batch_id}-{uuid.uuid4().hex[:8]}",  # unnamed executions collide in moto
+                input=batch.model_dump_json(),
+            )["executionArn"]
+            return _wait(client, execution_arn, dispatcher)
+
+        yield run
+
+
+def _to_moto_s3(batch: BatchInput, *manifests: str) -> None:
+    """Copies each of ``batch``'s ``manifests`` (names of its URI properties) from the store in force to moto's S3,
+    where the workflow's ItemReader reads it."""
+    import boto3
+
+    s3 = boto3.client("s3", region_name=REGION)
+    in_moto = batch.model_copy(update={"results_uri": f"s3://{LOCAL_BUCKET}"})
+    for manifest in manifests:
+        local, (_, key) = getattr(batch, manifest), split_s3(getattr(in_moto, manifest))
+        body = dependencies_of(Step.SUMMARIZE_BATCH).store_for(local).read_bytes(local)
+        s3.put_object(Bucket=LOCAL_BUCKET, Key=key, Body=body)
+
+
+def _mirroring_hand_backs(answer: tuple[dict[str, Any], bool], payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """A function's answer, after copying the next round's manifest to moto's S3 when it is SummarizeBatch's and
+    hands groups back."""
+    response, failed = answer
+    if not failed and isinstance(response, dict) and response.get("handed_back"):
+        ended = SummarizeInput.model_validate(payload)
+        batch = BatchInput.model_validate(ended.model_dump(include=set(BatchInput.model_fields)))
+        _to_moto_s3(batch.model_copy(update={"round": response["handed_back"]["round"]}), "round_groups_uri")
+    return answer
+
+
+def _wait(client: Any, execution_arn: str, dispatcher: HandlerDispatcher) -> ExecutionResult:
+    pause = 0.02
+    while (execution := client.describe_execution(executionArn=execution_arn))["status"] == "RUNNING":
+        if dispatcher.stopping.is_set():
+            drained = dispatcher.drain(DRAIN_SECONDS)
+            reason = "stopped (Ctrl-C or SIGTERM)" + ("" if drained else "; some invocations had not ended")
+            return ExecutionResult(execution_arn=execution_arn, status="ABORTED", summary=None, error=reason)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.5)  # each poll is a request through moto, which competes for the GIL
+    status = execution["status"]
+    summary = BatchSummary.model_validate_json(execution["output"]) if status == "SUCCEEDED" else None
+    error = None if summary else f"{execution.get('error', status)}: {_one_line(execution.get('cause', ''))}"
+    logger.info("execution ended", extra={"execution_arn": execution_arn, "status": status})
+    return ExecutionResult(execution_arn=execution_arn, status=status, summary=summary, error=error)
+
+
+def _one_line(cause: str) -> str:
+    """An execution's cause as a person reads it: a Lambda error payload's type and message, not its stack."""
+    try:
+        payload = json.loads(cause)
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict) and "errorMessage" in payload:
+        cause = f"{payload.get('errorType', 'Error')}: {payload['errorMessage']}"
+    lines = cause.strip().splitlines()
+    return lines[0][:500] if lines else ""
+
+
+class LocalStarter:
+    """Runs each started batch to its end through the local workflow, keeping the results in order and a record
+    of each run in ``data_dir/runs/`` (what ``annotate status`` reads)."""
+
+    def __init__(
+        self,
+        run: Callable[..., ExecutionResult],
+        data_dir: Path,
+        delivery: str,
+        stopping: threading.Event | None = None,
+    ) -> None:
+        self._run = run
+        self._stopping = stopping or threading.Event()
+        self._data_dir = data_dir
+        self._delivery = delivery
+        self.results: list[tuple[BatchInput, ExecutionResult]] = []
+
+    def start(self, batch: BatchInput, name: str) -> str:
+        from tools.results.status import RunRecord, now, record_run
+
+        record = RunRecord(
+            execution_name=name,
+            batch_id=batch.batch_id,
+            delivery=self._delivery,
+            images=batch.images,
+            started_at=now(),
+            pid=os.getpid(),
+        )
+        record_run(self._data_dir, record)
+        if self._stopping.is_set():  # a batch after Ctrl-C: recorded, so that status counts its images as left
+            result = ExecutionResult(
+                execution_arn=name, status="ABORTED", summary=None, error="stopped before it started"
+            )
+        else:
+            result = self._run(batch, name)
+        ended = {"status": result.status, "ended_at": now(), "error": result.error}
+        record_run(self._data_dir, record.model_copy(update=ended))
+        self.results.append((batch, result))
+        return result.execution_arn

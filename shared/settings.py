@@ -2,6 +2,9 @@
 
 Values come from the environment (prefix ``ANNOTATE_``; ``template.yaml`` sets them in AWS) or, locally, from the
 command line through :func:`use_settings`. No other module reads ``os.environ``.
+
+One piece: every setting is one field of one class, found in one place with its default, bounds and description;
+the per-concern sections are views of it.
 """
 
 from __future__ import annotations
@@ -169,6 +172,11 @@ class IngestSettings(_Section):
     bulk_concurrency: int
     fargate_vcpus: int
     bulk_task_cpu: int
+    max_wait_minutes: int
+    bulk_task_start_s: float
+    bulk_seconds_per_image: float
+    gathered_bulk_from_images: int
+    drops_queue_url: str
     state_machine_arn: str
     results_root: str
 
@@ -376,6 +384,32 @@ class Settings(BaseSettings):
         " lane runs at most this many vCPUs of tasks at once (the template's FargateVcpus)",
     )
     bulk_task_cpu: int = Field(2048, ge=256, le=16384, description="CPU units of a bulk task (the template's BulkCpu)")
+    max_wait_minutes: int = Field(
+        0,
+        ge=0,
+        le=1440,
+        description="The latency dial (the template's MaxWaitMinutes): 0 annotates each dropped image at once on"
+        " Lambda; N gathers drops and starts what gathered every N minutes (sooner when a bulk task's worth waits),"
+        " in the cheapest lane that ends within N more minutes",
+    )
+    bulk_task_start_s: float = Field(
+        77.0,
+        gt=0,
+        le=3600,
+        description="A bulk task's start and model load, seconds: annotate cost's task start and annotate bench's model"
+        " load (every Detect size compiled)",
+    )
+    bulk_seconds_per_image: float = Field(
+        4.17, gt=0, le=600, description="A bulk task's seconds per image (annotate bench-bulk's worker)"
+    )
+    gathered_bulk_from_images: int = Field(
+        2,
+        ge=1,
+        le=1_000_000,
+        description="Gathered images run in the bulk lane from this many: where one task's start and model load costs"
+        " less than Lambda would for them (annotate cost's break-even)",
+    )
+    drops_queue_url: str = Field("", description="The queue dropped images' events wait in (the gatherer reads it)")
     state_machine_arn: str = Field("", description="The deployed workflow (AWS mode)")
     results_uri: str = Field("", description="Where results go; empty means data_dir (local mode)")
     api_key: SecretStr = Field(

@@ -105,7 +105,17 @@ class PlannedBatch:
         ]
 
 
-def choose_lane(message: PromptMessage, images: int, settings: IngestSettings) -> Lane:
+@dataclass(frozen=True)
+class LaneChoice:
+    """A batch's lane and why (written on the batch for ``annotate status``); for gathered images, the images each
+    bulk task takes so that it ends within the wait."""
+
+    lane: Lane
+    reason: str
+    images_per_task: int = 0
+
+
+def choose_lane(message: PromptMessage, images: int, settings: IngestSettings) -> LaneChoice:
     """The message's lane; ``auto`` is bulk from ``bulk_from_images`` images where the stack has the lane and the
     request can run there.
 
@@ -114,12 +124,49 @@ def choose_lane(message: PromptMessage, images: int, settings: IngestSettings) -
     """
     if message.lane == "auto":
         wanted = settings.bulk_enabled and message.variants is None and images >= settings.bulk_from_images
-        return "bulk" if wanted else "lambda"
+        return LaneChoice(
+            "bulk" if wanted else "lambda", f"auto: {images} images, bulk from {settings.bulk_from_images}"
+        )
     if message.lane == "bulk" and not settings.bulk_enabled:
         raise RequestRejected("the message asks for the bulk lane, but this stack was deployed without it")
     if message.lane == "bulk" and message.variants is not None:
         raise RequestRejected("variants are made in the lambda lane: send the message with lane lambda or auto")
-    return message.lane
+    return LaneChoice(message.lane, "the message asked for it")
+
+
+def gathered_lane(images: int, settings: IngestSettings, wait_s: float | None = None) -> LaneChoice:
+    """The cheapest lane that ends gathered images within the wait (``max_wait_minutes``): the bulk lane's Fargate
+    Spot tasks from ``gathered_bulk_from_images`` images (where a task's start and model load costs less than Lambda
+    would for them), each task taking at most what it annotates within the wait, as long as the tasks that needs
+    may run at once; Lambda otherwise, whose fan-out ends any batch in minutes. ``wait_s``: the wait, if not the
+    stack's (``annotate watch`` takes fractions of a minute)."""
+    wait_s = settings.max_wait_minutes * 60 if wait_s is None else wait_s
+    wait = f"{wait_s / 60:g} min"
+    start_s, per_image_s = settings.bulk_task_start_s, settings.bulk_seconds_per_image
+    per_task = int((wait_s - start_s) // per_image_s)
+    if not settings.bulk_enabled:
+        return LaneChoice("lambda", "the stack has no bulk lane")
+    if images < settings.gathered_bulk_from_images:
+        return LaneChoice(
+            "lambda",
+            f"{images} image(s): a bulk task's start and model load ({start_s:.0f} s) pays from "
+            f"{settings.gathered_bulk_from_images}",
+        )
+    if per_task < 1:
+        return LaneChoice("lambda", f"a bulk task's start and model load ({start_s:.0f} s) outlasts the wait")
+    tasks, at_once = -(-images // per_task), bulk_tasks_at_once(settings)
+    if tasks > at_once:
+        return LaneChoice(
+            "lambda",
+            f"{images} images need {tasks} bulk tasks to end within {wait}; {at_once} may run at once",
+        )
+    ends_s = start_s + -(-images // tasks) * per_image_s  # the images shared evenly between the tasks
+    return LaneChoice(
+        "bulk",
+        f"{images} gathered images in {tasks} bulk task(s) of at most {per_task}: {start_s:.0f} s start and model "
+        f"load + {per_image_s:g} s an image end in {ends_s / 60:.1f} min, within the {wait} wait",
+        images_per_task=per_task,
+    )
 
 
 def bulk_tasks_at_once(settings: IngestSettings) -> int:
@@ -151,12 +198,26 @@ def lambda_fan_out(settings: IngestSettings) -> tuple[int, int]:
     return images, groups
 
 
+def _tasks_within(images: int, per_task: int, most_per_group: int) -> tuple[int, int]:
+    """(images per group, groups per task) for ``images`` in as few tasks of at most about ``per_task`` images as
+    hold them, shared evenly: 177 images, 197 a task and groups of 40 give one task of 5 groups of 36."""
+    tasks = -(-images // per_task)
+    task_images = -(-images // tasks)
+    groups = -(-task_images // most_per_group)
+    return -(-task_images // groups), groups
+
+
 def plan_batches(
-    message: PromptMessage, settings: IngestSettings, store_for: StoreFor, now: datetime | None = None
+    message: PromptMessage,
+    settings: IngestSettings,
+    store_for: StoreFor,
+    now: datetime | None = None,
+    choice: LaneChoice | None = None,
 ) -> list[PlannedBatch]:
     """The executions that annotate everything ``message`` names: one, unless it names more images than one
     execution takes (``max_images_per_batch``), each in groups of ``images_per_group`` (``bulk_images_per_group`` in
-    the bulk lane), fewer where the account's Lambda concurrency needs it (:func:`lambda_fan_out`)."""
+    the bulk lane), fewer where the account's Lambda concurrency needs it (:func:`lambda_fan_out`). ``choice``: the
+    lane already chosen (gathered images: :func:`gathered_lane`), a bulk task per group of its size."""
     request = message.request()
     planned_at = now or datetime.now(UTC)
     refs = [
@@ -164,16 +225,20 @@ def plan_batches(
         for uri, fingerprint in expand_locations(message.images, store_for, settings.results_root).items()
     ]
     batches = []
-    lane = choose_lane(message, min(len(refs), settings.max_images_per_batch), settings)
+    lane = choice or choose_lane(message, min(len(refs), settings.max_images_per_batch), settings)
     for start in range(0, len(refs), settings.max_images_per_batch):
         chunk = refs[start : start + settings.max_images_per_batch]
         size, at_once = lambda_fan_out(settings)
-        size = settings.bulk_images_per_group if lane == "bulk" else size
+        per_job = 0
+        if lane.lane == "bulk":
+            size = settings.bulk_images_per_group
+            if lane.images_per_task:  # as few tasks as end in time, their images shared evenly
+                size, per_job = _tasks_within(len(chunk), lane.images_per_task, size)
         groups = [
             ImageGroup(group_id=f"g-{index:06d}", images=chunk[offset : offset + size])
             for index, offset in enumerate(range(0, len(chunk), size))
         ]
-        per_job = groups_per_bulk_job(len(groups), settings)
+        per_job = per_job or groups_per_bulk_job(len(groups), settings)
         batch = BatchInput(
             batch_id=batch_id(request, chunk),
             request=request,
@@ -182,8 +247,9 @@ def plan_batches(
             images=len(chunk),
             groups=len(groups),
             group_concurrency=at_once,
-            lane=lane,
-            bulk_jobs=-(-len(groups) // per_job) if lane == "bulk" else 0,
+            lane=lane.lane,
+            lane_reason=lane.reason,
+            bulk_jobs=-(-len(groups) // per_job) if lane.lane == "bulk" else 0,
             bulk_concurrency=bulk_tasks_at_once(settings),
             hand_backs=settings.hand_backs,
             hand_back_wait_s=settings.hand_back_wait_s,

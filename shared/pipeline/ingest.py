@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from shared.contracts import AnnotationRequest, BatchInput, PromptMessage, batch_input_uri
 from shared.errors import RequestRejected, TransientError, validation_reason
 from shared.observability import MetricUnit, logger, metrics
-from shared.pipeline.batches import PlannedBatch, plan_batches
+from shared.pipeline.batches import LaneChoice, PlannedBatch, plan_batches
 from shared.pipeline.tracing import tracer
 from shared.settings import IngestSettings
 from shared.storage.objects import StoreFor, is_s3, join_uri, split_s3
@@ -108,9 +108,11 @@ def start_batches(
     starter: WorkflowStarter,
     store_for: StoreFor,
     allowed_buckets: Collection[str] | None = None,
+    choice: LaneChoice | None = None,
 ) -> list[str]:
-    """Plan the message's batches, write each one's input and groups manifest beside the results, and start one
-    execution each (one per message unless it names more than ``max_images_per_batch`` images).
+    """Plan the message's batches (in ``choice``'s lane, if given), write each one's input and groups manifest beside
+    the results, and start one execution each (one per message unless it names more than ``max_images_per_batch``
+    images).
 
     ``allowed_buckets`` is AWS mode: only ``s3://`` locations in those buckets are accepted (None: local mode).
     """
@@ -118,7 +120,7 @@ def start_batches(
         refuse_outside_buckets(message.images, allowed_buckets)
     if message.variants is not None and not settings.variants_enabled:
         raise RequestRejected("the message asks for variants, but this stack was deployed without them")
-    batches = plan_batches(message, settings, store_for)
+    batches = plan_batches(message, settings, store_for, choice=choice)
     if not batches:
         raise RequestRejected("the message's locations hold no images: " + ", ".join(message.images[:5]))
     started = []
@@ -182,7 +184,7 @@ class S3EventClaims:
         from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer, IdempotencyConfig
 
         self._persistence = DynamoDBPersistenceLayer(
-            table_name=settings.idempotency_table, boto3_client=_dynamodb_client()
+            table_name=settings.idempotency_table, boto3_client=dynamodb_client()
         )
         config = IdempotencyConfig(expires_after_seconds=settings.idempotency_expiry_s)
         self._persistence.configure(config, function_name="s3-events")
@@ -216,8 +218,10 @@ def ingest_sqs_batch(
     store_for: StoreFor,
     allowed_buckets: Collection[str] | None = None,
     remaining_ms: Callable[[], int] | None = None,
+    dropped_lane: Callable[[int], LaneChoice] | None = None,
 ) -> dict[str, Any]:
-    """Handle one SQS batch: each prompt message starts its own batches; the S3 events are grouped into one.
+    """Handle one SQS batch: each prompt message starts its own batches; the S3 events are grouped into one, in the
+    lane ``dropped_lane`` picks for their number (gathered images), or as a message with lane auto.
 
     ``allowed_buckets``: AWS mode, see :func:`start_batches`. ``remaining_ms`` (Lambda's remaining time) bounds how
     long this invocation's claims on S3 events stay in progress (see :class:`S3EventClaims`).
@@ -247,7 +251,7 @@ def ingest_sqs_batch(
         processor.process()
     response: dict[str, Any] = dict(processor.response())
     if dropped:
-        retry = _start_dropped(dropped, settings, starter, store_for, allowed_buckets, remaining_ms)
+        retry = _start_dropped(dropped, settings, starter, store_for, allowed_buckets, remaining_ms, dropped_lane)
         response["batchItemFailures"] += [{"itemIdentifier": message_id} for message_id in retry]
     return response
 
@@ -259,6 +263,7 @@ def _start_dropped(
     store_for: StoreFor,
     allowed_buckets: Collection[str] | None,
     remaining_ms: Callable[[], int] | None,
+    dropped_lane: Callable[[int], LaneChoice] | None = None,
 ) -> list[str]:
     """Start the dropped images not started before as one batch; returns the SQS message ids to retry."""
     request = AnnotationRequest(prompt=settings.ingest_prompt)
@@ -279,7 +284,8 @@ def _start_dropped(
     message = PromptMessage(prompt=settings.ingest_prompt, images=[event.uri for event in events])
     identities = "|".join(sorted(f"{event.uri}@{event.etag}" for event in events))
     try:
-        executions = start_batches(message, identities, settings, starter, store_for, allowed_buckets)
+        choice = dropped_lane(len(events)) if dropped_lane else None
+        executions = start_batches(message, identities, settings, starter, store_for, allowed_buckets, choice)
     except Exception as error:
         logger.exception("starting the S3 batch failed", extra={"images": len(events)})
         if claims is not None:
@@ -319,7 +325,7 @@ class StepFunctionsStarter:
 
 
 @functools.cache
-def _dynamodb_client() -> Any:
+def dynamodb_client() -> Any:
     """One client per process (the region is boto3's own resolution, the function's region in Lambda)."""
     import boto3
 
@@ -341,5 +347,5 @@ def deployed_starter(state_machine_arn: str) -> StepFunctionsStarter:
 
 def refresh_clients() -> None:
     """New AWS clients on next use (a test's or the rehearsal's fresh moto, or a new region)."""
-    _dynamodb_client.cache_clear()
+    dynamodb_client.cache_clear()
     deployed_starter.cache_clear()

@@ -93,7 +93,10 @@ def test_snapstart_trades_init_time_for_restores_and_a_cache_that_costs_when_idl
 def test_fargate_runs_enough_always_on_tasks_for_the_peak_day() -> None:
     hourly = 2 * 0.04048 + 8 * 0.004445
     assert fargate_month(BENCH, PRICES, IDLE) == pytest.approx(hourly * 720)  # one task, even idle
-    assert fargate_month(BENCH, PRICES, BURSTS) == pytest.approx(2 * hourly * 720)  # 25,000 > 21,600 a task
+    # and its results' S3 requests, as every option writes them: the image and the result check read, the JSON and
+    # the PNG written, three files per group of 40
+    requests = (250_000 * (2 * 0.0004 + 2 * 0.005) + 6_250 * 3 * 0.005) / 1000
+    assert fargate_month(BENCH, PRICES, BURSTS) == pytest.approx(2 * hourly * 720 + requests)  # 25,000 > 21,600 a task
 
 
 def test_rekognition_is_labels_plus_properties_per_image() -> None:
@@ -272,3 +275,36 @@ def test_annotate_cost_adds_the_lanes_where_bench_bulk_ran(tmp_path) -> None:
     for images in ("10,000", "100,000", "1,000,000"):
         assert report.count(f"| {images} |") == 3  # the Lambda lane, bulk on Spot, bulk on-demand
     assert "The bulk lane's compute" in report and "Spot prices: 2026-11-01" in report
+    assert "| steady: 17,000 a day | gathered, 15 min (MaxWaitMinutes=15) |" in report
+    assert "| steady: 17,000 a day | 15 min | 178 | bulk:" in report
+
+
+def test_the_dial_at_15_minutes_is_a_third_of_the_always_on_task_and_5x_below_lambda_as_benched() -> None:
+    from tools.bench.cost import gathered_month
+
+    bench = json.loads((REPO / "bench" / "bench.json").read_text())
+    bulk = json.loads((REPO / "bench" / "bulk.json").read_text())
+    month = gathered_month(bench, bulk, PRICES, STEADY, 15)
+    # 17,000 a day in batches of 178 every 15 minutes: each one bulk task that ends within the next 15 minutes
+    assert (month.images_per_batch, month.choice.lane, month.lane.wall_s < 15 * 60) == (178, "bulk", True)
+    assert month.total <= fargate_month(bench, PRICES, STEADY) / 3
+    assert month.total * 5 <= lambda_month(bench, PRICES, STEADY)
+
+
+def test_an_idle_month_with_the_dial_on_costs_only_its_looks() -> None:
+    from tools.bench.cost import gathered_month
+
+    month = gathered_month(BENCH, BULK, PRICES, IDLE, 15)
+    assert month.batches == 0 and month.total == month.gathering < 1.0
+
+
+def test_the_stack_s_rule_runs_on_the_figures_annotate_cost_measured() -> None:
+    from shared.settings import Settings
+    from tools.bench.cost import gathered_bulk_from_images, gathered_settings
+
+    bench = json.loads((REPO / "bench" / "bench.json").read_text())
+    bulk = json.loads((REPO / "bench" / "bulk.json").read_text())
+    measured, deployed = gathered_settings(bench, bulk, 15), Settings()
+    assert deployed.bulk_task_start_s == pytest.approx(measured.bulk_task_start_s, abs=1.0)
+    assert deployed.bulk_seconds_per_image == pytest.approx(measured.bulk_seconds_per_image, abs=0.01)
+    assert deployed.gathered_bulk_from_images == gathered_bulk_from_images(bench, bulk, PRICES)

@@ -20,6 +20,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from shared.pipeline.batches import LaneChoice
+from shared.settings import IngestSettings
 from tools.aws.sam_template import by_default, load_template
 
 SECONDS_PER_MONTH = 30 * 24 * 3600
@@ -225,11 +227,20 @@ def orchestration_share(bench: dict[str, Any], prices: dict[str, Any], scenario:
 def fargate_month(
     bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, vcpus: int = 2, memory_gb: int = 8
 ) -> float:
-    """Always-on Fargate tasks sized for the scenario's peak day (at least one), running the whole pipeline."""
+    """Always-on Fargate tasks sized for the scenario's peak day (at least one), running the whole pipeline, and the
+    S3 requests of its results (as the bulk worker makes them: every option writes the same results)."""
     per_task_per_day = 86_400 / bench["whole_image"]["pipeline_s"]
     tasks = max(1, math.ceil(scenario.peak_images_per_day / per_task_per_day))
     hourly = vcpus * prices["fargate"]["x86_vcpu_hour"] + memory_gb * prices["fargate"]["x86_gb_hour"]
-    return tasks * hourly * HOURS_PER_MONTH
+    return tasks * hourly * HOURS_PER_MONTH + _bulk_s3_requests(scenario.images_per_month, prices)
+
+
+def _bulk_s3_requests(images: int, prices: dict[str, Any]) -> float:
+    s3 = prices["s3"]
+    return (
+        images * (BULK_S3_GETS_PER_IMAGE * s3["get_per_1000"] + BULK_S3_PUTS_PER_IMAGE * s3["put_per_1000"])
+        + math.ceil(images / BULK_IMAGES_PER_GROUP) * S3_PUTS_PER_GROUP * s3["put_per_1000"]
+    ) / 1000
 
 
 def _template_default(name: str) -> int:
@@ -305,22 +316,26 @@ def bulk_model_load_s(bench: dict[str, Any]) -> float:
 
 
 def bulk_lane(
-    images: int, bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any], spot: bool = True
+    images: int,
+    bench: dict[str, Any],
+    bulk: dict[str, Any],
+    prices: dict[str, Any],
+    spot: bool = True,
+    jobs: int | None = None,
 ) -> LaneEstimate:
     """The bulk lane: each task's start and model load (measured by annotate bench), then its images at the worker's
     seconds (measured by annotate bench-bulk on this machine's cores, as many as a task's vCPUs), on Fargate Spot or
-    on-demand at the template's task size."""
-    jobs, per_job = bulk_jobs(images)
+    on-demand at the template's task size; in ``jobs`` tasks if given (a gathered batch's), else as ingest plans."""
+    if jobs is None:
+        jobs, per_job = bulk_jobs(images)
+    else:
+        per_job = math.ceil(images / jobs)
     seconds_per_image = bulk["seconds_per_image"]["worker"]
     start_s = TASK_START_S + bulk_model_load_s(bench)
     fargate = prices["fargate_spot" if spot else "fargate"]
     hourly = BULK_VCPUS * fargate["x86_vcpu_hour"] + BULK_MEMORY_GB * fargate["x86_gb_hour"]
     task_seconds = jobs * max(60.0, start_s) + images * seconds_per_image  # Fargate bills a minute at least
-    s3 = prices["s3"]
-    requests = (
-        images * (BULK_S3_GETS_PER_IMAGE * s3["get_per_1000"] + BULK_S3_PUTS_PER_IMAGE * s3["put_per_1000"])
-        + math.ceil(images / BULK_IMAGES_PER_GROUP) * S3_PUTS_PER_GROUP * s3["put_per_1000"]
-    ) / 1000
+    requests = _bulk_s3_requests(images, prices)
     transitions = len(STATES_PER_BULK_BATCH) + jobs * TRANSITIONS_PER_BULK_JOB
     return LaneEstimate(
         lane="bulk, Fargate Spot" if spot else "bulk, Fargate on-demand",
@@ -410,12 +425,153 @@ def bulk_line(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any
     )
 
 
+# The latency dial (MaxWaitMinutes): the settings each priced, and the gatherer's own work, estimated (not measured
+# here): a look a minute reads the queue's size and the clock, about 0.2 s; each image gathered adds about 0.01 s of
+# receiving and claiming. Per image besides: its event sent to the queue, received and deleted (by tens), and its
+# claim written twice (in progress, started); per look, the queue's attributes, the clock read, and (when gathering)
+# written.
+DIALS_MINUTES = (15, 60)
+GATHER_LOOK_S, GATHER_PER_IMAGE_S = 0.2, 0.01
+GATHER_MEMORY_GB = int(TEMPLATE["Resources"]["GatherFunction"]["Properties"]["MemorySize"]) / 1024
+LOOKS_PER_MONTH = 30 * 24 * 60
+GATHER_SQS_REQUESTS_PER_IMAGE = 1 + 2 / 10
+CLAIM_WRITES_PER_IMAGE = 2
+
+
+def gathered_settings(bench: dict[str, Any], bulk: dict[str, Any], minutes: int) -> IngestSettings:
+    """The stack's ingest settings by default, with the dial at ``minutes`` and the rule's figures measured: a bulk
+    task's start (estimated) and model load (annotate bench), its seconds an image (annotate bench-bulk)."""
+    from shared.settings import Settings
+
+    return Settings(
+        max_wait_minutes=minutes,
+        bulk_task_start_s=TASK_START_S + bulk_model_load_s(bench),
+        bulk_seconds_per_image=bulk["seconds_per_image"]["worker"],
+        bulk_images_per_group=BULK_IMAGES_PER_GROUP,
+        bulk_concurrency=BULK_CONCURRENCY,
+        fargate_vcpus=_template_default("FargateVcpus"),
+        bulk_task_cpu=_template_default("BulkCpu"),
+    ).ingest
+
+
+def gathered_bulk_from_images(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any]) -> int:
+    """The fewest gathered images whose one bulk task (its start, model load and images, on Spot) costs less than
+    Lambda's warm seconds for them: where the rule starts taking the bulk lane (``gathered_bulk_from_images``)."""
+    spot = prices["fargate_spot"]
+    hourly = BULK_VCPUS * spot["x86_vcpu_hour"] + BULK_MEMORY_GB * spot["x86_gb_hour"]
+    start_s = max(60.0, TASK_START_S + bulk_model_load_s(bench))  # Fargate bills a minute at least
+    per_image_s = bulk["seconds_per_image"]["worker"]
+    on_lambda = lambda_compute_per_image(bench, prices)
+    return next(n for n in range(1, 10_000) if (start_s + n * per_image_s) * hourly / 3600 < n * on_lambda)
+
+
+@dataclass(frozen=True)
+class GatheredMonth:
+    """A month of ``scenario`` with the dial at ``minutes``: its batches, the lane the rule picks for each, their
+    cost and the gathering's, and the longest a drop waits for its row."""
+
+    minutes: int
+    images_per_batch: int
+    batches: int
+    choice: LaneChoice
+    lane: LaneEstimate
+    gathering: float
+
+    @property
+    def total(self) -> float:
+        return self.lane.total * self.batches + self.gathering
+
+    @property
+    def worst_wait_s(self) -> float:
+        return self.minutes * 60 + self.lane.wall_s
+
+
+def gathered_month(
+    bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any], scenario: Scenario, minutes: int
+) -> GatheredMonth:
+    """Drops spread over each active day, gathered every ``minutes``: each batch in the lane
+    :func:`~shared.pipeline.batches.gathered_lane` picks (the deployed rule, on the measured figures)."""
+    from shared.pipeline.batches import gathered_lane
+
+    images = scenario.images_per_month
+    per_batch = math.ceil(scenario.peak_images_per_day * minutes / (24 * 60)) if images else 0
+    batches = math.ceil(images / per_batch) if per_batch else 0
+    choice = gathered_lane(max(1, per_batch), gathered_settings(bench, bulk, minutes))
+    if choice.lane == "bulk":
+        lane = bulk_lane(per_batch, bench, bulk, prices, jobs=math.ceil(per_batch / choice.images_per_task))
+    else:
+        lane = lambda_lane(max(1, per_batch), bench, prices)
+    lambda_prices, per_million = prices["lambda"], 1e6
+    per_look = (
+        GATHER_LOOK_S * GATHER_MEMORY_GB * lambda_prices["x86_gb_second"]
+        + (
+            lambda_prices["per_million_requests"]
+            + prices["eventbridge"]["per_million_events"]
+            + prices["sqs"]["per_million_requests"]
+            + prices["dynamodb"]["read_per_million"]
+        )
+        / per_million
+    )
+    per_image = (
+        GATHER_PER_IMAGE_S * GATHER_MEMORY_GB * lambda_prices["x86_gb_second"]
+        + (
+            GATHER_SQS_REQUESTS_PER_IMAGE * prices["sqs"]["per_million_requests"]
+            + CLAIM_WRITES_PER_IMAGE * prices["dynamodb"]["write_per_million"]
+        )
+        / per_million
+    )
+    clock_writes = batches * prices["dynamodb"]["write_per_million"] / per_million
+    gathering = LOOKS_PER_MONTH * per_look + images * per_image + clock_writes
+    return GatheredMonth(minutes, per_batch, batches, choice, lane, gathering)
+
+
+def gathered_line(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any]) -> str:
+    """The dial against the always-on task and the Lambda lane at the study's steady load, in this run's figures."""
+    steady = SCENARIOS[1]
+    fargate, on_lambda = fargate_month(bench, prices, steady), lambda_month(bench, prices, steady)
+    parts = []
+    for minutes in DIALS_MINUTES:
+        month = gathered_month(bench, bulk, prices, steady, minutes)
+        parts.append(
+            f"at {minutes} min, ${month.total:,.2f} a month ({month.total / fargate:.2f} of the always-on Fargate "
+            f"task's ${fargate:,.2f}, {on_lambda / month.total:.1f}x below Lambda's ${on_lambda:,.2f}), batches of "
+            f"{month.images_per_batch} in the {month.choice.lane} lane, a drop's row within "
+            f"{month.worst_wait_s / 60:.0f} min"
+        )
+    return (
+        f"Dropped images gathered (MaxWaitMinutes above 0) at {steady.name}: " + "; ".join(parts) + ". The gathering "
+        f"itself (a look a minute, the queue's and the claims' requests) is in each total; its Lambda seconds are "
+        f"estimates ({GATHER_LOOK_S:g} s a look, {GATHER_PER_IMAGE_S:g} s an image)."
+    )
+
+
+def gathered_table(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any]) -> str:
+    """The dial at each setting for the study's loads: batch size, lane (and why), cost by part, longest wait."""
+    lines = [
+        "| scenario | dial | images a batch | lane | batches | batches' cost | gathering | total | longest wait |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for scenario in SCENARIOS:
+        for minutes in DIALS_MINUTES:
+            month = gathered_month(bench, bulk, prices, scenario, minutes)
+            lane = f"{month.choice.lane}: {month.choice.reason}" if month.batches else "none"
+            lines.append(
+                f"| {scenario.name} | {minutes} min | {month.images_per_batch:,} | {lane} | {month.batches:,} | "
+                f"${month.lane.total * month.batches:,.2f} | ${month.gathering:,.2f} | ${month.total:,.2f} | "
+                f"{month.worst_wait_s / 60:.0f} min |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def rekognition_month(prices: dict[str, Any], scenario: Scenario) -> float:
     per_1000 = prices["rekognition"]["detect_labels_per_1000"] + prices["rekognition"]["image_properties_per_1000"]
     return scenario.images_per_month / 1000 * per_1000
 
 
-def cost_table(bench: dict[str, Any], prices: dict[str, Any]) -> list[dict[str, Any]]:
+def cost_table(
+    bench: dict[str, Any], prices: dict[str, Any], bulk: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Each scenario's month per option; with a bulk bench (``bulk``), the latency dial's settings too."""
     rows = []
     for scenario in SCENARIOS:
         options = {
@@ -424,6 +580,9 @@ def cost_table(bench: dict[str, Any], prices: dict[str, Any]) -> list[dict[str, 
             "Fargate always-on": fargate_month(bench, prices, scenario),
             "Rekognition (labels + properties)": rekognition_month(prices, scenario),
         }
+        for minutes in DIALS_MINUTES if bulk else ():
+            month = gathered_month(bench, bulk or {}, prices, scenario, minutes)
+            options[f"gathered, {minutes} min (MaxWaitMinutes={minutes})"] = month.total
         for option, monthly in options.items():
             per_1000 = monthly / scenario.images_per_month * 1000 if scenario.images_per_month else None
             rows.append(

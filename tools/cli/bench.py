@@ -220,6 +220,8 @@ def cost(
         api_line,
         bulk_line,
         cost_table,
+        gathered_line,
+        gathered_table,
         lanes_table,
         load_prices,
         markdown_table,
@@ -237,13 +239,14 @@ def cost(
         bench = json.loads(bench_file.read_text())
         if lambda_detect.is_file():
             bench = with_lambda_cold_start(bench, json.loads(lambda_detect.read_text()))
-        rows = cost_table(bench, prices)
+        bulk = json.loads(bulk_bench.read_text()) if bulk_bench.is_file() else None
+        rows = cost_table(bench, prices, bulk)
         report = markdown_table(rows, prices, bench)
         if api_bench.is_file():
             report += "\n" + api_line(api_costs(json.loads(api_bench.read_text()), prices)) + "\n"
-        if bulk_bench.is_file():
-            bulk = json.loads(bulk_bench.read_text())
+        if bulk:
             report += "\n" + bulk_line(bench, bulk, prices) + "\n\n" + lanes_table(bench, bulk, prices)
+            report += "\n" + gathered_line(bench, bulk, prices) + "\n\n" + gathered_table(bench, bulk, prices)
     except (KeyError, TypeError, ValueError) as error:
         raise fail(f"{bench_file} or the prices file is not what annotate bench writes: {error!r}") from None
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -266,6 +266,8 @@ def status(
                 if batch.missing
                 else ""
             )
+            + f"; {batch.lane} lane"
+            + (f" ({batch.lane_reason})" if batch.lane_reason else "")
             + f"; results in {batch.results}",
             highlight=False,
             soft_wrap=True,

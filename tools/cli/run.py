@@ -150,6 +150,61 @@ def send(
     _annotate(message, f"annotate-send:{message_file.resolve()}", settings)
 
 
+@commands.command()
+def watch(
+    folder: Annotated[Path, typer.Argument(help="The folder images are dropped into", exists=True, file_okay=False)],
+    prompt: Annotated[str, typer.Option(help="Phrases to detect, separated by periods: 'dog. cat.'")],
+    max_wait: Annotated[
+        float, typer.Option("--max-wait", min=0.05, max=1440, help="Minutes a dropped image waits at most to start")
+    ] = 15.0,
+    data_dir: DataDir = Path("annotate-data"),
+    profile: Annotated[Profile, typer.Option(help="default: real checkpoints; tiny: offline")] = Profile.DEFAULT,
+    caption: Annotated[bool, typer.Option(help="Write a caption with the LLM")] = True,
+    stop_after: Annotated[
+        float | None, typer.Option(min=0, help="Minutes after which to run what waits and stop (default: Ctrl-C)")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the structured logs")] = False,
+) -> None:
+    """Annotate images as they are dropped into a folder, gathered as the stack's MaxWaitMinutes gathers them:
+    every --max-wait minutes (sooner when a bulk task's worth waits) what was dropped runs as one batch, in the
+    cheapest lane that ends within the wait. Ctrl-C or SIGTERM stops; what was dropped and not started is left for
+    the next watch."""
+    from datetime import UTC, datetime, timedelta
+
+    from shared.contracts import PromptMessage
+    from shared.pipeline.batches import gathered_lane
+    from tools.local.watch import FolderDrops, watch_folder
+
+    quiet_logs(verbose)
+    settings = use_settings(profile=profile, data_dir=data_dir)
+    try:  # the prompt's bounds, said before the first drop
+        PromptMessage(prompt=prompt, images=["-"])
+    except ValidationError as error:
+        raise fail(validation_reason(error)) from None
+    results: list[tuple[Any, Any]] = []
+
+    def run_gathered(paths: list[Path], choice: Any, why: str) -> None:
+        err.print(f"gathered {len(paths)} ({why}): {choice.lane} lane, {choice.reason}", highlight=False)
+        message = PromptMessage(prompt=prompt, images=[str(path) for path in paths], caption=caption, lane=choice.lane)
+        delivery = f"annotate-watch:{folder.resolve()}:{datetime.now(UTC).isoformat()}"
+        results.extend(_run_locally(message, delivery, settings, stop.requested, choice))
+
+    until = datetime.now(UTC) + timedelta(minutes=stop_after) if stop_after is not None else None
+    out.print(f"watching {folder} (every {max_wait:g} min); Ctrl-C stops", highlight=False)
+    drops = FolderDrops(folder, settings.data_dir)
+    with _stopped_by_signals() as stop, _disk_full_said(settings.data_dir):
+        left = watch_folder(drops, settings.ingest, max_wait * 60, run_gathered, stop.requested, until=until)
+        if stop.requested.is_set():
+            _say_stopped([batch for batch, _ in results], settings)
+            if left:
+                out.print(f"{len(left)} dropped images not started: the next watch gathers them", highlight=False)
+            stop.exit()
+        left = drops.not_gathered()
+        if left:
+            run_gathered(left, gathered_lane(len(left), settings.ingest, max_wait * 60), "the watch ends")
+    _summarize(results, False, settings)
+
+
 def _refuse_remote_locations(locations: list[str]) -> None:
     elsewhere = [location for location in locations if "://" in location and not location.startswith("file://")]
     if elsewhere:
@@ -162,6 +217,19 @@ def _refuse_remote_locations(locations: list[str]) -> None:
 def _annotate(message: Any, delivery: str, settings: Settings) -> None:
     """Start the message's batches on the local workflow, show progress, print the summary and exit. Ctrl-C or
     SIGTERM stops it between images: what is under way ends, the rest is left for the same command to finish."""
+    with _stopped_by_signals() as stop, _disk_full_said(settings.data_dir):
+        results = _run_locally(message, delivery, settings, stop.requested)
+        if stop.requested.is_set():
+            _say_stopped([batch for batch, _ in results], settings)
+            stop.exit()
+    _summarize(results, message.variants is not None, settings)
+
+
+def _run_locally(
+    message: Any, delivery: str, settings: Settings, stopping: Any, choice: Any = None
+) -> list[tuple[Any, Any]]:
+    """The message's batches (in ``choice``'s lane, if given) on the local workflow, with progress: each batch and
+    its execution's result."""
     from shared.errors import ModelUnavailable, RequestRejected
     from shared.pipeline.ingest import start_batches
     from shared.storage.objects import store_for
@@ -169,44 +237,35 @@ def _annotate(message: Any, delivery: str, settings: Settings) -> None:
     from tools.models.tiny_models import build_named_models
 
     _refuse_remote_locations(message.images)
-
     try:
         build_named_models(settings, variants=message.variants is not None)
     except ModelUnavailable as error:
         raise fail(str(error)) from None
 
     columns = (TextColumn("annotating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with (
-        _stopped_by_signals() as stop,
-        _disk_full_said(settings.data_dir),
-        Progress(*columns, console=err, transient=True) as progress,
-    ):
+    with Progress(*columns, console=err, transient=True) as progress:
         task = progress.add_task("images", total=0)
 
         def on_invocation(function: str, payload: dict, error: BaseException | None) -> None:
             if function in ("write_result", "bulk"):  # an image ended, in either lane
                 progress.advance(task)
 
-        with local_workflow(on_invocation, stopping=stop.requested) as run_batch:
+        with local_workflow(on_invocation, stopping=stopping) as run_batch:
 
             def run_counted(batch: Any, name: str) -> ExecutionResult:
                 progress.update(task, total=(progress.tasks[0].total or 0) + batch.images)
                 err.print(f"batch {batch.batch_id}: execution {name}", highlight=False)
                 return run_batch(batch, name)
 
-            starter = LocalStarter(run_counted, settings.data_dir, delivery, stop.requested)
+            starter = LocalStarter(run_counted, settings.data_dir, delivery, stopping)
             try:
-                start_batches(message, delivery, settings.ingest, starter, store_for)
+                start_batches(message, delivery, settings.ingest, starter, store_for, choice=choice)
             except RequestRejected as error:
                 raise fail(str(error)) from None
-            if stop.requested.is_set():
-                progress.stop()
-                _say_stopped([batch for batch, _ in starter.results], settings)
-                stop.exit()
-    _summarize(starter.results, message, settings)
+    return list(starter.results)
 
 
-def _summarize(results: list[Any], message: Any, settings: Settings) -> None:
+def _summarize(results: list[Any], variants: bool, settings: Settings) -> None:
     """Each image: succeeded, failed (with its reason), or not annotated (its batch ended before it); then exit."""
     succeeded = failed = left = 0
     for batch, result in results:
@@ -233,7 +292,7 @@ def _summarize(results: list[Any], message: Any, settings: Settings) -> None:
         )
         if any(NO_SPACE in (row["error"] or "") for row in failures):
             err.print(_disk_full(settings.data_dir), highlight=False, soft_wrap=True)
-    if message.variants:
+    if variants:
         _print_batch_rows(
             "variants",
             "SELECT source_uri, unnest(variant_uris) AS variant, unnest(variant_seeds) AS seed FROM images "

@@ -72,6 +72,8 @@ class BatchStatus(BaseModel):
     failed: int
     failures: list[Failure]
     results: str = Field(description="Where the batch's result documents are")
+    lane: str = "lambda"
+    lane_reason: str = Field("", description="Why that lane (the rule that chose it)")
 
     @property
     def still_running(self) -> int:
@@ -118,6 +120,8 @@ def batch_status(
         failed=len(failures),
         failures=sorted(failures, key=lambda failure: failure.source_uri),
         results=folder,
+        lane=batch.lane,
+        lane_reason=batch.lane_reason,
     )
 
 

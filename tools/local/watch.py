@@ -1,0 +1,82 @@
+"""`annotate watch`: the latency dial on a laptop. Files dropped into a folder are gathered as the stack's Gather
+function gathers S3 events, with the same rules (:func:`~shared.pipeline.gathering.gather_due`,
+:func:`~shared.pipeline.batches.gathered_lane`), and each gathering runs as one batch on the local workflow."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from shared.pipeline.batches import LaneChoice, gathered_lane
+from shared.pipeline.gathering import gather_due
+from shared.settings import IngestSettings
+
+# (the files, the lane chosen for them, why gathering was due)
+RunGathered = Callable[[list[Path], LaneChoice, str], None]
+
+
+@dataclass
+class FolderDrops:
+    """Files that appeared in a folder (hidden ones and the data folder aside), each counted as dropped once its size
+    and time stop changing between two looks: a copy still being written is not a drop yet."""
+
+    folder: Path
+    data_dir: Path
+    _seen: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    _gathered: set[Path] = field(default_factory=set)
+
+    def _files(self) -> dict[Path, tuple[int, int]]:
+        data_dir = self.data_dir.resolve()
+        files = {}
+        for path in self.folder.rglob("*"):
+            hidden = any(part.startswith(".") for part in path.relative_to(self.folder).parts)
+            if hidden or not path.is_file() or path.resolve().is_relative_to(data_dir):
+                continue
+            stat = path.stat()
+            files[path] = (stat.st_size, stat.st_mtime_ns)
+        return files
+
+    def look(self) -> list[Path]:
+        """The files dropped and not gathered yet."""
+        files = self._files()
+        dropped = sorted(path for path, stat in files.items() if self._seen.get(path) == stat)
+        self._seen = files
+        return [path for path in dropped if path not in self._gathered]
+
+    def gathered(self, paths: list[Path]) -> None:
+        self._gathered.update(paths)
+
+    def not_gathered(self) -> list[Path]:
+        """Every file there not gathered yet, settled or not: what a watch that ends runs last."""
+        return sorted(path for path in self._files() if path not in self._gathered)
+
+
+def watch_folder(
+    drops: FolderDrops,
+    settings: IngestSettings,
+    wait_s: float,
+    run_gathered: RunGathered,
+    stopping: threading.Event,
+    look_every_s: float = 1.0,
+    until: datetime | None = None,
+) -> list[Path]:
+    """Look every ``look_every_s`` until ``stopping`` is set (or ``until``); whenever gathering is due, run what was
+    dropped as one batch, in the lane the stack's rule picks. Returns what was dropped but not started (stopped: the
+    next watch gathers it)."""
+    last: datetime | None = None
+    waiting: list[Path] = []
+    while not stopping.is_set() and (until is None or datetime.now(UTC) < until):
+        waiting = drops.look()
+        now = datetime.now(UTC)
+        due = gather_due(now, last, len(waiting), settings, wait_s, look_every_s)
+        if due:
+            last = now
+            if waiting:
+                run_gathered(waiting, gathered_lane(len(waiting), settings, wait_s), due)
+                drops.gathered(waiting)
+                waiting = []
+        stopping.wait(look_every_s)
+    return waiting

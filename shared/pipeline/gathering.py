@@ -41,6 +41,10 @@ class DropQueue(Protocol):
 
     def delete(self, records: list[dict[str, Any]]) -> None: ...
 
+    def release(self, records: list[dict[str, Any]]) -> None:
+        """Visible again at once: the next look tries them (the queue's receive limit ends a malformed one)."""
+        ...
+
 
 class GatherReport(BaseModel):
     """What one look at the queue did."""
@@ -126,6 +130,7 @@ def gather_drops(
     )
     returned = {failure["itemIdentifier"] for failure in response["batchItemFailures"]}
     queue.delete([record for record in records if record["messageId"] not in returned])
+    queue.release([record for record in records if record["messageId"] in returned])
     clock.mark(now)
     report = GatherReport(
         waiting=waiting,
@@ -168,14 +173,23 @@ class SqsDropQueue:
         return records
 
     def delete(self, records: list[dict[str, Any]]) -> None:
-        for start in range(0, len(records), 10):  # DeleteMessageBatch takes at most 10 entries
-            entries = [
-                {"Id": str(index), "ReceiptHandle": record["receiptHandle"]}
-                for index, record in enumerate(records[start : start + 10])
-            ]
+        for entries in _batches_of_ten(records):
             failed = self._sqs.delete_message_batch(QueueUrl=self._url, Entries=entries).get("Failed", [])
             if failed:  # they come back after the visibility timeout, and their claims skip them then
                 logger.warning("messages not deleted", extra={"failed": failed})
+
+    def release(self, records: list[dict[str, Any]]) -> None:
+        for entries in _batches_of_ten(records):
+            visible = [entry | {"VisibilityTimeout": 0} for entry in entries]
+            self._sqs.change_message_visibility_batch(QueueUrl=self._url, Entries=visible)
+
+
+def _batches_of_ten(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Entries for SQS's batch calls, which take at most ten."""
+    return [
+        [{"Id": str(index), "ReceiptHandle": record["receiptHandle"]} for index, record in enumerate(chunk)]
+        for chunk in (records[start : start + 10] for start in range(0, len(records), 10))
+    ]
 
 
 @functools.cache

@@ -176,3 +176,14 @@ def test_a_gatherer_that_dies_before_deleting_starts_nothing_twice(aws: dict[str
     report = look(aws, settings, NOON + timedelta(minutes=15))
     assert (report.gathered, report.returned) == (5, 0)
     assert len(batches(aws)) == 1 and queued(aws) == 0  # their claims said they had started: deleted, not started
+
+
+def test_a_malformed_message_is_left_for_the_next_look_and_the_rest_start(aws: dict[str, Any]) -> None:
+    settings = dial(15)
+    drop(aws, 2)
+    aws["sqs"].send_message(QueueUrl=aws["url"], MessageBody="{not json")
+    report = look(aws, settings, NOON)
+    # the two images start; the malformed message is visible again at once, for the queue's receive limit to end
+    assert (report.gathered, report.returned) == (3, 1) and len(batches(aws)) == 1
+    [back] = aws["sqs"].receive_message(QueueUrl=aws["url"], MaxNumberOfMessages=10)["Messages"]
+    assert back["Body"] == "{not json"

@@ -43,7 +43,30 @@ def test_without_variants_the_stack_deploys_with_only_the_required_answers(repor
         "EnableApi",
         "ApiAuth",
         "HandBackWaitSeconds",  # a second, not a minute: its story waits out a hand-back
+        "MaxWaitMinutes",  # 15: its dropped images are gathered
     }
+
+
+def test_with_the_dial_at_15_minutes_drops_wait_and_run_as_one_bulk_batch_and_a_dead_gatherer_loses_nothing(
+    reports: dict[bool, Report],
+) -> None:
+    # GIVEN the stack with MaxWaitMinutes=15: images dropped at minutes 1, 7 and 13, the Gather function invoked as
+    # its schedule does, once a minute
+    [gathered] = [step for step in reports[True].steps if "waited for the 15-minute look" in step]
+    # THEN they started at the look that ended the wait, as one batch in the bulk lane (its reason written on it),
+    # whose stopped task ran again; the gatherer died before deleting them, and none started twice
+    assert "ran as one bulk batch (3 gathered images in 1 bulk task(s)" in gathered
+    assert "within the 15 min wait" in gathered
+    # AND the gatherer received and deleted them, read and wrote its clock and claims, and started the execution,
+    # each as its own role (checked against its policies)
+    gather_calls = {call.request.action for call in reports[True].calls if call.request.principal == "GatherFunction"}
+    assert {
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:GetQueueAttributes",
+        "states:StartExecution",
+    } <= gather_calls
+    assert {"dynamodb:GetItem", "dynamodb:PutItem"} <= gather_calls
 
 
 def test_a_group_throttled_past_a_childs_retries_is_handed_back_and_annotated_on_the_deployed_stack(

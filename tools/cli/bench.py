@@ -10,12 +10,7 @@ import typer
 from pydantic import ValidationError
 
 from shared.errors import validation_reason
-from tools.cli.common import (
-    err,
-    fail,
-    out,
-    quiet_logs,
-)
+from tools.cli.common import err, fail, out, quiet_logs
 
 commands = typer.Typer()
 

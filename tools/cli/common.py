@@ -1,4 +1,4 @@
-"""What every command shares: the consoles, one-line failures, tables, quiet logs, a stack's outputs."""
+"""What every command shares: the consoles, one-line failures, tables, quiet logs."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 out = Console()
-
-
 err = Console(stderr=True)
-
 
 DataDir = Annotated[Path, typer.Option("--data-dir", file_okay=False, help="Local results folder")]
 
@@ -21,31 +18,6 @@ DataDir = Annotated[Path, typer.Option("--data-dir", file_okay=False, help="Loca
 def fail(message: str, code: int = 2) -> typer.Exit:
     err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
-
-
-def vocabularies(options: list[str]) -> dict[str, list[str]]:
-    vocabularies: dict[str, list[str]] = {}
-    for option in options:
-        name, separator, values = option.partition("=")
-        if not separator:
-            raise fail(f"--attribute {option!r} must look like NAME=VALUE,VALUE")
-        vocabularies[name.strip()] = [value.strip() for value in values.split(",") if value.strip()]
-    return vocabularies
-
-
-Stack = Annotated[
-    str | None, typer.Option(help="A deployed stack's name: its tables (Athena) and results instead of local ones")
-]
-
-
-def stack_outputs_or_fail(stack: str, *required: str) -> dict[str, str]:
-    from shared.errors import RequestRejected
-    from tools.aws.stack_outputs import stack_outputs
-
-    try:
-        return stack_outputs(stack, required)
-    except RequestRejected as error:
-        raise fail(str(error)) from None
 
 
 def print_table(rows, title: str | None = None) -> None:

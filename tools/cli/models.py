@@ -7,11 +7,7 @@ from typing import Annotated
 import typer
 
 from shared.settings import Profile, use_settings
-from tools.cli.common import (
-    fail,
-    out,
-    quiet_logs,
-)
+from tools.cli.common import fail, out, quiet_logs
 
 models = typer.Typer(help="Model files for the deployed stack")
 

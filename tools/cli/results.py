@@ -12,20 +12,25 @@ from typing import Annotated, Any
 import typer
 
 from shared.settings import IngestSettings, Settings
-from tools.cli.common import (
-    DataDir,
-    Stack,
-    err,
-    fail,
-    out,
-    print_table,
-    stack_outputs_or_fail,
-)
+from tools.cli.common import DataDir, err, fail, out, print_table
 
 commands = typer.Typer()
 
 
 Where = Annotated[str | None, typer.Option(help="Which images: SQL over the images table's columns")]
+Stack = Annotated[
+    str | None, typer.Option(help="A deployed stack's name: its tables (Athena) and results instead of local ones")
+]
+
+
+def _stack_outputs(stack: str, *required: str) -> dict[str, str]:
+    from shared.errors import RequestRejected
+    from tools.aws.stack_outputs import stack_outputs
+
+    try:
+        return stack_outputs(stack, required)
+    except RequestRejected as error:
+        raise fail(str(error)) from None
 
 
 def _refuse_file_as_folder(out_dir: Path) -> None:
@@ -105,7 +110,7 @@ def _annotated_images(where: str | None, data_dir: Path, stack: str | None) -> l
     from tools.results.query import run_local_query
 
     if stack:
-        outputs = stack_outputs_or_fail(stack, "AthenaWorkGroupName", "GlueDatabaseName")
+        outputs = _stack_outputs(stack, "AthenaWorkGroupName", "GlueDatabaseName")
         athena = Settings(
             athena_workgroup=outputs["AthenaWorkGroupName"], athena_database=outputs["GlueDatabaseName"]
         ).athena
@@ -173,7 +178,7 @@ def evaluate(
 
     if output not in {"table", "json"}:
         raise fail("--format must be one of ['table', 'json']")
-    results_root = f"s3://{stack_outputs_or_fail(stack, 'ResultsBucketName')['ResultsBucketName']}" if stack else None
+    results_root = f"s3://{_stack_outputs(stack, 'ResultsBucketName')['ResultsBucketName']}" if stack else None
     results_root = results_root or str(data_dir.resolve())
     images = _annotated_images(None, data_dir, stack)
     try:
@@ -266,9 +271,8 @@ def status(
                 if batch.missing
                 else ""
             )
-            + f"; {batch.lane} lane"
-            + (f" ({batch.lane_reason})" if batch.lane_reason else "")
-            + f"; results in {batch.results}",
+            + f"; results in {batch.results}; {batch.lane} lane"
+            + (f" ({batch.lane_reason})" if batch.lane_reason else ""),
             highlight=False,
             soft_wrap=True,
         )
@@ -289,7 +293,7 @@ def _statuses(what: str | None, data_dir: Path, stack: str | None) -> list[Any]:
     if stack:
         import boto3
 
-        outputs = stack_outputs_or_fail(stack, "ResultsBucketName", "StateMachineArn")
+        outputs = _stack_outputs(stack, "ResultsBucketName", "StateMachineArn")
         results_root = f"s3://{outputs['ResultsBucketName']}"
         executions = status.step_functions_executions(boto3.client("stepfunctions"), outputs["StateMachineArn"])
     else:

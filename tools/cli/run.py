@@ -17,15 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from shared.errors import validation_reason
 from shared.settings import Profile, Settings, use_settings
-from tools.cli.common import (
-    DataDir,
-    err,
-    fail,
-    out,
-    print_table,
-    quiet_logs,
-    vocabularies,
-)
+from tools.cli.common import DataDir, err, fail, out, print_table, quiet_logs
 
 commands = typer.Typer()
 
@@ -69,7 +61,7 @@ def run(
         "lane": lane,
     }
     if attribute:
-        options["attributes"] = vocabularies(attribute)
+        options["attributes"] = _vocabularies(attribute)
     if variants:
         options["variants"] = {
             "count": variants,
@@ -402,3 +394,13 @@ def _disk_full(data_dir: Path) -> str:
         f"the disk is full where results are written ({data_dir.resolve()}): free space there and run the same"
         " command again"
     )
+
+
+def _vocabularies(options: list[str]) -> dict[str, list[str]]:
+    vocabularies: dict[str, list[str]] = {}
+    for option in options:
+        name, separator, values = option.partition("=")
+        if not separator:
+            raise fail(f"--attribute {option!r} must look like NAME=VALUE,VALUE")
+        vocabularies[name.strip()] = [value.strip() for value in values.split(",") if value.strip()]
+    return vocabularies

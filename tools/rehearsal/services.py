@@ -70,7 +70,8 @@ class InProcessServices:
         self.problems: list[str] = []
         self._turn = threading.RLock()
         self._state_machine = stack.state_machine
-        self.bulk_tasks = 0  # bulk containers run, the stopped one included
+        self.bulk_tasks = 0  # bulk containers run, the stopped ones included
+        self.interrupt_next_bulk_task = False  # the next bulk task is stopped after one image (a Spot interruption)
         self.capacity_providers_used: set[str] = set()
         self._throttled: dict[tuple[str, str], int] = {}  # (function, image file name) -> invocations left to refuse
 
@@ -186,8 +187,8 @@ class InProcessServices:
         self.capacity_providers_used |= named
 
     def _run_bulk_task(self) -> None:
-        """The bulk container's work, as its entrypoint does it; its first task is stopped after one image, as a
-        Spot interruption stops it (SIGTERM between two images), and the workflow runs the job again."""
+        """The bulk container's work, as its entrypoint does it; where an act asks, the task is stopped after one
+        image, as a Spot interruption stops it (SIGTERM between two images), and the workflow runs the job again."""
         from shared.models.cache import forget_loaded_models
         from shared.models.sources import forget_model_files
         from shared.pipeline.bulk import run_task
@@ -197,7 +198,7 @@ class InProcessServices:
             forget_model_files()
         self.bulk_tasks += 1
         asked = itertools.count()
-        interrupted = self.bulk_tasks == 1
+        interrupted, self.interrupt_next_bulk_task = self.interrupt_next_bulk_task, False
         if run_task(stopping=lambda: interrupted and next(asked) >= 1) != 0:
             raise RuntimeError("the bulk container exited with status 1 (its log says why)")
 
@@ -269,6 +270,8 @@ class InProcessServices:
             for m in lambda_client.list_event_source_mappings(FunctionName=function.name)["EventSourceMappings"]
             if m["EventSourceArn"] == queue_arn
         ]
+        if mapping["State"] != "Enabled":  # Lambda does not poll a disabled mapping
+            return None
         queue_url = sqs.get_queue_url(QueueName=queue_arn.rsplit(":", 1)[-1])["QueueUrl"]
         messages: list[dict[str, Any]] = []
         with acting_as(function.logical_id):

@@ -357,10 +357,12 @@ def _function_url(logical_id: str, properties: dict[str, Any], stack_name: str, 
 
 def _permission(logical_id: str, properties: dict[str, Any], stack_name: str, clients: Clients) -> _Rehearsed:
     name, _, qualifier = properties["FunctionName"].split(":function:", 1)[-1].partition(":")
-    extra = {k: properties[k] for k in ("FunctionUrlAuthType", "InvokedViaFunctionUrl") if k in properties}
+    named = ("FunctionUrlAuthType", "InvokedViaFunctionUrl", "SourceArn")  # the last: a schedule's rule
+    extra = {k: properties[k] for k in named if k in properties}
+    if qualifier:  # an alias's; a schedule's permission names the function itself
+        extra["Qualifier"] = qualifier
     clients("lambda").add_permission(
         FunctionName=name,
-        Qualifier=qualifier,
         StatementId=logical_id,
         Action=properties["Action"],
         Principal=properties["Principal"],

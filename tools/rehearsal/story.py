@@ -15,9 +15,10 @@ import json
 import os
 import tempfile
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -46,6 +47,7 @@ def default_deployments() -> list[tuple[Deployment, bool]]:
     everything on: variants, the bulk lane and the API (the rehearsal makes the VPC the user would name)."""
     everything = {"EnableVariants": "true", "EnableBulk": "true", "EnableApi": "true", "ApiAuth": "API_KEY"}
     everything |= {"HandBackWaitSeconds": "1"}  # its prompt message's group is handed back once: wait a second
+    everything |= {"MaxWaitMinutes": "15"}  # its dropped images are gathered
     return [
         (Deployment("annotate-rehearsal", REGION), False),
         (Deployment("annotate-variants", REGION, everything), True),
@@ -68,7 +70,7 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
     """Deploy and play the story on a fresh moto; the report says what happened and what failed."""
     from moto import mock_aws
 
-    from shared.pipeline import ingest
+    from shared.pipeline import gathering, ingest
     from shared.storage import objects as storage
 
     # The user's shell is set for the stack's region (README: export AWS_REGION), as `sam deploy` was, and so
@@ -88,6 +90,7 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
     ):
         storage.refresh_clients()  # clients made before the call log would go unrecorded
         ingest.refresh_clients()
+        gathering.deployed_gatherer.cache_clear()
         if with_variants:
             deployment = replace(deployment, parameters=deployment.parameters | _network(deployment.region))
         report = Report(deployment)
@@ -104,6 +107,7 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
         _check_iam(stack, report)
     storage.refresh_clients()
     ingest.refresh_clients()
+    gathering.deployed_gatherer.cache_clear()
     return report
 
 
@@ -192,7 +196,10 @@ def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: 
     services = InProcessServices(stack, log)
     batches = 0
     with services.serving(), missing_keys_answer_403(stack, log):
-        dropped = _dropped_images_are_annotated(services, stack, report)
+        if "GatherFunction" in stack.functions:
+            dropped = _dropped_images_are_gathered(services, stack, report)
+        else:
+            dropped = _dropped_images_are_annotated(services, stack, report)
         if dropped and _a_prompt_message_is_annotated(services, stack, report, with_variants):
             batches = 2
             if "BulkCluster" in stack.resources and _a_bulk_message_is_annotated(services, stack, report):
@@ -269,6 +276,97 @@ def _dropped_images_are_annotated(services: Any, stack: DeployedStack, report: R
     return len(dropped)
 
 
+def _scheduled_event(stack: DeployedStack, at: datetime) -> dict[str, Any]:
+    """What the Gather function's schedule (an EventBridge rule) sends at ``at``."""
+    return {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "Scheduled Event",
+        "source": "aws.events",
+        "account": ACCOUNT,
+        "time": at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "region": stack.region,
+        "resources": [f"arn:aws:events:{stack.region}:{ACCOUNT}:rule/gather-every-minute"],
+        "detail": {},
+    }
+
+
+def _dropped_images_are_gathered(services: Any, stack: DeployedStack, report: Report) -> int:
+    """The latency dial (MaxWaitMinutes=15): Ingest's mapping on the ingest queue is off; images dropped over a
+    quarter of an hour wait there while the Gather function, invoked as its schedule does once a minute (the
+    minutes simulated), says it is not time yet; the look that ends the wait starts them as one bulk batch, its task
+    stopped after one image as a Spot interruption stops it and run again. That gatherer dies before deleting the
+    messages: when they come back, the next gathering deletes them and starts nothing. Returns how many images
+    were dropped (0: failed)."""
+    import boto3
+
+    from shared.pipeline.gathering import SqsDropQueue
+
+    started = time.monotonic()
+    gather = stack.functions["GatherFunction"]
+    s3, sqs = boto3.client("s3", region_name=stack.region), boto3.client("sqs", region_name=stack.region)
+    noon = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+    looks: list[dict[str, Any]] = []
+
+    def look(minute: int) -> dict[str, Any]:
+        response, failed = services.invoke(gather, _scheduled_event(stack, noon + timedelta(minutes=minute)))
+        looks.append(response)
+        return response if not failed else {"failed": response}
+
+    dropped = {
+        "incoming/cat.jpg": (SAMPLES / "chelsea-the-cat.jpg").read_bytes(),
+        "incoming/coffee.webp": (SAMPLES / "coffee.webp").read_bytes(),
+        "incoming/truncated.jpg": (SAMPLES / "chelsea-the-cat.jpg").read_bytes()[:4000],
+    }
+    report.check(look(0).get("gathered") == 0, f"the first look gathered or failed: {looks[-1]}")
+    for minute, (key, body) in zip((1, 7, 13), dropped.items(), strict=True):
+        s3.put_object(Bucket=stack.outputs["InputBucketName"], Key=key, Body=body)
+        report.check(look(minute).get("due") == "", f"minute {minute}: gathered before the wait was up: {looks[-1]}")
+    report.check(
+        _drain(services, stack, "IngestQueueUrl", "IngestFunction") == [],
+        "Lambda polled the ingest queue for Ingest with the dial on",
+    )
+    received: list[dict[str, Any]] = []
+    delete = SqsDropQueue.delete
+
+    def dies_before_deleting(queue: SqsDropQueue, records: list[dict[str, Any]]) -> None:
+        received.extend(records)
+        raise TimeoutError("Task timed out")  # the gatherer's end, as Lambda would cut it off
+
+    services.interrupt_next_bulk_task = True
+    with mock.patch.object(SqsDropQueue, "delete", dies_before_deleting):
+        died = look(14)
+    [execution] = _wait_for_executions(stack, 1)
+    batch = json.loads(execution["input"])
+    report.check("failed" in died and len(received) == len(dropped), f"the gatherer did not die as meant: {died}")
+    report.check(
+        execution["status"] == "SUCCEEDED" and batch["lane"] == "bulk" and batch["images"] == len(dropped),
+        f"the gathered batch: {execution['status']}, {batch['lane']} lane, {batch['images']} images",
+    )
+    report.check(
+        services.bulk_tasks >= 2, f"the gathered batch's stopped task was not run again: {services.bulk_tasks}"
+    )
+    for record in received:  # their visibility timeout ends, and they are back
+        sqs.change_message_visibility(
+            QueueUrl=stack.outputs["IngestQueueUrl"], ReceiptHandle=record["receiptHandle"], VisibilityTimeout=0
+        )
+    again = look(29)
+    report.check(SqsDropQueue.delete is delete, "the gatherer's delete was left patched")
+    executions = _wait_for_executions(stack, 1)
+    left = _queued_bodies(sqs, stack.outputs["IngestQueueUrl"])
+    report.check(
+        again.get("gathered") == len(dropped) and len(executions) == 1 and not left,
+        f"the messages back after the gatherer died: {again}, {len(executions)} executions, {len(left)} left",
+    )
+    report.step(
+        f"{len(dropped)} images dropped over 13 minutes waited for the 15-minute look, then ran as one bulk batch "
+        f"({batch['lane_reason']}); its stopped task ran again; the gatherer died before deleting, and the next "
+        "gathering started nothing twice",
+        started,
+    )
+    return len(dropped)
+
+
 def _a_prompt_message_is_annotated(services: Any, stack: DeployedStack, report: Report, with_variants: bool) -> bool:
     """A message naming incoming/. Where the stack waits a second before a hand-back, Detect is refused for one
     image past a child's retries (its first try and the Retry's MaxAttempts): the group is handed back and runs
@@ -330,23 +428,23 @@ def _message_runs(
 def _a_bulk_message_is_annotated(services: Any, stack: DeployedStack, report: Report) -> bool:
     """A message in the bulk lane: its jobs run as Fargate tasks (Spot first, as deployed), the first stopped after
     one image as a Spot interruption stops it and run again; every image still ends as one row."""
-    started = time.monotonic()
+    started, tasks_before = time.monotonic(), services.bulk_tasks
     message = {
         "prompt": "cat. cup. saucer.",  # another request: another batch, annotated anew
         "images": [f"s3://{stack.outputs['InputBucketName']}/incoming/"],
         "caption": False,
         "lane": "bulk",
     }
+    services.interrupt_next_bulk_task = True
     if not _message_runs(services, stack, report, message, executions=3):
         return False
-    report.check(services.bulk_tasks >= 2, f"the stopped bulk task was not run again ({services.bulk_tasks} tasks)")
+    tasks = services.bulk_tasks - tasks_before
+    report.check(tasks >= 2, f"the stopped bulk task was not run again ({tasks} tasks)")
     report.check(
         services.capacity_providers_used == {"FARGATE_SPOT"},
         f"the bulk tasks ran on {services.capacity_providers_used}, not on Fargate Spot",
     )
-    report.step(
-        f"a bulk message ran as {services.bulk_tasks} Fargate Spot tasks, the first stopped after one image", started
-    )
+    report.step(f"a bulk message ran as {tasks} Fargate Spot tasks, the first stopped after one image", started)
     return True
 
 

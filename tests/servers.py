@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,13 +90,22 @@ def serving_in_process(command: list[str], port: int, env: dict[str, str] | None
 
 LABEL_STUDIO = Path(__file__).resolve().parent.parent / ".venv-labelstudio" / "bin" / "label-studio"
 LABEL_STUDIO_STARTUP_S = 600  # its first start migrates a new SQLite database: about 2.5 minutes on 2 busy cores
+LABEL_STUDIO_USER, LABEL_STUDIO_PASSWORD = "reviewer@example.com", "a-long-test-password"
+
+
+@dataclass(frozen=True)
+class StartedLabelStudio:
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
 
 
 @contextmanager
-def label_studio_serving(data_dir: Path, user: str, password: str) -> Iterator[str]:
-    """A real Label Studio (scripts/install.sh puts it in its own environment) on 127.0.0.1, with a new SQLite
-    database under ``data_dir`` and its first user; yields its base URL. No network: it does not look for a newer
-    version; and it may call an ML backend on this machine (its default bans loopback addresses as SSRF targets)."""
+def label_studio_process(data_dir: Path, user: str, password: str) -> Iterator[StartedLabelStudio]:
+    """A real Label Studio (scripts/install.sh puts it in its own environment) started on 127.0.0.1, with a new SQLite
+    database under ``data_dir`` and its first user, not waited for (:func:`answering`); stopped at the end. No
+    network: it does not look for a newer version; and it may call an ML backend on this machine (its default bans
+    loopback addresses as SSRF targets)."""
     port = free_port()
     env = {
         **os.environ,
@@ -106,22 +116,11 @@ def label_studio_serving(data_dir: Path, user: str, password: str) -> Iterator[s
         "LABEL_STUDIO_PASSWORD": password,
     }
     command = [str(LABEL_STUDIO), "start", "--no-browser", "--internal-host", "127.0.0.1", "--port", str(port)]
-    with (data_dir / "label-studio.log").open("wb") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log = data_dir / "label-studio.log"
+    with log.open("wb") as written:
+        process = subprocess.Popen(command, env=env, stdout=written, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            deadline = time.monotonic() + LABEL_STUDIO_STARTUP_S
-            while True:
-                if process.poll() is not None:
-                    raise RuntimeError(f"Label Studio ended: {(data_dir / 'label-studio.log').read_text()[-2000:]}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError("Label Studio did not answer /health in time")
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(1)
-            yield f"http://127.0.0.1:{port}"
+            yield StartedLabelStudio(process, f"http://127.0.0.1:{port}", log)
         finally:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
@@ -130,3 +129,19 @@ def label_studio_serving(data_dir: Path, user: str, password: str) -> Iterator[s
                 except subprocess.TimeoutExpired:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait(timeout=30)
+
+
+def answering(started: StartedLabelStudio) -> str:
+    """Its URL, once it answers /health (its first start migrates a new database: half a minute)."""
+    deadline = time.monotonic() + LABEL_STUDIO_STARTUP_S
+    while True:
+        if started.process.poll() is not None:
+            raise RuntimeError(f"Label Studio ended: {started.log.read_text()[-2000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError("Label Studio did not answer /health in time")
+        try:
+            if httpx.get(f"{started.url}/health", timeout=2).status_code == 200:
+                return started.url
+        except httpx.TransportError:
+            pass
+        time.sleep(1)

@@ -81,11 +81,11 @@ def test_every_image_ends_as_one_row_and_no_state_grows_with_the_batch(
 ) -> None:
     # GIVEN the detector at its smallest size (the runs measure states, not accuracy)
     monkeypatch.setenv("ANNOTATE_DETECTION_SHORT_SIDE", "224")
-    # WHEN `annotate run` annotates 40 small images (4 child workflows), then 240 (24)
-    few = _run_measured(40, tmp_path, invocation_sizes)
-    many = _run_measured(240, tmp_path, invocation_sizes)
+    # WHEN `annotate run` annotates 30 small images (3 child workflows), then 150 (15)
+    few = _run_measured(30, tmp_path, invocation_sizes)
+    many = _run_measured(150, tmp_path, invocation_sizes)
     # THEN every image has exactly one row (above), and the largest state any execution passed (a group's outcomes,
-    # WriteGroupTable's input; an image's full state, WriteResult's input; the batch's summary) is the same with six
+    # WriteGroupTable's input; an image's full state, WriteResult's input; the batch's summary) is the same with five
     # times the images, give or take a count's digits and an image's boxes (which vary with its pixels: 2%
     # measured), and far below Step Functions' 256 KiB: a million images pass the same states
     assert few.keys() == many.keys()

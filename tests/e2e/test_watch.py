@@ -19,6 +19,7 @@ from shared.contracts import BatchInput
 from shared.pipeline.batches import gathered_lane
 from shared.settings import Settings
 from tests.e2e.test_local_workflow import rows
+from tools.local.watch import FolderDrops, annotated_image_ids
 
 pytestmark = pytest.mark.slow
 ANNOTATE = str(Path(sys.executable).parent / "annotate")
@@ -87,3 +88,6 @@ def test_drops_are_gathered_within_the_wait_each_once_in_the_lane_the_rule_picks
         assert waited <= WAIT_S + 2 * LOOK_S + 1, (batch.images, waited)
         assert batch.lane_reason == gathered_lane(batch.images, settings.ingest, WAIT_S).reason
     assert "gathered 3 (every 0.1 min): bulk lane" in output and "gathered 1 (every 0.1 min): lambda lane" in output
+    # AND a watch started again on the folder gathers none of them again: each already has its row
+    drops = FolderDrops(folder, data_dir, annotated_image_ids(data_dir))
+    assert drops.look() == [] and drops.look() == [] and drops.not_gathered() == []

@@ -165,8 +165,8 @@ def test_the_full_size_export_gives_torchs_outputs(
     for runtime in ("onnxruntime", "openvino"):
         update = {"detection_short_side": 512, "detector_runtime": runtime}
         detector = load_onnx_detector(folder, tiny_settings.detection.model_copy(update=update))
-        for phrases in PROMPTS.values():
-            # THEN on each runtime, each prompt's outputs match torch's
+        for phrases in (PROMPTS[1], PROMPTS[8]):
+            # THEN on each runtime, the shortest and the longest prompt's outputs match torch's
             assert_equal_outputs(both_runtimes(detector, model, cat, phrases))
 
 

@@ -7,7 +7,6 @@ import copy
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import boto3
@@ -21,10 +20,10 @@ from shared.pipeline.gathering import SqsDropQueue, TableClock, gather_drops, ga
 from shared.settings import IngestSettings, Settings
 from shared.storage import objects as storage
 from tests.conftest import SAMPLES
+from tests.integration.test_ingest import S3_EVENT
 from tools.local.runner import create_idempotency_table
 
 REGION = "us-east-1"
-S3_EVENT = json.loads((Path(__file__).parent.parent / "events" / "s3_object_created_eventbridge.json").read_text())
 NOON = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 

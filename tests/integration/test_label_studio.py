@@ -6,7 +6,6 @@ pins a numpy older than ours, so it is not installed beside the project)."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +18,24 @@ from shared.serving.api import serving_app
 from shared.settings import Settings
 from tests.browser import chromium_page
 from tests.conftest import REPO, SAMPLES
-from tests.servers import label_studio_serving, serving_in_thread
+from tests.servers import LABEL_STUDIO_PASSWORD as PASSWORD
+from tests.servers import LABEL_STUDIO_USER as USER
+from tests.servers import StartedLabelStudio, answering, serving_in_thread
 from tools.cli import app
 from tools.results.query import run_local_query
 
 pytestmark = pytest.mark.slow
 
-USER, PASSWORD = "reviewer@example.com", "a-long-test-password"
 ARTIFACTS = REPO / "test-artifacts"
 
 
 @pytest.fixture(scope="session")
-def label_studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def label_studio(label_studio_started: StartedLabelStudio | None) -> tuple[str, str]:
     """Label Studio's URL and a personal access token of its first user (made as a person makes one: logged in,
-    on the account page's API)."""
-    with label_studio_serving(tmp_path_factory.mktemp("label-studio"), USER, PASSWORD) as url:
-        yield url, personal_access_token(url)
+    on the account page's API). It was started with the session (tests/conftest.py)."""
+    assert label_studio_started is not None
+    url = answering(label_studio_started)
+    return url, personal_access_token(url)
 
 
 def personal_access_token(url: str) -> str:

@@ -165,7 +165,7 @@ def watch(
 
     from shared.contracts import PromptMessage
     from shared.pipeline.batches import gathered_lane
-    from tools.local.watch import FolderDrops, watch_folder
+    from tools.local.watch import FolderDrops, annotated_image_ids, watch_folder
 
     quiet_logs(verbose)
     settings = use_settings(profile=profile, data_dir=data_dir)
@@ -183,7 +183,7 @@ def watch(
 
     until = datetime.now(UTC) + timedelta(minutes=stop_after) if stop_after is not None else None
     out.print(f"watching {folder} (every {max_wait:g} min); Ctrl-C stops", highlight=False)
-    drops = FolderDrops(folder, settings.data_dir)
+    drops = FolderDrops(folder, settings.data_dir, annotated_image_ids(settings.data_dir))
     with _stopped_by_signals() as stop, _disk_full_said(settings.data_dir):
         left = watch_folder(drops, settings.ingest, max_wait * 60, run_gathered, stop.requested, until=until)
         if stop.requested.is_set():

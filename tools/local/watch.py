@@ -10,23 +10,40 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from shared.pipeline.batches import LaneChoice, gathered_lane
+from shared.pipeline.batches import LaneChoice, gathered_lane, image_ref
 from shared.pipeline.gathering import gather_due
 from shared.settings import IngestSettings
+from shared.storage.objects import LocalStore, local_uri
 
 # (the files, the lane chosen for them, why gathering was due)
 RunGathered = Callable[[list[Path], LaneChoice, str], None]
 
 
+def annotated_image_ids(data_dir: Path) -> set[str]:
+    """The images the data folder has a row for: a watch started again does not annotate them twice."""
+    from shared.storage.tables import TABLES_PREFIX
+    from tools.results.query import run_local_query
+
+    if not (data_dir / TABLES_PREFIX).is_dir():
+        return set()
+    return {row["image_id"] for row in run_local_query("SELECT DISTINCT image_id FROM images", data_dir).to_pylist()}
+
+
 @dataclass
 class FolderDrops:
     """Files that appeared in a folder (hidden ones and the data folder aside), each counted as dropped once its size
-    and time stop changing between two looks: a copy still being written is not a drop yet."""
+    and time stop changing between two looks: a copy still being written is not a drop yet. ``done``: the images
+    (by id: name and content) that already have a row, skipped."""
 
     folder: Path
     data_dir: Path
+    done: set[str] = field(default_factory=set)
     _seen: dict[Path, tuple[int, int]] = field(default_factory=dict)
     _gathered: set[Path] = field(default_factory=set)
+
+    def _annotated_before(self, path: Path) -> bool:
+        uri = local_uri(path.resolve())
+        return image_ref(uri, LocalStore().fingerprint(uri)).image_id in self.done
 
     def _files(self) -> dict[Path, tuple[int, int]]:
         data_dir = self.data_dir.resolve()
@@ -44,14 +61,18 @@ class FolderDrops:
         files = self._files()
         dropped = sorted(path for path, stat in files.items() if self._seen.get(path) == stat)
         self._seen = files
-        return [path for path in dropped if path not in self._gathered]
+        new = [path for path in dropped if path not in self._gathered]
+        if self.done:
+            self.gathered([path for path in new if self._annotated_before(path)])
+        return [path for path in new if path not in self._gathered]
 
     def gathered(self, paths: list[Path]) -> None:
         self._gathered.update(paths)
 
     def not_gathered(self) -> list[Path]:
         """Every file there not gathered yet, settled or not: what a watch that ends runs last."""
-        return sorted(path for path in self._files() if path not in self._gathered)
+        left = [path for path in self._files() if path not in self._gathered]
+        return sorted(path for path in left if not (self.done and self._annotated_before(path)))
 
 
 def watch_folder(

@@ -12,7 +12,6 @@ from PIL import Image
 
 from shared.observability import logger
 from shared.settings import Profile, Settings, use_settings
-from tests.servers import LABEL_STUDIO_PASSWORD, LABEL_STUDIO_USER, StartedLabelStudio, label_studio_process
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "samples"
@@ -142,17 +141,3 @@ def results_with_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ]
     write_table_files(results, str(root), "b-" + "1" * 20, now, store_for)
     return root
-
-
-@pytest.fixture(scope="session", autouse=True)
-def label_studio_started(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[StartedLabelStudio | None]:
-    """Label Studio, started with the session when its test is to run: its first start migrates a new database for
-    about 30 s on one core, beside the tests before its own, most of which keep only one core busy."""
-    if not any(item.nodeid.startswith("tests/integration/test_label_studio.py") for item in request.session.items):
-        yield None
-        return
-    folder = tmp_path_factory.mktemp("label-studio")
-    with label_studio_process(folder, LABEL_STUDIO_USER, LABEL_STUDIO_PASSWORD) as started:
-        yield started

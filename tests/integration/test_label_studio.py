@@ -6,6 +6,7 @@ pins a numpy older than ours, so it is not installed beside the project)."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from tests.browser import chromium_page
 from tests.conftest import REPO, SAMPLES
 from tests.servers import LABEL_STUDIO_PASSWORD as PASSWORD
 from tests.servers import LABEL_STUDIO_USER as USER
-from tests.servers import StartedLabelStudio, answering, serving_in_thread
+from tests.servers import answering, label_studio_process, serving_in_thread
 from tools.cli import app
 from tools.results.query import run_local_query
 
@@ -30,12 +31,12 @@ ARTIFACTS = REPO / "test-artifacts"
 
 
 @pytest.fixture(scope="session")
-def label_studio(label_studio_started: StartedLabelStudio | None) -> tuple[str, str]:
+def label_studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """Label Studio's URL and a personal access token of its first user (made as a person makes one: logged in,
-    on the account page's API). It was started with the session (tests/conftest.py)."""
-    assert label_studio_started is not None
-    url = answering(label_studio_started)
-    return url, personal_access_token(url)
+    on the account page's API)."""
+    with label_studio_process(tmp_path_factory.mktemp("label-studio"), USER, PASSWORD) as started:
+        url = answering(started)
+        yield url, personal_access_token(url)
 
 
 def personal_access_token(url: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -233,9 +234,9 @@ def export_once(
         return folder
     target = cached_export_dir(source, folder, files, manifest, extra)
     if not (target / manifest).is_file():
-        staging = target.with_name(target.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        # a staging folder of its own: two processes (two test workers) may export the same model at once
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.partial-"))
         prepare_torch(0)
         _announce_exports()
         try:
@@ -244,6 +245,9 @@ def export_once(
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)  # a failed export leaves nothing behind
             raise
+        if (target / manifest).is_file():  # the other process finished first: its export is the same
+            shutil.rmtree(staging, ignore_errors=True)
+            return target
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
         logger.info("exported to ONNX", extra={"model": source, "folder": str(target)})

@@ -47,11 +47,12 @@ def _log_level_is_restored_after_each_test() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def tiny_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    """The tiny profile, with the machine's model cache (tiny models are built once per machine)."""
+    """The tiny profile, with the machine's model cache (tiny models are built once per machine), the diffusion
+    model's too: whichever test needs a model may run first, in either test worker."""
     from tools.models.tiny_models import build_named_models
 
     settings = Settings(profile=Profile.TINY, data_dir=tmp_path_factory.mktemp("annotate-data"))
-    build_named_models(settings)
+    build_named_models(settings, variants=True)
     return settings
 
 

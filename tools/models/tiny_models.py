@@ -48,6 +48,8 @@ def build_model(source: str, files: ModelFiles) -> Path:
         prepare_torch(0)
         builders[name](staging)
         (staging / BUILT_MARKER).touch()
+        if (folder / BUILT_MARKER).exists():  # another process (a test worker) built it meanwhile, and may use it
+            return folder
         shutil.rmtree(folder, ignore_errors=True)
         staging.rename(folder)
     except OSError:

@@ -204,7 +204,12 @@ def test_annotate_status_refuses_a_message_nested_too_deeply_in_one_line(tmp_pat
     assert code == 2 and "nested too deeply" in " ".join(output.split()) and "Traceback" not in output
 
 
-def test_variants_run_through_the_fargate_state_and_land_in_the_row(tmp_path: Path, tiny_settings: Settings) -> None:
+def test_variants_run_through_the_fargate_state_and_land_in_the_row(
+    tmp_path: Path, tiny_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tools.cli.common import out
+
+    monkeypatch.setattr(out, "width", 400)  # the table's long paths unfolded, whatever the test's folder is called
     code, output = annotate_tiny(
         SAMPLES / "chelsea-the-cat.jpg",
         "cat.",

@@ -62,7 +62,9 @@ def test_drops_are_gathered_within_the_wait_each_once_in_the_lane_the_rule_picks
         command, env=os.environ | RULE_FIGURES, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        # GIVEN three pictures dropped at once, then, once they are annotated, a fourth alone
+        # GIVEN the watch looking (its first line says so), three pictures dropped at once, then, once they are
+        # annotated, a fourth alone
+        assert watcher.stdout is not None and watcher.stdout.readline().startswith("watching")
         dropped = {f"first-{n}.png": drop(folder, f"first-{n}.png", n) for n in range(3)}
         wait_for(lambda: len(annotated(data_dir)) == 3, 180)
         dropped["alone.png"] = drop(folder, "alone.png", 9)

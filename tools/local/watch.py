@@ -52,7 +52,10 @@ class FolderDrops:
             hidden = any(part.startswith(".") for part in path.relative_to(self.folder).parts)
             if hidden or not path.is_file() or path.resolve().is_relative_to(data_dir):
                 continue
-            stat = path.stat()
+            try:
+                stat = path.stat()
+            except FileNotFoundError:  # moved away between the listing and now: not a drop
+                continue
             files[path] = (stat.st_size, stat.st_mtime_ns)
         return files
 

@@ -42,7 +42,7 @@ rehearse: install
 # for every image. tests/e2e runs smaller ones.
 chaos: install
 	$(BIN)/annotate chaos --images 200 --lambda-concurrency 10 --batches 2 --snapstart-reinit 20 \
-		--bulk-images 12 --fargate-vcpus 6 --spot-shortage 20
+		--bulk-images 12 --fargate-vcpus 6 --spot-shortage 20 --function-memory 3008
 
 # `sam validate --lint` and `sam build` of every zip function and layer, without Docker (not part of make test).
 sam-build: install

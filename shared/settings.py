@@ -172,6 +172,7 @@ class IngestSettings(_Section):
     bulk_concurrency: int
     fargate_vcpus: int
     bulk_task_cpu: int
+    variants_task_cpu: int
     max_wait_minutes: int
     bulk_task_start_s: float
     bulk_seconds_per_image: float
@@ -261,6 +262,13 @@ class Settings(BaseSettings):
         "labels not named are scored against every class. {} turns filtering off",
     )
     crop_margin: float = Field(0.1, ge=0, le=1, description="Margin added around each box before cropping")
+    picture_max_side: int = Field(
+        0,
+        ge=0,
+        le=65_536,
+        description="Longest side of an annotated picture in pixels, downscaled to it; 0 keeps the image's own size "
+        "(a 12 MP photo's PNG is about 17 MB, most of what is stored: annotate cost prices both)",
+    )
     tagger_models: list[str] | None = Field(
         None, description="open_clip models to try in order (hub id, local folder, s3:// prefix, tiny:clip)"
     )
@@ -380,10 +388,14 @@ class Settings(BaseSettings):
         200,
         ge=1,
         le=100_000,
-        description="Fargate Spot vCPUs a batch may take: the account's quota (a new account's may be 6). The bulk"
-        " lane runs at most this many vCPUs of tasks at once (the template's FargateVcpus)",
+        description="Fargate vCPUs a batch may take: the account's quota, Spot's and on-demand's each (a new account's"
+        " may be 6). The bulk lane and the Variants step run at most this many vCPUs of tasks at once (the template's"
+        " FargateVcpus)",
     )
     bulk_task_cpu: int = Field(2048, ge=256, le=16384, description="CPU units of a bulk task (the template's BulkCpu)")
+    variants_task_cpu: int = Field(
+        4096, ge=256, le=16384, description="CPU units of a Variants task (the template's VariantsCpu)"
+    )
     max_wait_minutes: int = Field(
         0,
         ge=0,
@@ -403,7 +415,7 @@ class Settings(BaseSettings):
         4.17, gt=0, le=600, description="A bulk task's seconds per image (annotate bench-bulk's worker)"
     )
     gathered_bulk_from_images: int = Field(
-        2,
+        3,
         ge=1,
         le=1_000_000,
         description="Gathered images run in the bulk lane from this many: where one task's start and model load costs"

@@ -17,7 +17,7 @@ from shared.models.cache import cached_per_settings
 from shared.models.sources import resolve_model_dir, resolve_model_file
 from shared.observability import logger
 from shared.settings import VariantsSettings
-from shared.storage.objects import RESULTS_PREFIX, join_uri
+from shared.storage.objects import PICTURES_PREFIX, RESULTS_PREFIX, join_uri
 
 
 def requested_variants(task: ImageTask) -> VariantsRequest:
@@ -32,10 +32,11 @@ def requested_variants(task: ImageTask) -> VariantsRequest:
 
 
 def variant_uris(task: ImageTask) -> tuple[str, list[str]]:
-    """Where the task's variants document and pictures go: beside the image's own result."""
-    base = join_uri(task.results_uri, RESULTS_PREFIX, task.batch_id, task.image.image_id)
+    """Where the task's variants document and pictures go: beside the image's own result document and picture."""
+    document = join_uri(task.results_uri, RESULTS_PREFIX, task.batch_id, task.image.image_id)
+    picture = join_uri(task.results_uri, PICTURES_PREFIX, task.batch_id, task.image.image_id)
     count = requested_variants(task).count
-    return f"{base}.variants.json", [f"{base}.variant-{index}.png" for index in range(count)]
+    return f"{document}.variants.json", [f"{picture}.variant-{index}.png" for index in range(count)]
 
 
 def first_seed(task: ImageTask) -> int:

@@ -182,6 +182,19 @@ def groups_per_bulk_job(groups: int, settings: IngestSettings) -> int:
     return max(1, min(settings.groups_per_bulk_job, -(-groups // bulk_tasks_at_once(settings))))
 
 
+def variants_tasks_at_once(settings: IngestSettings) -> int:
+    """Variants tasks a batch runs at once: as many as the account's Fargate vCPUs hold (one at the least), since
+    ECS refuses a task past them, which ``runTask.sync`` reports as ``AmazonECS.Unknown``."""
+    return max(1, settings.fargate_vcpus * 1024 // settings.variants_task_cpu)
+
+
+def within_tasks(images: int, groups: int, tasks: int) -> tuple[int, int]:
+    """(images per group, groups at once) of ``images`` and ``groups`` with at most ``tasks`` images at once: groups
+    shrink first, then fewer run at once."""
+    images = min(images, tasks)
+    return images, max(1, min(groups, tasks // images))
+
+
 # The Lambda invocations one image holds at once, at most: Classify and Tag run side by side (Describe's Parallel)
 INVOCATIONS_PER_IMAGE = 2
 
@@ -216,7 +229,8 @@ def plan_batches(
 ) -> list[PlannedBatch]:
     """The executions that annotate everything ``message`` names: one, unless it names more images than one
     execution takes (``max_images_per_batch``), each in groups of ``images_per_group`` (``bulk_images_per_group`` in
-    the bulk lane), fewer where the account's Lambda concurrency needs it (:func:`lambda_fan_out`). ``choice``: the
+    the bulk lane), fewer where the account's Lambda concurrency needs it (:func:`lambda_fan_out`) or, for variants,
+    its Fargate vCPUs (:func:`variants_tasks_at_once`). ``choice``: the
     lane already chosen (gathered images: :func:`gathered_lane`), a bulk task per group of its size."""
     request = message.request()
     planned_at = now or datetime.now(UTC)
@@ -229,6 +243,8 @@ def plan_batches(
     for start in range(0, len(refs), settings.max_images_per_batch):
         chunk = refs[start : start + settings.max_images_per_batch]
         size, at_once = lambda_fan_out(settings)
+        if request.variants is not None:  # each image runs a Variants task on Fargate
+            size, at_once = within_tasks(size, at_once, variants_tasks_at_once(settings))
         per_job = 0
         if lane.lane == "bulk":
             size = settings.bulk_images_per_group

@@ -38,11 +38,13 @@ class Step(StrEnum):
 
 @dataclass(frozen=True)
 class Dependencies:
-    """The store that holds each URI, the image limits and crop margin, and the step's model (only its own)."""
+    """The store that holds each URI, the image limits, crop margin and pictures' size, and the step's model (only
+    its own)."""
 
     store_for: StoreFor
     image_limits: ImageLimits
     crop_margin: float = 0.1
+    picture_max_side: int = 0
     made_by: MadeBy = field(default_factory=MadeBy)
     detector: Detector | None = None
     classifier: Classifier | None = None
@@ -53,7 +55,12 @@ class Dependencies:
 
 def build_dependencies(step: Step, settings: Settings) -> Dependencies:
     """The real ports of ``step``: S3 or local files, and its model from the settings (loaded once per process)."""
-    common = Dependencies(store_for=store_for, image_limits=settings.image_limits, crop_margin=settings.crop_margin)
+    common = Dependencies(
+        store_for=store_for,
+        image_limits=settings.image_limits,
+        crop_margin=settings.crop_margin,
+        picture_max_side=settings.picture_max_side,
+    )
     if step is Step.DETECT:
         from shared.models.grounding_onnx import load_detector
 

@@ -49,7 +49,7 @@ from shared.observability import MetricUnit, logger, metrics
 from shared.pipeline.crops import crop_boxes
 from shared.pipeline.dependencies import Dependencies
 from shared.storage.images import load_image
-from shared.storage.objects import BATCHES_PREFIX, RESULTS_PREFIX, join_uri
+from shared.storage.objects import BATCHES_PREFIX, PICTURES_PREFIX, RESULTS_PREFIX, join_uri
 from shared.storage.render import draw_detections
 
 T = TypeVar("T")
@@ -64,8 +64,9 @@ def _port(port: P | None, name: str) -> P:
 
 def result_uris(task: ImageTask) -> tuple[str, str]:
     """Where the image's result document and annotated picture go."""
-    base = join_uri(task.results_uri, RESULTS_PREFIX, task.batch_id, task.image.image_id)
-    return f"{base}.json", f"{base}.png"
+    document = join_uri(task.results_uri, RESULTS_PREFIX, task.batch_id, task.image.image_id)
+    picture = join_uri(task.results_uri, PICTURES_PREFIX, task.batch_id, task.image.image_id)
+    return f"{document}.json", f"{picture}.png"
 
 
 def _elapsed_ms(started: float) -> float:
@@ -219,7 +220,8 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
     annotated_uri = None
     if state.detection is not None:
         image = load_image(task.image.source_uri, deps.store_for, deps.image_limits)
-        deps.store_for(png_uri).write_bytes(png_uri, draw_detections(image.pixels, detections), "image/png")
+        picture = draw_detections(image.pixels, detections, deps.picture_max_side)
+        deps.store_for(png_uri).write_bytes(png_uri, picture, "image/png")
         annotated_uri = png_uri
     result = ImageResult(
         image_id=task.image.image_id,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
 from pydantic import TypeAdapter
 from typer.testing import CliRunner
 
@@ -107,6 +108,43 @@ def test_a_group_over_the_express_limit_fails_as_a_whole_and_its_images_become_f
     assert by_source["coffee.webp"]["status"] == "succeeded"
 
 
+def test_children_queued_here_for_one_environment_are_held_to_the_limit_by_their_own_time_not_the_queue_s(
+    tmp_path: Path, tiny_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN six images, each its own group (all six children at once), an Express limit of 5 s, no hand-back, and a
+    # Detect that takes 1.5 s: here the six queue for Detect's one environment (9 s), on AWS each has its own
+    import functions.detect.app as detect_app
+
+    monkeypatch.setattr(workflow, "EXPRESS_LIMIT_S", 5)
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for copy in range(6):
+        image = Image.open(SAMPLES / "chelsea-the-cat.jpg").rotate(copy)  # six images, six names
+        image.save(folder / f"cat-{copy}.jpg")
+    update = {"data_dir": tmp_path / "data", "images_per_group": 1, "group_concurrency": 6, "hand_backs": 0}
+    settings = use_settings(tiny_settings.model_copy(update=update))
+    handler = detect_app.handler
+
+    def slow_detect(event: Any, context: Any) -> Any:
+        time.sleep(1.5)
+        return handler(event, context)
+
+    monkeypatch.setattr(detect_app, "handler", slow_detect)
+    # WHEN they are annotated with the limit in force
+    with local_workflow(aws_limits=True) as run:
+        starter = LocalStarter(run, settings.data_dir, "queued-here")
+        start_batches(
+            PromptMessage(prompt="cat.", images=[str(folder)], caption=False),
+            "queued-here",
+            settings.ingest,
+            starter,
+            store_for,
+        )
+    # THEN no child ran out of time: each one's 1.5 s Detect and its other steps are within 5 s, whatever it waited
+    rows = run_local_query("SELECT status, error FROM images", settings.data_dir).to_pylist()
+    assert len(rows) == 6 and all(row["status"] == "succeeded" for row in rows), rows
+
+
 def caption_tries_in_a_child() -> int:
     """Caption's first try and its retries of a throttle, as the workflow's definition says."""
     [caption] = [state for name, state in all_states(json.loads(DEFINITION_PATH.read_text())) if name == "Caption"]
@@ -179,12 +217,14 @@ def test_a_new_accounts_quotas_overlapping_batches_and_inactive_snapstart_versio
     quiet = Faults(
         throttle=0, snapstart_not_ready=0, service_error=0, s3_slowdown=0, s3_internal_error=0, hang_step=None
     )
-    # (three: two overlapped so little once, on a fresh machine, that none was throttled)
+    # (three: two overlapped so little once, on a fresh machine, that none was throttled); 2 images with variants
+    # whose Variants tasks (4 vCPUs each) the same 6 vCPUs hold one at a time; functions of at most 3,008 MB
     account = {"lambda_concurrency": 2, "batches": 3, "snapstart_reinit_s": 6.0}
-    account |= {"bulk_images": 4, "fargate_vcpus": 6, "spot_shortage_s": 1.0}
-    faults = Faults(**{**quiet.__dict__, "variants_images": 0, **account})
+    account |= {"bulk_images": 4, "fargate_vcpus": 6, "spot_shortage_s": 1.0, "function_memory_mb": 3008}
+    faults = Faults(**{**quiet.__dict__, "variants_images": 2, **account})
+    assert faults.functions_over_memory() == []  # deployed as such an account needs (SMALL_MEMORY_PARAMETERS)
 
-    # WHEN 24 images are annotated as three messages and 4 as a bulk one, sent at once
+    # WHEN 24 images are annotated as three messages, 4 as a bulk one and 2 with variants, sent at once
     report = run_chaos(24, faults, caption=False)
 
     # THEN the batches met the quota, the re-initialisation and the Spot shortage, and waited each out: every image
@@ -195,5 +235,5 @@ def test_a_new_accounts_quotas_overlapping_batches_and_inactive_snapstart_versio
         "Fargate: Capacity is unavailable at this time",
     }
     assert expected <= set(report.injected), report.injected
-    assert (report.images, report.rows, report.lost, report.duplicated, len(report.failed)) == (28, 28, 0, 0, 0)
+    assert (report.images, report.rows, report.lost, report.duplicated, len(report.failed)) == (30, 30, 0, 0, 0)
     assert report.most_in_flight <= 2 and report.most_fargate_vcpus <= 6, report.line

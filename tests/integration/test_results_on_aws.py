@@ -63,7 +63,7 @@ def result(image: ImageRef, failed: bool = False) -> ImageResult:
         status=Status.FAILED if failed else Status.SUCCEEDED,
         error="detect: ImageRejected: file is empty" if failed else None,
         prompt="dog.",
-        annotated_uri=None if failed else f"s3://annotate-results/results/{BATCH}/{image.image_id}.png",
+        annotated_uri=None if failed else f"s3://annotate-results/pictures/{BATCH}/{image.image_id}.png",
         processed_at=datetime.now(UTC),
     )
 
@@ -89,7 +89,7 @@ def stack() -> Iterator[Any]:
         for image, failed in ((IMAGES[0], False), (IMAGES[1], True)):
             key = f"results/{BATCH}/{image.image_id}"
             s3.put_object(Bucket="annotate-results", Key=f"{key}.json", Body=result(image, failed).model_dump_json())
-        s3.put_object(Bucket="annotate-results", Key=f"results/{BATCH}/{IMAGES[0].image_id}.png", Body=png("red"))
+        s3.put_object(Bucket="annotate-results", Key=f"pictures/{BATCH}/{IMAGES[0].image_id}.png", Body=png("red"))
         s3.put_object(Bucket="annotate-input", Key="incoming/0.png", Body=png("blue"))
         outputs = {
             o["OutputKey"]: o["OutputValue"]
@@ -207,7 +207,7 @@ def test_the_gallery_of_a_stack_shows_its_pictures_by_presigned_urls(stack: Any,
     from tools.results.annotations import AnnotatedImage
     from tools.results.gallery import write_gallery
 
-    picture = f"s3://annotate-results/results/{BATCH}/{IMAGES[0].image_id}.png"
+    picture = f"s3://annotate-results/pictures/{BATCH}/{IMAGES[0].image_id}.png"
     shown = AnnotatedImage(
         IMAGES[0].image_id, IMAGES[0].source_uri, BATCH, "succeeded", 40, 30, None, picture, None, ""
     )
@@ -219,7 +219,7 @@ def test_the_gallery_of_a_stack_shows_its_pictures_by_presigned_urls(stack: Any,
 
     page = write_gallery([shown], tmp_path, storage.store_for, presign).read_text()
 
-    assert "https://annotate-results.s3.amazonaws.com/results/" in page and "Expires=" in page
+    assert "https://annotate-results.s3.amazonaws.com/pictures/" in page and "Expires=" in page
     assert not (tmp_path / "pictures").exists()  # nothing copied: the page links the bucket, for a while
 
 

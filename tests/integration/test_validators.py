@@ -30,6 +30,7 @@ def test_asl_validator_passes_on_the_workflow_as_each_deployment_fills_it(varian
         "Partition": "aws",
         "GroupExecutionType": "STANDARD" if variants else "EXPRESS",
         "VariantsResource": "arn:aws:states:::ecs:runTask" + (".sync" if variants else ""),
+        "TaskPublicIp": "ENABLED",
     }
     definition = tmp_path / "pipeline.asl.json"
     definition.write_text(substitute(filled))

@@ -44,6 +44,8 @@ def test_without_variants_the_stack_deploys_with_only_the_required_answers(repor
         "ApiAuth",
         "HandBackWaitSeconds",  # a second, not a minute: its story waits out a hand-back
         "MaxWaitMinutes",  # 15: its dropped images are gathered
+        "TaskPublicIp",  # DISABLED: its subnets are private
+        "S3GatewayRouteTables",  # their route tables, which get the stack's S3 endpoint
     }
 
 
@@ -101,7 +103,15 @@ def test_a_bulk_message_runs_as_fargate_spot_tasks_as_their_role_and_a_stopped_o
         for call in reports[True].calls
         if call.request.principal == "BulkTaskRole"
     }
-    assert {("s3:GetObject", "manifests"), ("s3:PutObject", "results"), ("s3:PutObject", "tables")} <= task_calls
+    assert {
+        ("s3:GetObject", "manifests"),
+        ("s3:PutObject", "results"),
+        ("s3:PutObject", "pictures"),
+        ("s3:PutObject", "tables"),
+    } <= task_calls
+    # AND in the deployment's private subnets it asked for no public address and reached S3 by the stack's endpoint
+    network = [failure for failure in reports[True].failures if "public address" in failure or "S3 endpoint" in failure]
+    assert not network
     # AND every image of the three batches has one row (checked in the story: 9 rows, the truncated image failing)
     assert "9 image rows (3 failed)" in "\n".join(reports[True].steps)
 

@@ -128,3 +128,27 @@ def test_a_bulk_lane_batch_runs_no_more_tasks_at_once_than_the_accounts_fargate_
     assert bulk_tasks_at_once(Settings(results_uri="/r", fargate_vcpus=6, bulk_task_cpu=4096).ingest) == 1
     assert bulk_tasks_at_once(Settings(results_uri="/r", fargate_vcpus=1, bulk_task_cpu=4096).ingest) == 1
     assert bulk_tasks_at_once(Settings(results_uri="/r").ingest) == 100
+
+
+def test_a_batch_with_variants_runs_no_more_variants_tasks_at_once_than_the_accounts_fargate_vcpus_hold(
+    tmp_path: Path,
+) -> None:
+    from shared.pipeline.batches import variants_tasks_at_once
+
+    # GIVEN 20 images asking for variants, each made by a Variants task of 4 vCPUs (the template's VariantsCpu)
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for index in range(20):
+        (folder / f"{index}.jpg").write_bytes(str(index).encode())
+    message = PromptMessage(prompt="cat.", images=[str(folder)], variants={"prompt": "a watercolor"})
+    for vcpus, tasks in ((6, 1), (16, 4), (200, 50)):
+        settings = Settings(results_uri="/r", fargate_vcpus=vcpus).ingest
+        assert variants_tasks_at_once(settings) == tasks
+        # WHEN the batch is planned
+        [planned] = plan_batches(message, settings, store_for)
+        # THEN at most that many of its images run at once (ECS would refuse a task past the vCPUs)
+        at_once = planned.input.group_concurrency * max(len(group.images) for group in planned.groups)
+        assert at_once <= tasks and sum(len(group.images) for group in planned.groups) == 20, vcpus
+    # AND without variants the same account's batch is planned by its Lambda concurrency alone
+    [lambda_only] = plan_batches(PromptMessage(prompt="cat.", images=[str(folder)]), settings, store_for)
+    assert (lambda_only.input.group_concurrency, len(lambda_only.groups[0].images)) == (40, 10)

@@ -11,7 +11,7 @@ import pytest
 import sqlglot
 
 from shared.contracts import MANIFESTS_PREFIX
-from shared.storage.objects import BATCHES_PREFIX, RESULTS_PREFIX
+from shared.storage.objects import BATCHES_PREFIX, PICTURES_PREFIX, RESULTS_PREFIX
 from shared.storage.tables import QUERIED_SCHEMAS, SCHEMAS, TABLES_PREFIX
 from tests.conftest import REPO
 from tests.unit.test_workflow_definition import template
@@ -106,8 +106,16 @@ def test_glue_columns_equal_the_parquet_schema_the_code_writes(table: str) -> No
 
 
 def test_the_iam_prefixes_are_the_ones_the_code_writes_under() -> None:
-    for prefix in (RESULTS_PREFIX, TABLES_PREFIX, MANIFESTS_PREFIX, BATCHES_PREFIX):
+    for prefix in (RESULTS_PREFIX, PICTURES_PREFIX, TABLES_PREFIX, MANIFESTS_PREFIX, BATCHES_PREFIX):
         assert f"${{ResultsBucket.Arn}}/{prefix}/*" in TEMPLATE_TEXT
+
+
+def test_the_pictures_the_code_writes_expire_and_nothing_else_does() -> None:
+    rules = RESOURCES["ResultsBucket"]["Properties"]["LifecycleConfiguration"]["Rules"]
+    expiring = {rule["Prefix"] for rule in rules if "ExpirationInDays" in rule}
+    assert expiring == {f"{PICTURES_PREFIX}/", "athena-results/"}
+    [pictures] = [rule for rule in rules if rule["Id"] == "ExpirePictures"]
+    assert pictures["ExpirationInDays"] == {"Ref": "PictureRetentionDays"}
 
 
 def named_queries() -> dict[str, str]:
@@ -248,3 +256,15 @@ def test_a_bulk_task_compiles_detect_without_the_cache_a_fresh_task_never_reads(
     # would cost 1.5 s a size and never be read), and the runtimes are the task image's
     assert task["detector_compiled_cache"] is False
     assert task["detector_runtime"] == task["classifier_runtime"] == "openvino"
+
+
+def test_a_new_accounts_3008_mb_fits_every_function_deployed_as_the_docs_say_and_not_without() -> None:
+    from tools.aws.sam_template import deployed_memory_mb, load_template
+    from tools.local.chaos import SMALL_MEMORY_PARAMETERS, Faults
+
+    template = load_template()
+    assert max(deployed_memory_mb(template, SMALL_MEMORY_PARAMETERS).values()) <= 3008
+    assert deployed_memory_mb(template)["DetectFunction"] > 3008  # the default asks more
+    assert "ApiFunction" not in deployed_memory_mb(template)  # EnableApi=false by default
+    # annotate chaos names what does not fit a smaller quota
+    assert "DetectFunction 3,008 MB" in Faults(function_memory_mb=2048).functions_over_memory()

@@ -411,6 +411,14 @@ def test_a_spot_shortage_is_waited_out_for_minutes_before_on_demand_is_paid_for(
     assert STATES["AnnotateGroupsInBulk"]["ItemProcessor"]["ProcessorConfig"]["ExecutionType"] == "STANDARD"
 
 
+def test_a_variants_task_ecs_does_not_start_is_waited_for_minutes_in_its_standard_child() -> None:
+    from tools.local.workflow import retry_wait_s
+
+    # A task past the account's Fargate vCPUs (another batch's may hold them) fails to start: AmazonECS.Unknown
+    [waits] = [r for r in STATES["Variants"]["Retry"] if "AmazonECS.Unknown" in r["ErrorEquals"]]
+    assert 10 * 60 <= retry_wait_s(waits) <= 30 * 60 and waits["JitterStrategy"] == "FULL"
+
+
 def test_a_group_is_annotated_image_by_image_and_written_as_one_table_file() -> None:
     images = STATES["AnnotateImages"]
     assert TypeAdapter(list[ImageRef]).validate_python(read_path(group_task(), images["ItemsPath"], {})) == [IMAGE]

@@ -74,6 +74,19 @@ def by_default(template: dict[str, Any], value: Any, overrides: dict[str, str] |
     return resolve(value)
 
 
+def deployed_memory_mb(template: dict[str, Any], overrides: dict[str, str] | None = None) -> dict[str, int]:
+    """Each function a deployment with ``overrides`` creates (its Condition holding), and its memory in MB."""
+    defaults = template.get("Globals", {}).get("Function", {})
+    memory = {}
+    for name, resource in functions(template).items():
+        condition = resource.get("Condition")
+        if condition and not by_default(template, {"Fn::If": [condition, True, False]}, overrides):
+            continue
+        properties = by_default(template, defaults | resource["Properties"], overrides)
+        memory[name] = int(properties.get("MemorySize", 128))  # Lambda's default
+    return memory
+
+
 def layer_ids(layers: Any) -> list[str]:
     """The logical ids a function's ``Layers`` name, in either branch of an ``Fn::If``."""
     if isinstance(layers, list):

@@ -227,11 +227,13 @@ def orchestration_share(bench: dict[str, Any], prices: dict[str, Any], scenario:
 def fargate_month(
     bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, vcpus: int = 2, memory_gb: int = 8
 ) -> float:
-    """Always-on Fargate tasks sized for the scenario's peak day (at least one), running the whole pipeline, and the
-    S3 requests of its results (as the bulk worker makes them: every option writes the same results)."""
+    """Always-on Fargate tasks sized for the scenario's peak day (at least one), running the whole pipeline, each with
+    its public IPv4 address, and the S3 requests of its results (as the bulk worker makes them: every option writes
+    the same results)."""
     per_task_per_day = 86_400 / bench["whole_image"]["pipeline_s"]
     tasks = max(1, math.ceil(scenario.peak_images_per_day / per_task_per_day))
-    hourly = vcpus * prices["fargate"]["x86_vcpu_hour"] + memory_gb * prices["fargate"]["x86_gb_hour"]
+    fargate = prices["fargate"]
+    hourly = vcpus * fargate["x86_vcpu_hour"] + memory_gb * fargate["x86_gb_hour"] + prices["vpc"]["public_ipv4_hour"]
     return tasks * hourly * HOURS_PER_MONTH + _bulk_s3_requests(scenario.images_per_month, prices)
 
 
@@ -315,6 +317,14 @@ def bulk_model_load_s(bench: dict[str, Any]) -> float:
     )
 
 
+def bulk_task_hours(images: int, bench: dict[str, Any], bulk: dict[str, Any], jobs: int | None = None) -> float:
+    """The bulk lane's task hours for ``images`` in ``jobs`` tasks (as ingest plans them unless given): each task's
+    start and model load, a minute at least (Fargate's least billed), and its images at the worker's seconds."""
+    jobs = bulk_jobs(images)[0] if jobs is None else jobs
+    start_s = TASK_START_S + bulk_model_load_s(bench)
+    return (jobs * max(60.0, start_s) + images * bulk["seconds_per_image"]["worker"]) / 3600
+
+
 def bulk_lane(
     images: int,
     bench: dict[str, Any],
@@ -334,14 +344,15 @@ def bulk_lane(
     start_s = TASK_START_S + bulk_model_load_s(bench)
     fargate = prices["fargate_spot" if spot else "fargate"]
     hourly = BULK_VCPUS * fargate["x86_vcpu_hour"] + BULK_MEMORY_GB * fargate["x86_gb_hour"]
-    task_seconds = jobs * max(60.0, start_s) + images * seconds_per_image  # Fargate bills a minute at least
+    task_hours = bulk_task_hours(images, bench, bulk, jobs)
     requests = _bulk_s3_requests(images, prices)
     transitions = len(STATES_PER_BULK_BATCH) + jobs * TRANSITIONS_PER_BULK_JOB
     return LaneEstimate(
         lane="bulk, Fargate Spot" if spot else "bulk, Fargate on-demand",
         images=images,
         parts={
-            "compute": task_seconds / 3600 * hourly,
+            "compute": task_hours * hourly,
+            "public IPv4": task_hours * prices["vpc"]["public_ipv4_hour"],
             "S3 requests": requests,
             "orchestration": transitions * prices["step_functions"]["standard_per_1000_transitions"] / 1000,
             "Athena": _athena(images, prices),
@@ -367,6 +378,7 @@ def lambda_lane(images: int, bench: dict[str, Any], prices: dict[str, Any]) -> L
         images=images,
         parts={
             "compute": parts["compute"],
+            "public IPv4": 0.0,  # Lambda's functions run outside the stack's VPC
             "S3 requests": requests
             + math.ceil(images / IMAGES_PER_GROUP) * S3_PUTS_PER_GROUP * s3["put_per_1000"] / 1000,
             "orchestration": parts["orchestration"] + parts["queues_and_storage"] - requests,
@@ -387,9 +399,9 @@ def lanes_table(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, A
         return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
 
     lines = [
-        "| images | lane | compute | S3 requests | orchestration | Athena | total | per 1,000 | wall time "
-        "| limited by |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| images | lane | compute | public IPv4 | S3 requests | orchestration | Athena | total | per 1,000 "
+        "| wall time | limited by |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for images in BATCH_SIZES:
         for lane in (
@@ -458,7 +470,9 @@ def gathered_bulk_from_images(bench: dict[str, Any], bulk: dict[str, Any], price
     """The fewest gathered images whose one bulk task (its start, model load and images, on Spot) costs less than
     Lambda's warm seconds for them: where the rule starts taking the bulk lane (``gathered_bulk_from_images``)."""
     spot = prices["fargate_spot"]
-    hourly = BULK_VCPUS * spot["x86_vcpu_hour"] + BULK_MEMORY_GB * spot["x86_gb_hour"]
+    hourly = (
+        BULK_VCPUS * spot["x86_vcpu_hour"] + BULK_MEMORY_GB * spot["x86_gb_hour"] + prices["vpc"]["public_ipv4_hour"]
+    )
     start_s = max(60.0, TASK_START_S + bulk_model_load_s(bench))  # Fargate bills a minute at least
     per_image_s = bulk["seconds_per_image"]["worker"]
     on_lambda = lambda_compute_per_image(bench, prices)

@@ -13,6 +13,7 @@ from shared.errors import validation_reason
 from tools.cli.common import err, fail, out, quiet_logs
 
 commands = typer.Typer()
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 
 
 @commands.command()
@@ -32,10 +33,9 @@ def bench(
     from tools.bench.models import BenchOptions, run_bench
 
     quiet_logs(False)
-    samples = Path(__file__).resolve().parents[2] / "samples"
     try:
         options = BenchOptions(
-            images=images or [samples / "chelsea-the-cat.jpg", samples / "coffee.webp"],
+            images=images or [SAMPLES / "chelsea-the-cat.jpg", SAMPLES / "coffee.webp"],
             repeats=repeats,
             threads=threads,
             short_side=short_side,
@@ -76,7 +76,7 @@ def bench_api(
     from tools.bench.api import markdown_report, run_api_bench
 
     quiet_logs(False)
-    image = image or Path(__file__).resolve().parents[2] / "samples" / "chelsea-the-cat.jpg"
+    image = image or SAMPLES / "chelsea-the-cat.jpg"
     if not image.is_file():
         raise fail(f"{image} is not a file: name an image to answer")
     report = run_api_bench(image, repeats, out_dir)
@@ -95,14 +95,13 @@ def bench_bulk(
     from tools.bench.bulk import markdown_report, run_bulk_bench
 
     quiet_logs(False)
-    samples = Path(__file__).resolve().parents[2] / "samples"
     missing = [str(path) for path in images or [] if not path.is_file()]
     if missing:
         raise fail(f"not files: {', '.join(missing)}")
     if models not in ("random", "tiny"):
         raise fail(f"--models is random or tiny, not {models}")
     report = run_bulk_bench(
-        images or [samples / "chelsea-the-cat.jpg", samples / "coffee.webp"],
+        images or [SAMPLES / "chelsea-the-cat.jpg", SAMPLES / "coffee.webp"],
         copies,
         repeats,
         out_dir,
@@ -155,6 +154,9 @@ def chaos(
     spot_shortage: Annotated[
         float, typer.Option(min=0, max=600, help="Seconds Fargate Spot has no capacity, from the first Spot task")
     ] = 0.0,
+    function_memory: Annotated[
+        int | None, typer.Option(min=128, max=10240, help="The account's largest function memory in MB (3008)")
+    ] = None,
 ) -> None:
     """Annotate generated images through the local workflow with AWS faults injected; account for every image.
 
@@ -180,9 +182,12 @@ def chaos(
         bulk_images=bulk_images,
         fargate_vcpus=fargate_vcpus,
         spot_shortage_s=spot_shortage,
+        function_memory_mb=function_memory,
     )
     # Each line whole, at any width: a program reads the last one
     out.print(faults.account(), highlight=False, soft_wrap=True)
+    if over := faults.functions_over_memory():
+        raise fail(f"the stack does not fit the account's function memory: {', '.join(over)}")
     out.print(faults.describe(), highlight=False, soft_wrap=True)
     report = run_chaos(images, faults)
     out.print(f"Lambda invocations at once: {report.most_in_flight} at the most", highlight=False, soft_wrap=True)
@@ -223,6 +228,7 @@ def cost(
         with_lambda_cold_start,
         write_chart,
     )
+    from tools.bench.storage import measured_bytes_per_image, network_table, storage_table
 
     if not bench_file.is_file():
         raise fail(f"{bench_file} does not exist: run annotate bench first")
@@ -239,8 +245,11 @@ def cost(
         report = markdown_table(rows, prices, bench)
         if api_bench.is_file():
             report += "\n" + api_line(api_costs(json.loads(api_bench.read_text()), prices)) + "\n"
+        per_image = measured_bytes_per_image(sorted(SAMPLES.iterdir()))
+        report += "\n" + storage_table(per_image, prices)
         if bulk:
             report += "\n" + bulk_line(bench, bulk, prices) + "\n\n" + lanes_table(bench, bulk, prices)
+            report += "\n" + network_table(bench, bulk, prices, per_image)
             report += "\n" + gathered_line(bench, bulk, prices) + "\n\n" + gathered_table(bench, bulk, prices)
     except (KeyError, TypeError, ValueError) as error:
         raise fail(f"{bench_file} or the prices file is not what annotate bench writes: {error!r}") from None

@@ -51,6 +51,11 @@ HAND_BACKS, HAND_BACK_WAIT_S = 5, 5
 FAULTED_PREFIXES = ("images/", "results/", "tables/", "batches/")
 
 
+# What a stack on an account whose functions may have at most 3,008 MB is deployed with (docs/deploy.md, "Detect and a
+# new account's memory quota"): Detect on ONNX Runtime, whose sizes share their weights, measured to fit.
+SMALL_MEMORY_PARAMETERS = {"DetectorRuntime": "onnxruntime", "DetectMemorySize": "3008"}
+
+
 @dataclass(frozen=True)
 class Faults:
     throttle: float = 0.05  # Lambda TooManyRequestsException, per invocation
@@ -68,6 +73,7 @@ class Faults:
     bulk_images: int = 0  # images of a bulk-lane message sent with them, its jobs run as Fargate (Spot) tasks
     fargate_vcpus: int | None = None  # the account's Fargate vCPUs: a task past them is not started (None: no quota)
     spot_shortage_s: float = 0.0  # Fargate Spot has no capacity for this long from the first Spot task
+    function_memory_mb: int | None = None  # the account's largest function memory (None: Lambda's 10,240 MB)
 
     def account(self) -> str:
         quota = f"{self.lambda_concurrency:,}" if self.lambda_concurrency else "no quota"
@@ -78,10 +84,23 @@ class Faults:
             line += f", Fargate {self.fargate_vcpus} vCPUs"
         if self.spot_shortage_s:
             line += f", no Fargate Spot capacity for {self.spot_shortage_s:g} s"
+        if self.function_memory_mb:
+            deployed = " ".join(f"{name}={value}" for name, value in SMALL_MEMORY_PARAMETERS.items())
+            line += f", functions at most {self.function_memory_mb:,} MB (deployed with {deployed})"
         if self.batches > 1 or self.bulk_images:
             bulk = f" and a bulk one of {self.bulk_images} images" if self.bulk_images else ""
             line += f", {self.batches} batches at once{bulk}"
         return line + f"; a hand-back waits {HAND_BACK_WAIT_S} s"
+
+    def functions_over_memory(self) -> list[str]:
+        """The functions the stack deploys on this account (with :data:`SMALL_MEMORY_PARAMETERS` where its memory
+        quota needs them) that ask more memory than it allows: CreateFunction would refuse them."""
+        from tools.aws.sam_template import deployed_memory_mb, load_template
+
+        if not self.function_memory_mb:
+            return []
+        memory = deployed_memory_mb(load_template(), SMALL_MEMORY_PARAMETERS)
+        return [f"{name} {mb:,} MB" for name, mb in sorted(memory.items()) if mb > self.function_memory_mb]
 
     def describe(self) -> str:
         hang = f"{self.hang_step} of image {self.hang_image} hangs once" if self.hang_step else "no hang"
@@ -104,7 +123,7 @@ class Injector:
     retried: int = 0
     _faulted: set[str] = field(default_factory=set)  # calls whose last try met a fault
     _first_invoked: dict[str, float] = field(default_factory=dict)  # model function -> when it was first invoked
-    fargate_vcpus_in_use: float = 0.0
+    fargate_vcpus_in_use: dict[str, float] = field(default_factory=dict)  # by capacity provider
     most_fargate_vcpus: float = 0.0
     _hung: bool = False
     _task_stopped: bool = False
@@ -174,27 +193,27 @@ class Injector:
             raise LambdaServiceError(fault.removeprefix("Lambda ").split()[0], "injected by annotate chaos")
 
     def _fargate(self, event: str, task: dict[str, Any]) -> None:
-        """A bulk task starting or stopped: ECS refuses one past the account's vCPUs ("You've reached the limit on
-        the number of vCPUs you can run concurrently", ECS's service quotas), and a Spot one while Spot has no
-        capacity; a started task holds its vCPUs until it stops."""
+        """A Fargate task (a bulk job's or a Variants one) starting or stopped: ECS refuses one past the account's
+        vCPUs ("You've reached the limit on the number of vCPUs you can run concurrently", ECS's service quotas:
+        Spot's and on-demand's are quotas apart), and a Spot one while Spot has no capacity; a started task holds
+        its vCPUs until it stops."""
+        provider = task["capacity_provider"]
         with self._lock:
             if event == "fargate:stop":
-                self.fargate_vcpus_in_use -= task["vcpus"]
+                self.fargate_vcpus_in_use[provider] -= task["vcpus"]
                 return
             refusal = ""
-            spot = task["capacity_provider"] == "FARGATE_SPOT"
-            if spot and self.faults.spot_shortage_s:
+            if provider == "FARGATE_SPOT" and self.faults.spot_shortage_s:
                 since = time.monotonic() - self._first_invoked.setdefault("fargate spot", time.monotonic())
                 refusal = "Capacity is unavailable at this time" if since < self.faults.spot_shortage_s else ""
-            quota = self.faults.fargate_vcpus
-            if not refusal and quota and self.fargate_vcpus_in_use + task["vcpus"] > quota:
+            quota, in_use = self.faults.fargate_vcpus, self.fargate_vcpus_in_use.get(provider, 0.0)
+            if not refusal and quota and in_use + task["vcpus"] > quota:
                 refusal = "You've reached the limit on the number of vCPUs you can run concurrently"
-            key = f"fargate:{task['capacity_provider']}"
-            fault = self._draw(key, [(f"Fargate: {refusal}", 1.0)] if refusal else [])
+            fault = self._draw(f"fargate:{provider}", [(f"Fargate: {refusal}", 1.0)] if refusal else [])
             if fault:
                 raise FargateRefused(f"{refusal} (annotate chaos)")
-            self.fargate_vcpus_in_use += task["vcpus"]
-            self.most_fargate_vcpus = max(self.most_fargate_vcpus, self.fargate_vcpus_in_use)
+            self.fargate_vcpus_in_use[provider] = in_use + task["vcpus"]
+            self.most_fargate_vcpus = max(self.most_fargate_vcpus, in_use + task["vcpus"])
 
     def _stop_once(self, key: str) -> None:
         with self._lock:
@@ -240,7 +259,7 @@ class ChaosReport:
     busy_s: float = 0.0  # the functions' time, summed over every invocation
     lambda_concurrency: int | None = None
     handed_back: int = 0  # groups the workflow ran again in a later round
-    most_fargate_vcpus: float = 0.0  # Fargate vCPUs of the bulk tasks running at once, at the most
+    most_fargate_vcpus: float = 0.0  # Fargate vCPUs of one capacity provider's tasks at once, at the most
 
     @property
     def unexpected_failures(self) -> list[dict[str, Any]]:
@@ -308,6 +327,8 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
         account: dict[str, Any] = {"lambda_concurrency": faults.lambda_concurrency} if faults.lambda_concurrency else {}
         if faults.fargate_vcpus:
             account["fargate_vcpus"] = faults.fargate_vcpus
+        if faults.function_memory_mb:  # Detect on the runtime such an account deploys
+            account["detector_runtime"] = SMALL_MEMORY_PARAMETERS["DetectorRuntime"]
         # ingest plans the batches within the account's quotas; the bulk message's images run two to a group, so
         # that its jobs are several tasks
         settings = use_settings(settings.model_copy(update=account | {"bulk_images_per_group": 2}))

@@ -33,6 +33,8 @@ from shared.pipeline.dependencies import Step, dependencies_of
 from shared.settings import get_settings
 from shared.storage.objects import split_s3
 from tools.local.step_functions import (
+    CHILD_CLOCKS,
+    ChildClock,
     FargateRefused,
     FunctionTimedOut,
     LambdaServiceError,
@@ -178,16 +180,20 @@ class HandlerDispatcher:
 
     def _run(self, name: str, payload: dict[str, Any]) -> tuple[dict[str, Any], BaseException | None]:
         handler = importlib.import_module(f"functions.{name}.app").handler
-        with self._locks[name]:
+        clock = CHILD_CLOCKS.of(payload) or ChildClock()  # an Express child's, which its queueing here does not move
+        with clock.queued():
+            self._locks[name].acquire()
+        try:
             started = time.monotonic()
-            try:
+            with clock.running():
                 response = handler(payload, LocalContext(function_name=name, aws_request_id=str(uuid.uuid4())))
-            except Exception as caught:  # a handler's exception is the task's error, as in Lambda
-                return _error_payload(caught), caught
-            finally:
-                metrics.clear_metrics()  # disabled locally (see local_workflow), so nothing else clears them
-                with self._counting:
-                    self.busy_s += time.monotonic() - started
+        except Exception as caught:  # a handler's exception is the task's error, as in Lambda
+            return _error_payload(caught), caught
+        finally:
+            self._locks[name].release()
+            metrics.clear_metrics()  # disabled locally (see local_workflow), so nothing else clears them
+            with self._counting:
+                self.busy_s += time.monotonic() - started
         if time.monotonic() - started > self._timeouts.get(name, float("inf")):
             raise FunctionTimedOut(self._timeouts[name])
         return response, None
@@ -345,6 +351,7 @@ def local_definition() -> str:
                     "Partition": "aws",
                     "GroupExecutionType": "EXPRESS",
                     "VariantsResource": "arn:aws:states:::ecs:runTask.sync",
+                    "TaskPublicIp": "ENABLED",
                 }
             ),
             variants_run_standard=True,
@@ -363,27 +370,29 @@ def _run_container(
     in force; ``gate`` may stop the task, as Fargate may (an exception is a stopped task): a Variants task before it
     starts, a bulk task before each of its images."""
     environment = container_environment(run_task_parameters)
-    if "ANNOTATE_BULK_JOB" in environment:
-        # ECS may refuse to start it (``gate``: FargateRefused); once started, it holds its vCPUs until it stops
-        strategy = run_task_parameters.get("CapacityProviderStrategy") or [{}]
-        task = {
-            "capacity_provider": strategy[0].get("CapacityProvider") or strategy[0].get("capacityProvider"),
-            "vcpus": get_settings().bulk_task_cpu / 1024,
-        }
-        if gate:
-            gate("fargate:start", task)
-        try:
-            _run_bulk_container(gate, listener, stopping, environment["ANNOTATE_BULK_JOB"])
-        finally:
-            if gate:
-                gate("fargate:stop", task)
-        return
-    from shared.pipeline.variants_task import run
-
-    job = environment.get("ANNOTATE_VARIANT_JOB", "")
+    bulk = "ANNOTATE_BULK_JOB" in environment
+    # ECS may refuse to start it (``gate``: FargateRefused); once started, it holds its vCPUs until it stops
+    strategy = run_task_parameters.get("CapacityProviderStrategy") or [{}]
+    settings = get_settings()
+    task = {
+        "capacity_provider": strategy[0].get("CapacityProvider") or strategy[0].get("capacityProvider") or "FARGATE",
+        "vcpus": (settings.bulk_task_cpu if bulk else settings.variants_task_cpu) / 1024,
+    }
     if gate:
-        gate("variants", {"task": json.loads(job or "{}")})
-    run(job)
+        gate("fargate:start", task)
+    try:
+        if bulk:
+            _run_bulk_container(gate, listener, stopping, environment["ANNOTATE_BULK_JOB"])
+            return
+        from shared.pipeline.variants_task import run
+
+        job = environment.get("ANNOTATE_VARIANT_JOB", "")
+        if gate:
+            gate("variants", {"task": json.loads(job or "{}")})
+        run(job)
+    finally:
+        if gate:
+            gate("fargate:stop", task)
 
 
 # A bulk task takes every core of its machine: here, one at a time (the Map may start many at once).

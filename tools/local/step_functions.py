@@ -9,10 +9,14 @@
 - An Express execution ends after five minutes, its maximum duration (Step Functions developer guide, Choosing
   workflow type). A Distributed Map's Express child that runs longer times out as a whole; the states it had not
   reached never run. moto runs every child as a Standard one (its parser refuses Express children), without limit.
+  Here the five minutes are counted on the child's own clock (:class:`ChildClock`), not this machine's: on AWS each
+  invocation has an environment of its own, where here it may queue for its function's one.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -78,25 +82,140 @@ def aws_task_errors() -> Iterator[None]:
         yield
 
 
+class ChildClock:
+    """The time an Express child would have spent on AWS: its time here, less the spans in which none of its
+    invocations ran and one waited for its function's environment. Locally each function has one environment, which
+    every child's invocations queue for; on AWS each would have had its own. The child's steps, its retries' waits
+    and a function that runs long all count."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self._queued = self._running = 0
+        self._paused_s = 0.0
+        self._paused_since: float | None = None
+
+    @contextmanager
+    def queued(self) -> Iterator[None]:
+        """Inside: one of the child's invocations waits for its function's environment."""
+        self._count(queued=1)
+        try:
+            yield
+        finally:
+            self._count(queued=-1)
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Inside: one of the child's invocations runs."""
+        self._count(running=1)
+        try:
+            yield
+        finally:
+            self._count(running=-1)
+
+    def _count(self, queued: int = 0, running: int = 0) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._queued += queued
+            self._running += running
+            paused = self._queued > 0 and self._running == 0
+            if paused and self._paused_since is None:
+                self._paused_since = now
+            elif not paused and self._paused_since is not None:
+                self._paused_s += now - self._paused_since
+                self._paused_since = None
+
+    def seconds(self) -> float:
+        with self._lock:
+            now = time.monotonic()
+            pausing = now - self._paused_since if self._paused_since is not None else 0.0
+            return now - self._started - self._paused_s - pausing
+
+
+class ChildClocks:
+    """Each running Express child's clock, found from an invocation's payload by the batch and image it names."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_image: dict[tuple[str, str], ChildClock] = {}
+
+    @contextmanager
+    def started(self, child_input: dict[str, Any]) -> Iterator[ChildClock]:
+        """A clock for the child of ``child_input`` (its batch and group), for as long as it runs."""
+        batch = str(child_input.get("batch_id"))
+        keys = [(batch, str(image.get("image_id"))) for image in (child_input.get("group") or {}).get("images", [])]
+        clock = ChildClock()
+        with self._lock:
+            self._by_image |= dict.fromkeys(keys, clock)
+        try:
+            yield clock
+        finally:
+            with self._lock:
+                for key in keys:
+                    if self._by_image.get(key) is clock:
+                        del self._by_image[key]
+
+    def of(self, payload: dict[str, Any]) -> ChildClock | None:
+        """The clock of the child an invocation belongs to, by the batch and image it names: a per-image step's own
+        (its payload, or its ``task``) or the group table's first outcome's; None outside an Express child."""
+        task = payload["task"] if isinstance(payload.get("task"), dict) else payload
+        outcomes = payload.get("outcomes") if isinstance(payload.get("outcomes"), list) else []
+        image = task.get("image") or (outcomes[0].get("image") if outcomes else None) or {}
+        batch = task.get("batch_id")
+        with self._lock:
+            return self._by_image.get((str(batch), str(image.get("image_id"))))
+
+
+CHILD_CLOCKS = ChildClocks()
+
+
 @contextmanager
 def express_children_limited() -> Iterator[None]:
-    """Inside: each child of a Distributed Map whose processor carries :data:`EXPRESS_CHILDREN` ends after
-    ``tools.local.workflow.EXPRESS_LIMIT_S``, as an Express execution does; a Standard child (a stack with variants)
-    runs on."""
-    from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
+    """Inside: each child of a Distributed Map whose processor carries :data:`EXPRESS_CHILDREN` ends once its
+    :class:`ChildClock` passes ``tools.local.workflow.EXPRESS_LIMIT_S``, as an Express execution ends at its limit; a
+    Standard child (a stack with variants) runs on."""
+    from moto.stepfunctions.parser.asl.component.eval_component import EvalComponent
+    from moto.stepfunctions.parser.asl.component.program.program import Program
     from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor import (
         distributed_item_processor_worker as worker,
     )
+    from moto.stepfunctions.parser.utils import TMP_THREADS
 
-    eval_job = worker.DistributedItemProcessorWorker._eval_job
+    eval_job, eval_program = worker.DistributedItemProcessorWorker._eval_job, Program.eval
+    markers: dict[int, str] = {}  # the processor's marker, by the id of a child's environment
 
-    def within_the_limit(self: Any, env: Any, job: Any) -> None:
+    def marked(self: Any, env: Any, job: Any) -> None:
         marker = getattr(job.job_program.comment, "comment", None)
-        variants = isinstance(job.job_input, dict) and (job.job_input.get("request") or {}).get("variants")
-        if marker == EXPRESS_CHILDREN or (marker == EXPRESS_UNLESS_VARIANTS and not variants):
-            # one request per map run: every job of the shared program agrees
-            job.job_program.timeout_seconds = TimeoutSeconds(timeout_seconds=int(workflow.EXPRESS_LIMIT_S))
-        eval_job(self, env, job)
+        if marker in (EXPRESS_CHILDREN, EXPRESS_UNLESS_VARIANTS):
+            markers[id(env)] = marker
+        try:
+            eval_job(self, env, job)
+        finally:
+            markers.pop(id(env), None)
 
-    with mock.patch.object(worker.DistributedItemProcessorWorker, "_eval_job", within_the_limit):
+    def on_the_child_s_clock(program: Any, env: Any) -> None:
+        """moto's Program.eval, its wall-clock join on the program's thread replaced by an Express child's clock."""
+        marker = markers.get(id(env))
+        child_input = env.states.get_input()  # the child's input, its ItemSelector applied
+        child_input = child_input if isinstance(child_input, dict) else {}
+        variants = (child_input.get("request") or {}).get("variants")
+        if marker is None or (marker == EXPRESS_UNLESS_VARIANTS and variants):
+            eval_program(program, env)
+            return
+        env.next_state_name = program.start_at.start_at_name
+        running = threading.Thread(target=EvalComponent.eval, args=(program, env), daemon=True)
+        TMP_THREADS.append(running)
+        with CHILD_CLOCKS.started(child_input) as clock:
+            running.start()
+            while running.is_alive():
+                left = workflow.EXPRESS_LIMIT_S - clock.seconds()
+                if left <= 0:
+                    env.set_timed_out()
+                    return
+                running.join(timeout=min(1.0, left))
+
+    with (
+        mock.patch.object(worker.DistributedItemProcessorWorker, "_eval_job", marked),
+        mock.patch.object(Program, "eval", on_the_child_s_clock),
+    ):
         yield

@@ -33,8 +33,9 @@ FARGATE_PLACEHOLDERS = tuple(
 
 # The stack's own: the bucket the Distributed Map reads its groups from and writes its run's manifest to, whether the
 # children run as Express or (with variants, whose Fargate task needs .sync) Standard executions, the Variants
-# task's integration (.sync only where it can run), and the partition of the service integrations' ARNs.
-STACK_PLACEHOLDERS = ("ResultsBucket", "GroupExecutionType", "VariantsResource", "Partition")
+# task's integration (.sync only where it can run), the partition of the service integrations' ARNs, and whether
+# Fargate tasks get a public IPv4 address (public subnets) or not (private ones).
+STACK_PLACEHOLDERS = ("ResultsBucket", "GroupExecutionType", "VariantsResource", "Partition", "TaskPublicIp")
 
 
 def placeholders(definition: str | None = None) -> set[str]:

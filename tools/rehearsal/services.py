@@ -73,6 +73,7 @@ class InProcessServices:
         self.bulk_tasks = 0  # bulk containers run, the stopped ones included
         self.interrupt_next_bulk_task = False  # the next bulk task is stopped after one image (a Spot interruption)
         self.capacity_providers_used: set[str] = set()
+        self.task_networks: list[dict[str, Any]] = []  # each RunTask's AwsvpcConfiguration
         self._throttled: dict[tuple[str, str], int] = {}  # (function, image file name) -> invocations left to refuse
 
     def throttle(self, function: str, image_name: str, invocations: int) -> None:
@@ -159,6 +160,7 @@ class InProcessServices:
         ):
             self.log.add(request, region)
         self._check_capacity_providers(cluster, parameters)
+        self._check_network(parameters)
         [container] = definition["containerDefinitions"]
         variables = {item["name"]: item["value"] for item in container.get("environment", [])}
         variables |= container_environment(parameters)
@@ -185,6 +187,20 @@ class InProcessServices:
         if named - set(described.get("capacityProviders", [])):
             self.problems.append(f"RunTask names {sorted(named)}, the cluster has {described.get('capacityProviders')}")
         self.capacity_providers_used |= named
+
+    def _check_network(self, parameters: dict[str, Any]) -> None:
+        """RunTask fails on a subnet or security group that does not exist (ECS API reference, RunTask:
+        networkConfiguration); each task's network is kept for the story to check."""
+        import boto3
+
+        network = parameters["NetworkConfiguration"]["AwsvpcConfiguration"]
+        ec2 = boto3.client("ec2", region_name=self.stack.region)
+        try:
+            ec2.describe_subnets(SubnetIds=network["Subnets"])
+            ec2.describe_security_groups(GroupIds=network["SecurityGroups"])
+        except ec2.exceptions.ClientError as error:
+            self.problems.append(f"RunTask names a network that does not exist: {error}")
+        self.task_networks.append(network)
 
     def _run_bulk_task(self) -> None:
         """The bulk container's work, as its entrypoint does it; where an act asks, the task is stopped after one

@@ -247,6 +247,8 @@ def _lifecycle_rule(rule: dict[str, Any]) -> dict[str, Any]:
     api: dict[str, Any] = {"ID": rule["Id"], "Status": rule["Status"], "Filter": {"Prefix": rule.get("Prefix", "")}}
     if "ExpirationInDays" in rule:
         api["Expiration"] = {"Days": int(rule["ExpirationInDays"])}
+    if rule.get("ExpiredObjectDeleteMarker"):
+        api["Expiration"] = {"ExpiredObjectDeleteMarker": True}
     if "NoncurrentVersionExpiration" in rule:
         api["NoncurrentVersionExpiration"] = {
             "NoncurrentDays": int(rule["NoncurrentVersionExpiration"]["NoncurrentDays"])

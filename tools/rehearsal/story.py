@@ -55,15 +55,25 @@ def default_deployments() -> list[tuple[Deployment, bool]]:
 
 
 def _network(region: str) -> dict[str, str]:
+    """Private subnets, each with its own route table, as a user without public subnets names them: the tasks get
+    no public address, and the stack adds its S3 gateway endpoint to those route tables."""
     import boto3
 
     ec2 = boto3.client("ec2", region_name=region)
     vpc = ec2.create_vpc(CidrBlock="10.8.0.0/16")["Vpc"]["VpcId"]
-    subnets = [
-        ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.8.{i}.0/24", AvailabilityZone=f"{region}{zone}")["Subnet"]
-        for i, zone in enumerate("ab")
-    ]
-    return {"VpcId": vpc, "SubnetA": subnets[0]["SubnetId"], "SubnetB": subnets[1]["SubnetId"]}
+    subnets, route_tables = [], []
+    for i, zone in enumerate("ab"):
+        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.8.{i}.0/24", AvailabilityZone=f"{region}{zone}")
+        subnets.append(subnet["Subnet"]["SubnetId"])
+        route_tables.append(ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"])
+        ec2.associate_route_table(RouteTableId=route_tables[-1], SubnetId=subnets[-1])
+    return {
+        "VpcId": vpc,
+        "SubnetA": subnets[0],
+        "SubnetB": subnets[1],
+        "TaskPublicIp": "DISABLED",
+        "S3GatewayRouteTables": ",".join(route_tables),
+    }
 
 
 def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | None = None) -> Report:
@@ -444,8 +454,29 @@ def _a_bulk_message_is_annotated(services: Any, stack: DeployedStack, report: Re
         services.capacity_providers_used == {"FARGATE_SPOT"},
         f"the bulk tasks ran on {services.capacity_providers_used}, not on Fargate Spot",
     )
+    _tasks_reach_s3_privately(services, stack, report)
     report.step(f"a bulk message ran as {tasks} Fargate Spot tasks, the first stopped after one image", started)
     return True
+
+
+def _tasks_reach_s3_privately(services: Any, stack: DeployedStack, report: Report) -> None:
+    """In private subnets the tasks ask for no public address (each would be billed), and their subnets' route
+    tables carry the stack's S3 gateway endpoint."""
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name=stack.region)
+    public = {network.get("AssignPublicIp") for network in services.task_networks}
+    report.check(public == {"DISABLED"}, f"tasks in private subnets asked for public addresses: {public}")
+    subnets = {subnet for network in services.task_networks for subnet in network["Subnets"]}
+    tables = ec2.describe_route_tables(Filters=[{"Name": "association.subnet-id", "Values": sorted(subnets)}])
+    needed = {table["RouteTableId"] for table in tables["RouteTables"]}
+    endpoints = ec2.describe_vpc_endpoints(
+        Filters=[{"Name": "service-name", "Values": [f"com.amazonaws.{stack.region}.s3"]}]
+    )["VpcEndpoints"]
+    served = {table for endpoint in endpoints for table in endpoint.get("RouteTableIds", [])}
+    report.check(
+        bool(needed) and needed <= served, f"the tasks' route tables {sorted(needed)}: S3 endpoint on {served}"
+    )
 
 
 def _missing_objects_read_as_missing(services: Any, stack: DeployedStack, report: Report) -> None:

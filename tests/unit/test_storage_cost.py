@@ -1,0 +1,102 @@
+"""annotate cost's bytes (tools/bench/storage.py) against cases computed by hand, on the real samples."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from PIL import Image
+
+from tests.conftest import REPO
+from tools.bench.cost import SCENARIOS, bulk_jobs, bulk_task_hours, load_prices
+from tools.bench.storage import (
+    BytesPerImage,
+    measured_bytes_per_image,
+    network_paths,
+    picture_share,
+    storage_month,
+)
+
+PRICES = load_prices()
+_, STEADY, BURSTS = SCENARIOS
+STEPS = ("detect", "classify", "tag", "caption")
+BENCH = {"steps": {step: {"pipeline_median_s": 1.0, "cold_start_s": 3.0} for step in STEPS}}
+BULK = {"seconds_per_image": {"worker": 4.0}}
+SAMPLE = REPO / "samples" / "chelsea-the-cat.jpg"
+
+
+def test_an_image_s_bytes_are_its_file_s_and_its_drawn_picture_s_per_pixel_scaled_to_the_photo() -> None:
+    # GIVEN one sample (451 x 300 pixels)
+    with Image.open(SAMPLE) as opened:
+        width, height = opened.size
+    # WHEN its bytes are measured for a 12 MP photo
+    measured = measured_bytes_per_image([SAMPLE], megapixels=12)
+    # THEN the source is the file's bytes per pixel, at 12 MP
+    assert measured.source == pytest.approx(SAMPLE.stat().st_size / (width * height) * 12e6)
+    # AND the picture is a PNG of the whole image, far larger than the JPEG it was drawn on
+    assert 3 * measured.source < measured.picture < 3 * 12e6  # under raw RGB
+
+
+def test_a_steady_month_keeps_30_days_of_drops_31_of_pictures_and_a_year_of_documents() -> None:
+    per_image = BytesPerImage(source=2e6, picture=10e6, document=10_000, tables=20_000)
+    parts = storage_month(per_image, PRICES, STEADY)
+    # 17,000 images a day: 30 days of 2 MB drops (InputRetentionDays), 30 days and the noncurrent day of 10 MB
+    # pictures (PictureRetentionDays, ExpirePictures' NoncurrentDays), 12 months of 30 kB documents and rows
+    assert parts["dropped images"] == pytest.approx(17_000 * 30 * 2e6 / 1e9 * 0.023)
+    assert parts["pictures"] == pytest.approx(17_000 * 31 * 10e6 / 1e9 * 0.023)
+    assert parts["documents and tables"] == pytest.approx(510_000 * 12 * 30_000 / 1e9 * 0.023)
+    # AND a picture at most 2,048 px on its longest side keeps 2048 x 1536 of a 4:3 12 MP photo's pixels
+    assert picture_share(2048) == pytest.approx(2048 * 1536 / 12e6)
+    smaller = storage_month(per_image, PRICES, STEADY, picture_max_side=2048)
+    assert smaller["pictures"] == pytest.approx(parts["pictures"] * 2048 * 1536 / 12e6)
+    assert picture_share(0) == picture_share(8000) == 1.0
+
+
+def test_the_bulk_lane_s_network_paths_match_the_hand_computation() -> None:
+    per_image = BytesPerImage(source=2e6, picture=10e6, document=10_000, tables=20_000)
+    public, nat, nat_and_endpoint, endpoints = network_paths(BENCH, BULK, PRICES, per_image, 1_000_000)
+    # Public subnets: each task's address for its hours
+    assert public.per_images == pytest.approx(bulk_task_hours(1_000_000, BENCH, BULK) * 0.005)
+    assert public.fixed_month == 0
+    # Through a NAT: each task's image and models (1.3 + 2 GB) and each image's 12.03 MB, at $0.045 a GB, and a NAT
+    # gateway's hours in each of two zones
+    jobs, _ = bulk_jobs(1_000_000)
+    assert nat.per_images == pytest.approx((jobs * 3.3 + 1_000_000 * 12.03e6 / 1e9) * 0.045)
+    assert nat.fixed_month == pytest.approx(2 * 0.045 * 720)
+    # With the S3 endpoint those bytes are free; without a NAT, three interface endpoints in two zones
+    assert nat_and_endpoint.per_images == endpoints.per_images == 0
+    assert endpoints.fixed_month == pytest.approx(3 * 2 * 0.01 * 720)
+
+
+def test_annotate_cost_prices_storage_and_the_bulk_lane_s_network(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from tools.cli import app
+
+    bench = {**BENCH, "whole_image": {"pipeline_s": 4.0}}
+    bulk = {**BULK, "cores": 2, "measured_at": "2026-12-01T00:00:00+00:00"}
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    (tmp_path / "bulk.json").write_text(json.dumps(bulk))
+    result = CliRunner().invoke(app, ["cost", "--bench", str(tmp_path / "bench.json"), "--out-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    report = (tmp_path / "cost.md").read_text()
+    assert "| steady: 17,000 a day | $" in report and "with PictureMaxSide=2048" in report
+    assert "| private subnets through a NAT gateway | $" in report
+
+
+def test_a_picture_downscaled_to_its_max_side_keeps_its_boxes_where_they_were() -> None:
+    from shared.contracts import Box, Detection
+    from shared.storage.render import draw_detections
+
+    image = Image.new("RGB", (400, 200), "white")
+    box = Detection(label="dog", score=0.9, box=Box(x0=100, y0=100, x1=300, y1=180))
+    # WHEN drawn at its own size and at 100 px on its longest side
+    full = Image.open(io.BytesIO(draw_detections(image, [box])))
+    small = Image.open(io.BytesIO(draw_detections(image, [box], max_side=100)))
+    # THEN the small one is a quarter of each side, its box's corner a quarter as far, in the box's color
+    assert (full.size, small.size) == ((400, 200), (100, 50))
+    assert full.getpixel((100, 150)) == small.getpixel((25, 37)) != (255, 255, 255)
+    # AND a max side above the image's own changes nothing
+    assert draw_detections(image, [box], max_side=1000) == draw_detections(image, [box])

@@ -1,0 +1,198 @@
+"""`annotate cost`'s bytes: what the results take in S3 under the template's lifecycle rules, and what a Fargate
+task's bytes cost on their way in each network a user may put the tasks in.
+
+Every option writes the same results, so storage is priced once, apart from the options. The bytes an image leaves
+are measured on the samples: each file's own bytes, and its annotated picture as WriteResult draws it.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from tools.bench.cost import (
+    ATHENA_BYTES_PER_IMAGE,
+    SCENARIOS,
+    TEMPLATE,
+    Scenario,
+    bulk_jobs,
+    bulk_task_hours,
+)
+
+GB = 1e9
+MONTHS_OF_DOCUMENTS = 12  # documents and tables are kept for good: priced as they stand a year in
+# The photo priced: a phone's 12 MP (the pixel bound is 40 MP). A larger photo of a scene holds less detail per
+# pixel than the samples do, so their bytes per pixel make the figures upper bounds.
+PHOTO_MEGAPIXELS = 12.0
+# A result document: make demo's are 11 to 14 kB (2026-12-02; the tiny models find many boxes). Tables: both
+# tables' Parquet per image, cost.ATHENA_BYTES_PER_IMAGE.
+DOCUMENT_BYTES = 14_000
+# Read by each bulk task from S3 as it starts, estimates: its image (about 1.3 GB, as cost.TASK_START_S says) and
+# the models (Detect's export 0.93 GB as DetectMemorySize's description measures it, ConvNeXt, CLIP and the 0.24 GB
+# caption GGUF: about 2 GB).
+IMAGE_PULL_GB, TASK_MODELS_GB = 1.3, 2.0
+# Interface endpoints a task needs without a NAT gateway: ECR's API and registry, and CloudWatch Logs; one per zone.
+INTERFACE_ENDPOINTS, ZONES = ("ecr.api", "ecr.dkr", "logs"), 2
+HOURS_PER_MONTH = 30 * 24
+SMALLER_PICTURES = 2048  # the PictureMaxSide priced beside the default (each image's own size)
+
+
+def _retention(parameter: str) -> int:
+    return int(TEMPLATE["Parameters"][parameter]["Default"])
+
+
+INPUT_RETENTION_DAYS = _retention("InputRetentionDays")
+PICTURE_RETENTION_DAYS = _retention("PictureRetentionDays")
+# An expired picture's noncurrent version goes a day later (template: ExpirePictures' NoncurrentDays)
+PICTURE_NONCURRENT_DAYS = next(
+    int(rule["NoncurrentVersionExpiration"]["NoncurrentDays"])
+    for rule in TEMPLATE["Resources"]["ResultsBucket"]["Properties"]["LifecycleConfiguration"]["Rules"]
+    if rule["Id"] == "ExpirePictures"
+)
+
+
+def picture_share(max_side: int, megapixels: float = PHOTO_MEGAPIXELS) -> float:
+    """The share of a 4:3 photo's pixels an annotated picture keeps at ``max_side`` (0: all)."""
+    width = math.sqrt(megapixels * 1e6 * 4 / 3)
+    return min(1.0, max_side / width) ** 2 if max_side else 1.0
+
+
+@dataclass(frozen=True)
+class BytesPerImage:
+    """What one image leaves in S3: the dropped file, its annotated picture, its document and its table rows."""
+
+    source: float
+    picture: float
+    document: float = DOCUMENT_BYTES
+    tables: float = ATHENA_BYTES_PER_IMAGE
+
+    @property
+    def results(self) -> float:
+        return self.picture + self.document + self.tables
+
+
+def measured_bytes_per_image(samples: list[Path], megapixels: float = PHOTO_MEGAPIXELS) -> BytesPerImage:
+    """The samples' mean bytes per pixel, for a photo of ``megapixels``: each file's own, and its annotated picture's
+    as WriteResult draws it (a box with its caption across the middle)."""
+    from shared.contracts import AttributeScore, Box, Detection
+    from shared.storage.render import draw_detections
+
+    source, picture = [], []
+    for path in samples:
+        data = path.read_bytes()
+        with Image.open(io.BytesIO(data)) as opened:
+            pixels = opened.convert("RGB")
+        width, height = pixels.size
+        box = Box(x0=width / 4, y0=height / 4, x1=width * 3 / 4, y1=height * 3 / 4)
+        attributes = [AttributeScore(name="color", value="orange", score=0.9)]
+        drawn = Detection(label="cat", score=0.9, box=box, class_label="tabby", attributes=attributes)
+        source.append(len(data) / (width * height))
+        picture.append(len(draw_detections(pixels, [drawn])) / (width * height))
+    per_photo = megapixels * 1e6
+    return BytesPerImage(source=per_photo * sum(source) / len(source), picture=per_photo * sum(picture) / len(picture))
+
+
+def storage_month(
+    per_image: BytesPerImage,
+    prices: dict[str, Any],
+    scenario: Scenario,
+    picture_days: int | None = None,
+    picture_max_side: int = 0,
+) -> dict[str, float]:
+    """A month's S3 storage of ``scenario`` by part, as the template's rules keep it: dropped images
+    ``InputRetentionDays``, pictures ``PictureRetentionDays`` and a day (or ``picture_days``), documents and tables
+    for good (as they stand a year in); pictures downscaled to ``picture_max_side`` (PictureMaxSide) by their pixels."""
+    per_day = scenario.images_per_month / 30
+    days = PICTURE_RETENTION_DAYS + PICTURE_NONCURRENT_DAYS if picture_days is None else picture_days
+    held = {
+        "dropped images": per_day * INPUT_RETENTION_DAYS * per_image.source,
+        "pictures": per_day * days * per_image.picture * picture_share(picture_max_side),
+        "documents and tables": scenario.images_per_month
+        * MONTHS_OF_DOCUMENTS
+        * (per_image.document + per_image.tables),
+    }
+    return {part: stored / GB * prices["s3"]["standard_gb_month"] for part, stored in held.items()}
+
+
+def storage_table(per_image: BytesPerImage, prices: dict[str, Any]) -> str:
+    """Each scenario's storage a month, by part, against the pictures kept for good."""
+    lines = [
+        f"Storage (every option writes the same results; a {PHOTO_MEGAPIXELS:g} MP photo: {per_image.source / 1e6:.1f} "
+        f"MB dropped, a {per_image.picture / 1e6:.1f} MB annotated PNG, {per_image.document / 1e3:.0f} kB document, "
+        f"{per_image.tables / 1e3:.0f} kB of table rows; the samples' bytes per pixel, an upper bound), at "
+        f"${prices['s3']['standard_gb_month']} a GB-month:",
+        "",
+        f"| scenario | dropped images ({INPUT_RETENTION_DAYS} days) | pictures ({PICTURE_RETENTION_DAYS} days and "
+        f"{PICTURE_NONCURRENT_DAYS}) | documents and tables, a year in | per month | with PictureMaxSide="
+        f"{SMALLER_PICTURES} | pictures kept for good, a year in |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for scenario in SCENARIOS[1:]:
+        parts = storage_month(per_image, prices, scenario)
+        smaller = storage_month(per_image, prices, scenario, picture_max_side=SMALLER_PICTURES)
+        kept = storage_month(per_image, prices, scenario, picture_days=365)["pictures"]
+        costs = " | ".join(f"${value:,.2f}" for value in parts.values())
+        lines.append(
+            f"| {scenario.name} | {costs} | ${sum(parts.values()):,.2f} | ${sum(smaller.values()):,.2f} | "
+            f"${kept:,.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class NetworkPath:
+    """Where the bulk lane's tasks run and how they reach ECR and S3: its cost for ``images`` and a month's fixed
+    hours."""
+
+    name: str
+    per_images: float
+    fixed_month: float
+
+
+def network_paths(
+    bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any], per_image: BytesPerImage, images: int
+) -> list[NetworkPath]:
+    """The bulk lane's tasks for ``images`` in each network: public subnets (a public IPv4 address per task, as
+    deployed), private ones through a NAT gateway (each task's image and models and each image's bytes at its
+    per-GB price), the same with the stack's S3 gateway endpoint (S3's bytes, image layers included, free), and
+    without NAT (interface endpoints for ECR and Logs, the gateway endpoint for S3)."""
+    vpc = prices["vpc"]
+    jobs, _ = bulk_jobs(images)
+    moved_gb = jobs * (IMAGE_PULL_GB + TASK_MODELS_GB) + images * (per_image.source + per_image.results) / GB
+    nat_month = ZONES * vpc["nat_gateway_hour"] * HOURS_PER_MONTH
+    endpoints_month = len(INTERFACE_ENDPOINTS) * ZONES * vpc["interface_endpoint_hour"] * HOURS_PER_MONTH
+    return [
+        NetworkPath(
+            "public subnets (TaskPublicIp=ENABLED, as deployed)",
+            bulk_task_hours(images, bench, bulk) * vpc["public_ipv4_hour"],
+            0.0,
+        ),
+        NetworkPath("private subnets through a NAT gateway", moved_gb * vpc["nat_gateway_per_gb"], nat_month),
+        NetworkPath("private, NAT gateway and S3GatewayRouteTables (the stack's S3 endpoint)", 0.0, nat_month),
+        NetworkPath(
+            "private, no NAT: S3GatewayRouteTables and interface endpoints for ECR and Logs", 0.0, endpoints_month
+        ),
+    ]
+
+
+def network_table(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any], per_image: BytesPerImage) -> str:
+    """Each network path of the bulk lane: per 1,000 images, for a million, and its fixed hours a month."""
+    images = 1_000_000
+    lines = [
+        f"The bulk lane's network (each task reads its image, about {IMAGE_PULL_GB:g} GB, and the models, about "
+        f"{TASK_MODELS_GB:g} GB, both estimates; each image its {(per_image.source + per_image.results) / 1e6:.1f} "
+        "MB in and out). ECR keeps image layers in S3, so the S3 endpoint carries them too; what is left through the "
+        "NAT (ECR's manifests, the logs) is a few MB a task:",
+        "",
+        "| network | per 1,000 images | a million images | fixed a month |",
+        "|---|---:|---:|---:|",
+    ]
+    for path in network_paths(bench, bulk, prices, per_image, images):
+        fixed = f"${path.fixed_month:,.2f} ({ZONES} zones)" if path.fixed_month else "$0.00"
+        lines.append(f"| {path.name} | ${path.per_images / images * 1000:.4f} | ${path.per_images:,.2f} | {fixed} |")
+    return "\n".join(lines) + "\n"

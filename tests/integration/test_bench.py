@@ -89,6 +89,8 @@ def test_a_short_bulk_bench_times_both_sides_and_the_tasks_memory(tmp_path: Path
     assert written["images"] == 2 and written["models"] == "tiny"
     assert all(seconds > 0 for seconds in written["seconds_per_image"].values())
     assert written["task_peak_rss_mb"] > 100
+    # AND again with the models read from S3 (moto's, on 127.0.0.1), as the deployed task reads them
+    assert written["task_peak_rss_models_from_s3_mb"] > 100
     # AND each side ran on its lane's runtimes: the worker on the bulk task's, the other on the Classify function's
     assert written["runtimes"]["worker"]["classifier_runtime"] == "openvino"
     assert written["runtimes"]["one_at_a_time"]["classifier_runtime"] == "onnxruntime"

@@ -92,6 +92,7 @@ def run_bulk_bench(
             metrics.clear_metrics()  # the steps' measurements, which no handler emits here
     longest = AnnotationRequest(prompt=longest_prompt())
     task_peak_mb = _task_peak_mb(task_settings, job(work / "task", longest), work / "task.json")
+    from_s3_mb = _task_peak_from_s3_mb(task_settings, job(work / "task-s3", longest), work / "task-s3.json")
     shutil.rmtree(work, ignore_errors=True)
     per_image = {side: statistics.median(values) / len(refs) for side, values in seconds.items()}
     report = {
@@ -104,6 +105,7 @@ def run_bulk_bench(
         "images_per_hour": {side: round(3600 / value) for side, value in per_image.items()},
         "worker_over_one_at_a_time": round(per_image["one_at_a_time"] / per_image["worker"], 3),
         "task_peak_rss_mb": round(task_peak_mb),
+        "task_peak_rss_models_from_s3_mb": round(from_s3_mb),
         "runtimes": {
             "one_at_a_time": {name: getattr(settings, name) for name in task_runtimes},
             "worker": task_runtimes,
@@ -130,10 +132,55 @@ def longest_prompt() -> str:
     return ". ".join(phrases) + "."
 
 
-def _task_peak_mb(settings: Settings, job: BulkJob, job_file: Path) -> float:
+# Where the task's models are pushed for its peak with models read from S3, as the task definition names them
+MODELS_BUCKET = "bench-models"
+MODEL_KEYS = {
+    "DetectorModelUri": ("detector_model", "detector/"),
+    "ClassifierModelUri": ("classifier_model", "classifier/"),
+    "TaggerModelUri": ("tagger_models", "tagger/"),
+    "CaptionModelUri": ("caption_model", "caption.gguf"),
+}
+
+
+def _task_peak_from_s3_mb(settings: Settings, job: BulkJob, job_file: Path) -> float:
+    """:func:`_task_peak_mb` with the models read from S3, as the deployed task reads them (the task definition's
+    ``s3://`` model locations): pushed to moto's S3, served on 127.0.0.1 for the task's process."""
+    from unittest import mock
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from shared.storage import objects as storage
+    from tools.models.push import push_models
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    environment = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    targets = {output: f"s3://{MODELS_BUCKET}/{key}" for output, (_, key) in MODEL_KEYS.items()}
+    try:
+        with mock.patch.dict(os.environ, environment):
+            storage.refresh_clients()
+            boto3.client("s3").create_bucket(Bucket=MODELS_BUCKET)
+            push_models(settings, targets)
+        storage.refresh_clients()
+        in_s3: dict[str, Any] = {name: targets[output] for output, (name, _) in MODEL_KEYS.items()}
+        in_s3["tagger_models"] = [in_s3["tagger_models"]]  # a list of models to try
+        return _task_peak_mb(settings.model_copy(update=in_s3), job, job_file, environment)
+    finally:
+        server.stop()
+
+
+def _task_peak_mb(settings: Settings, job: BulkJob, job_file: Path, environment: dict[str, str] | None = None) -> float:
     """The peak memory (VmHWM) of the worker as its container runs it: a fresh process that loads the models, with
     every size of Detect compiled (as for a job whose images come in every shape), and runs ``job`` (the
-    longest prompt)."""
+    longest prompt); ``environment`` added to the process's."""
     job_file.write_text(job.model_dump_json())
     task = settings.model_copy(update={"detector_load_all_sizes": True, "bulk_job": str(job_file)})
     script = (
@@ -145,7 +192,8 @@ def _task_peak_mb(settings: Settings, job: BulkJob, job_file: Path) -> float:
         "print(int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) / 1024)\n"
     )
     command = [sys.executable, "-c", script, task.model_dump_json()]
-    return float(subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()[-1])
+    finished = subprocess.run(command, env=os.environ | (environment or {}), capture_output=True, text=True, check=True)
+    return float(finished.stdout.split()[-1])
 
 
 def markdown_report(report: dict[str, Any]) -> str:
@@ -172,8 +220,9 @@ def markdown_report(report: dict[str, Any]) -> str:
                 "",
                 f"The worker does {report['worker_over_one_at_a_time']:.2f}x the images of one at a time. As its "
                 f"container runs it (a fresh process: models loaded, every size of Detect compiled, the job "
-                f"annotated) its peak memory is {report['task_peak_rss_mb']:,} MB (VmHWM), which a bulk task's "
-                "memory (BulkMemory) must hold.",
+                f"annotated) its peak memory is {report['task_peak_rss_mb']:,} MB (VmHWM) with the models on disk, "
+                f"{report.get('task_peak_rss_models_from_s3_mb', 0):,} MB with them read from S3 as the deployed "
+                "task reads them, which a bulk task's memory (BulkMemory) must hold.",
             ]
         )
         + "\n"

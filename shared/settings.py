@@ -412,7 +412,7 @@ class Settings(BaseSettings):
         " load (every Detect size compiled)",
     )
     bulk_seconds_per_image: float = Field(
-        4.17, gt=0, le=600, description="A bulk task's seconds per image (annotate bench-bulk's worker)"
+        4.72, gt=0, le=600, description="A bulk task's seconds per image (annotate bench-bulk's worker)"
     )
     gathered_bulk_from_images: int = Field(
         3,

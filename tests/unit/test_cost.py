@@ -202,11 +202,11 @@ def test_the_api_idles_free_as_deployed_and_under_the_study_s_39_dollars_with_sn
 
 
 def test_a_million_images_in_the_bulk_lane_matches_the_hand_computation() -> None:
-    # GIVEN the template's defaults: groups of 40, 100 tasks at once, at most 25 groups a task, 2 vCPUs and 6 GB
+    # GIVEN the template's defaults: groups of 40, 100 tasks at once, at most 25 groups a task, 2 vCPUs and 7 GB
     lane = bulk_lane(1_000_000, BENCH, BULK, PRICES)
     # THEN 25,000 groups make 1,000 jobs of 1,000 images; each task starts (60 s) and loads the models (9 s) first
     task_seconds = 1_000 * 69 + 1_000_000 * 4.0
-    hourly = 2 * 0.01214398 + 6 * 0.00133315  # Fargate Spot, us-east-1
+    hourly = 2 * 0.01214398 + 7 * 0.00133315  # Fargate Spot, us-east-1
     assert lane.parts["compute"] == pytest.approx(task_seconds / 3600 * hourly)
     # each task's public IPv4 address for as long as it runs
     assert lane.parts["public IPv4"] == pytest.approx(task_seconds / 3600 * 0.005)
@@ -239,7 +239,7 @@ def test_a_bulk_task_compiles_every_size_of_detect_it_meets_where_a_warm_machine
     # WHEN the bulk lane is priced
     lane, without = bulk_lane(1_000_000, compiling, BULK, PRICES), bulk_lane(1_000_000, BENCH, BULK, PRICES)
     # THEN each of its 1,000 tasks pays the 11 s more, since a task starts on empty storage
-    hourly = 2 * 0.01214398 + 6 * 0.00133315
+    hourly = 2 * 0.01214398 + 7 * 0.00133315
     assert lane.parts["compute"] == pytest.approx(without.parts["compute"] + 1_000 * 11 / 3600 * hourly)
 
 
@@ -281,7 +281,7 @@ def test_annotate_cost_adds_the_lanes_where_bench_bulk_ran(tmp_path) -> None:
     assert "| steady: 17,000 a day | 15 min | 178 | bulk:" in report
 
 
-def test_the_dial_at_15_minutes_is_about_a_third_of_the_always_on_task_and_5x_below_lambda_as_benched() -> None:
+def test_the_dial_at_15_minutes_is_under_half_the_always_on_task_and_5x_below_lambda_as_benched() -> None:
     from tools.bench.cost import gathered_month
 
     bench = json.loads((REPO / "bench" / "bench.json").read_text())
@@ -289,7 +289,7 @@ def test_the_dial_at_15_minutes_is_about_a_third_of_the_always_on_task_and_5x_be
     month = gathered_month(bench, bulk, PRICES, STEADY, 15)
     # 17,000 a day in batches of 178 every 15 minutes: each one bulk task that ends within the next 15 minutes
     assert (month.images_per_batch, month.choice.lane, month.lane.wall_s < 15 * 60) == (178, "bulk", True)
-    assert month.total <= fargate_month(bench, PRICES, STEADY) * 0.35
+    assert month.total <= fargate_month(bench, PRICES, STEADY) / 2
     assert month.total * 5 <= lambda_month(bench, PRICES, STEADY)
 
 

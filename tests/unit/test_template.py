@@ -240,7 +240,8 @@ def test_a_bulk_task_holds_the_workers_measured_peak_with_a_sixth_to_spare() -> 
     # of Detect compiled, the longest prompt)
     parameters = template()["Parameters"]
     cpu, memory = int(parameters["BulkCpu"]["Default"]), int(parameters["BulkMemory"]["Default"])
-    peak = json.loads((REPO / "bench" / "bulk.json").read_text())["task_peak_rss_mb"]
+    measured = json.loads((REPO / "bench" / "bulk.json").read_text())
+    peak = max(measured["task_peak_rss_mb"], measured["task_peak_rss_models_from_s3_mb"])  # S3's: as deployed
     # THEN the task's memory holds it with a sixth of it to spare, in a size Fargate takes for 2 vCPUs: 4 to 16 GB in
     # 1 GB steps (ECS Developer Guide, "Fargate task CPU and memory")
     assert peak * 7 / 6 <= memory

@@ -181,7 +181,9 @@ def annotate_one(
     picture, scale = None, None
     if options.picture and result.annotated_uri:
         png, scale = fitted_png(
-            store_of(result.annotated_uri).read_bytes(result.annotated_uri), settings.api_max_picture_bytes
+            store_of(result.annotated_uri).read_bytes(result.annotated_uri),
+            settings.api_max_picture_bytes,
+            result.width or 1,
         )
         picture = base64.b64encode(png).decode()
     unkept = (
@@ -190,19 +192,21 @@ def annotate_one(
     return Annotation(**(result.model_dump() | unkept), picture_png=picture, picture_scale=scale)
 
 
-def fitted_png(png: bytes, max_bytes: int) -> tuple[bytes, float]:
+def fitted_png(png: bytes, max_bytes: int, image_width: int) -> tuple[bytes, float]:
     """``png`` as it is when it has at most ``max_bytes``, else downscaled until it has: a PNG's size follows its
-    pixels, so each try scales by the square root of the ratio, a tenth under it. Returns the PNG and its scale."""
+    pixels, so each try scales by the square root of the ratio, a tenth under it. Returns the PNG and its width over
+    the image's (the stored picture may be smaller already: ``picture_max_side``)."""
     scale, fitted = 1.0, png
     with Image.open(io.BytesIO(png)) as picture:
         picture.load()
+        width = picture.width
         while len(fitted) > max_bytes:
             scale *= 0.9 * (max_bytes / len(fitted)) ** 0.5
             size = (max(1, round(picture.width * scale)), max(1, round(picture.height * scale)))
             buffer = io.BytesIO()
             picture.resize(size, Image.Resampling.LANCZOS).save(buffer, format="PNG")
-            fitted = buffer.getvalue()
-    return fitted, round(scale, 4)
+            fitted, width = buffer.getvalue(), size[0]
+    return fitted, round(width / image_width, 4)
 
 
 def rows_in_process(dependencies_of: DependenciesOf) -> RecordRows:

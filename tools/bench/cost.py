@@ -245,16 +245,16 @@ def _bulk_s3_requests(images: int, prices: dict[str, Any]) -> float:
     ) / 1000
 
 
-def _template_default(name: str) -> int:
+def template_default(name: str) -> int:
     return int(TEMPLATE["Parameters"][name]["Default"])
 
 
 # The bulk lane as template.yaml deploys it by default (EnableBulk=true): its task size and how many run at once.
-BULK_VCPUS = _template_default("BulkCpu") / 1024
-BULK_MEMORY_GB = _template_default("BulkMemory") / 1024
-BULK_CONCURRENCY = _template_default("BulkConcurrency")
-BULK_IMAGES_PER_GROUP = _template_default("BulkImagesPerGroup")
-GROUP_CONCURRENCY = _template_default("GroupConcurrency")
+BULK_VCPUS = template_default("BulkCpu") / 1024
+BULK_MEMORY_GB = template_default("BulkMemory") / 1024
+BULK_CONCURRENCY = template_default("BulkConcurrency")
+BULK_IMAGES_PER_GROUP = template_default("BulkImagesPerGroup")
+GROUP_CONCURRENCY = template_default("GroupConcurrency")
 # Not measurable here: pulling the worker's image (about 1.3 GB) and attaching the task's network interface; an
 # estimate, billed (Fargate bills from the image pull on) and waited for by every task.
 TASK_START_S = 60.0
@@ -300,7 +300,7 @@ def bulk_jobs(images: int) -> tuple[int, int]:
     settings = Settings(
         bulk_images_per_group=BULK_IMAGES_PER_GROUP,
         bulk_concurrency=BULK_CONCURRENCY,
-        groups_per_bulk_job=_template_default("GroupsPerBulkJob"),
+        groups_per_bulk_job=template_default("GroupsPerBulkJob"),
     ).ingest
     groups = math.ceil(images / BULK_IMAGES_PER_GROUP)
     per_job = groups_per_bulk_job(groups, settings)
@@ -461,8 +461,8 @@ def gathered_settings(bench: dict[str, Any], bulk: dict[str, Any], minutes: int)
         bulk_seconds_per_image=bulk["seconds_per_image"]["worker"],
         bulk_images_per_group=BULK_IMAGES_PER_GROUP,
         bulk_concurrency=BULK_CONCURRENCY,
-        fargate_vcpus=_template_default("FargateVcpus"),
-        bulk_task_cpu=_template_default("BulkCpu"),
+        fargate_vcpus=template_default("FargateVcpus"),
+        bulk_task_cpu=template_default("BulkCpu"),
     ).ingest
 
 

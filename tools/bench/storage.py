@@ -17,11 +17,13 @@ from PIL import Image
 
 from tools.bench.cost import (
     ATHENA_BYTES_PER_IMAGE,
+    HOURS_PER_MONTH,
     SCENARIOS,
     TEMPLATE,
     Scenario,
     bulk_jobs,
     bulk_task_hours,
+    template_default,
 )
 
 GB = 1e9
@@ -38,16 +40,10 @@ DOCUMENT_BYTES = 14_000
 IMAGE_PULL_GB, TASK_MODELS_GB = 1.3, 2.0
 # Interface endpoints a task needs without a NAT gateway: ECR's API and registry, and CloudWatch Logs; one per zone.
 INTERFACE_ENDPOINTS, ZONES = ("ecr.api", "ecr.dkr", "logs"), 2
-HOURS_PER_MONTH = 30 * 24
 SMALLER_PICTURES = 2048  # the PictureMaxSide priced beside the default (each image's own size)
 
-
-def _retention(parameter: str) -> int:
-    return int(TEMPLATE["Parameters"][parameter]["Default"])
-
-
-INPUT_RETENTION_DAYS = _retention("InputRetentionDays")
-PICTURE_RETENTION_DAYS = _retention("PictureRetentionDays")
+INPUT_RETENTION_DAYS = template_default("InputRetentionDays")
+PICTURE_RETENTION_DAYS = template_default("PictureRetentionDays")
 # An expired picture's noncurrent version goes a day later (template: ExpirePictures' NoncurrentDays)
 PICTURE_NONCURRENT_DAYS = next(
     int(rule["NoncurrentVersionExpiration"]["NoncurrentDays"])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from unittest import mock
 
@@ -95,25 +95,23 @@ class ChildClock:
         self._paused_s = 0.0
         self._paused_since: float | None = None
 
-    @contextmanager
-    def queued(self) -> Iterator[None]:
+    def queued(self) -> AbstractContextManager[None]:
         """Inside: one of the child's invocations waits for its function's environment."""
-        self._count(queued=1)
-        try:
-            yield
-        finally:
-            self._count(queued=-1)
+        return self._counted(queued=1)
+
+    def running(self) -> AbstractContextManager[None]:
+        """Inside: one of the child's invocations runs."""
+        return self._counted(running=1)
 
     @contextmanager
-    def running(self) -> Iterator[None]:
-        """Inside: one of the child's invocations runs."""
-        self._count(running=1)
+    def _counted(self, queued: int = 0, running: int = 0) -> Iterator[None]:
+        self._count(queued, running)
         try:
             yield
         finally:
-            self._count(running=-1)
+            self._count(-queued, -running)
 
-    def _count(self, queued: int = 0, running: int = 0) -> None:
+    def _count(self, queued: int, running: int) -> None:
         with self._lock:
             now = time.monotonic()
             self._queued += queued

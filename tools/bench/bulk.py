@@ -167,9 +167,11 @@ def _task_peak_from_s3_mb(settings: Settings, job: BulkJob, job_file: Path) -> f
     try:
         with mock.patch.dict(os.environ, environment):
             storage.refresh_clients()
-            boto3.client("s3").create_bucket(Bucket=MODELS_BUCKET)
-            push_models(settings, targets)
-        storage.refresh_clients()
+            try:
+                boto3.client("s3").create_bucket(Bucket=MODELS_BUCKET)
+                push_models(settings, targets)
+            finally:
+                storage.refresh_clients()  # none kept pointing at the server
         in_s3: dict[str, Any] = {name: targets[output] for output, (name, _) in MODEL_KEYS.items()}
         in_s3["tagger_models"] = [in_s3["tagger_models"]]  # a list of models to try
         return _task_peak_mb(settings.model_copy(update=in_s3), job, job_file, environment)

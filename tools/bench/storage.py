@@ -22,7 +22,7 @@ from tools.bench.cost import (
     TEMPLATE,
     Scenario,
     bulk_jobs,
-    bulk_task_hours,
+    bulk_lane,
     template_default,
 )
 
@@ -165,7 +165,7 @@ def network_paths(
     return [
         NetworkPath(
             "public subnets (TaskPublicIp=ENABLED, as deployed)",
-            bulk_task_hours(images, bench, bulk) * vpc["public_ipv4_hour"],
+            bulk_lane(images, bench, bulk, prices).parts["public IPv4"],
             0.0,
         ),
         NetworkPath("private subnets through a NAT gateway", moved_gb * vpc["nat_gateway_per_gb"], nat_month),

@@ -45,6 +45,12 @@ class Frozen(BaseModel):
 Score = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
+def phrase_of(label: str) -> str:
+    """The phrase the detector looks for to find ``label`` (and the one its boxes come back as): lower case, single
+    spaces, and no period, which separates a prompt's phrases ('St. Bernard' -> 'st bernard')."""
+    return " ".join(label.lower().replace(".", " ").split())
+
+
 def split_phrases(prompt: str) -> list[str]:
     """'dog. cat. hamster.' -> ['dog', 'cat', 'hamster'] (lower-cased, blanks and duplicates dropped)."""
     phrases: list[str] = []
@@ -115,7 +121,7 @@ class AnnotationRequest(Frozen):
     text_threshold: Score = Field(0.25, description="Lowest phrase score for a box to take that phrase")
     attributes: dict[str, list[str]] = Field(
         default_factory=lambda: {name: list(values) for name, values in DEFAULT_ATTRIBUTES.items()},
-        description="Attribute vocabularies to tag each box with, e.g. {'color': ['red', 'green']}",
+        description="Attribute vocabularies to tag each box with, e.g. {'color': ['red', 'green']}; {}: none",
     )
     top_k: int = Field(3, ge=1, le=MAX_TOP_K, description="How many classes to keep per box")
     caption: bool = Field(True, description="Write a caption with the LLM")
@@ -147,8 +153,6 @@ class AnnotationRequest(Frozen):
     @field_validator("attributes")
     @classmethod
     def _bounded_vocabularies(cls, attributes: dict[str, list[str]]) -> dict[str, list[str]]:
-        if not attributes:
-            raise ValueError("give at least one attribute vocabulary, e.g. color=red,green")
         if len(attributes) > MAX_ATTRIBUTES:
             raise ValueError(f"{len(attributes)} attributes; at most {MAX_ATTRIBUTES} are accepted")
         for name, values in attributes.items():

@@ -445,6 +445,14 @@ class Settings(BaseSettings):
     label_studio_api_key_secret: str = Field(
         "", description="A Secrets Manager secret holding the Label Studio key (the stack's LabelStudioApiKeySecretArn)"
     )
+    # Label Studio waits ML_TIMEOUT_PREDICT (100 s by default) for a /predict; what is not answered by then is lost
+    # for that call (label_studio/ml/api_connector.py), so the backend answers earlier and leaves the rest for the next.
+    label_studio_answer_within_s: float = Field(
+        80.0, ge=1.0, le=3600.0, description="Seconds a Label Studio /predict call runs models before it answers"
+    )
+    label_studio_multiple_choice_min_score: float = Field(
+        0.25, ge=0.0, le=1.0, description="A whole-image Choices with choice='multiple' takes each choice this likely"
+    )
     write_group_table_function: str = Field(
         "", description="AWS mode: the function that writes a recorded API call's table rows"
     )

@@ -145,3 +145,31 @@ def answering(started: StartedLabelStudio) -> str:
         except httpx.TransportError:
             pass
         time.sleep(1)
+
+
+@contextmanager
+def media_server(files: dict[str, bytes], token: str) -> Iterator[str]:
+    """A stand-in for Label Studio's media: ``files`` by path, to a request with ``Authorization: Token <token>``
+    (404 for any other path, 401 without the key); on 127.0.0.1, stopped at the end. Yields its base URL."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Media(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = files.get(self.path)
+            status = 401 if self.headers.get("Authorization") != f"Token {token}" else 200 if data else 404
+            self.send_response(status)
+            self.end_headers()
+            if status == 200 and data is not None:
+                self.wfile.write(data)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Media)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=30)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,6 +21,7 @@ from shared.observability import logger
 from shared.settings import DescriptionSettings
 
 PROMPT_TEMPLATE = "a photo of a {value} {label}"
+IMAGE_PROMPT_TEMPLATE = "a photo of {value}"  # a whole image's choice: often not a noun ("Benign", "Adult content")
 
 
 class Tagger(Protocol):
@@ -29,6 +30,8 @@ class Tagger(Protocol):
     def tag(
         self, crops: list[Image.Image], box_labels: list[str], vocabularies: dict[str, list[str]]
     ) -> list[list[AttributeScore]]: ...
+
+    def choose(self, image: Image.Image, choices: Mapping[str, list[str]]) -> dict[str, list[float]]: ...
 
 
 TAGGER_MANIFEST = "clip-export.json"
@@ -80,33 +83,52 @@ class ClipTagger:
     cache_size: int = 4096
     passed_over: list[str] = field(default_factory=list)  # models tried first that did not load, with why
     text_encodings: int = 0  # how many vocabularies were encoded (not served from the cache)
-    _text_cache: OrderedDict[tuple[str, tuple[str, ...], str], np.ndarray] = field(default_factory=OrderedDict)
+    _text_cache: OrderedDict[tuple[str, ...], np.ndarray] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def tag(
         self, crops: list[Image.Image], box_labels: list[str], vocabularies: dict[str, list[str]]
     ) -> list[list[AttributeScore]]:
         """Per crop, the best value of each attribute, in one image forward for all crops."""
-        if not crops:
-            return []
+        if not (crops and vocabularies):
+            return [[] for _ in crops]
         images = _unit(self.encode_image(crops))
         results = []
         for image, label in zip(images, box_labels, strict=True):
             scores = []
             for name, values in vocabularies.items():
-                probabilities = softmax(self.logit_scale * self._text_embeddings(name, values, label) @ image)
+                texts = [PROMPT_TEMPLATE.format(value=value, label=label) for value in values]
+                probabilities = softmax(self.logit_scale * self._text_embeddings(texts) @ image)
                 best = int(probabilities.argmax())
                 scores.append(AttributeScore(name=name, value=values[best], score=round(float(probabilities[best]), 4)))
             results.append(scores)
         return results
 
-    def _text_embeddings(self, name: str, values: list[str], label: str) -> np.ndarray:
-        key = (name, tuple(values), label)
+    def choose(self, image: Image.Image, choices: Mapping[str, list[str]]) -> dict[str, list[float]]:
+        """Per named list of choices, each one's probability for the whole image (CLIP zero-shot: one image
+        forward, the softmax over the list's texts)."""
+        if not choices:
+            return {}
+        features = _unit(self.encode_image([image]))[0]
+        return {
+            name: [
+                round(float(p), 4)
+                for p in softmax(
+                    self.logit_scale
+                    * self._text_embeddings([IMAGE_PROMPT_TEMPLATE.format(value=text) for text in texts])
+                    @ features
+                )
+            ]
+            for name, texts in choices.items()
+        }
+
+    def _text_embeddings(self, texts: list[str]) -> np.ndarray:
+        key = tuple(texts)
         with self._lock:
             if key in self._text_cache:
                 self._text_cache.move_to_end(key)
                 return self._text_cache[key]
-        text = _unit(self.encode_text([PROMPT_TEMPLATE.format(value=value, label=label) for value in values]))
+        text = _unit(self.encode_text(texts))
         with self._lock:
             self.text_encodings += 1
             self._text_cache[key] = text

@@ -42,7 +42,7 @@ from shared.serving.calls import (
     rows_by_function,
     rows_in_process,
 )
-from shared.serving.label_studio_backend import label_studio_routes
+from shared.serving.label_studio_backend import FindAnnotated, label_studio_routes
 from shared.serving.openai_routes import image_routes, openai_routes
 from shared.settings import Settings, get_settings
 
@@ -98,8 +98,10 @@ def create_app(
     record_rows: RecordRows,
     after_call: Callable[[], None] = metrics.clear_metrics,
     behind_function_url: bool = False,
+    find_annotated: FindAnnotated | None = None,
 ) -> FastAPI:
-    """The API on ``settings``' models; ``record_rows`` writes a recorded call's table rows. ``after_call``: what
+    """The API on ``settings``' models; ``record_rows`` writes a recorded call's table rows, ``find_annotated`` reads
+    the rows the pipeline wrote (Label Studio's tasks are answered from them). ``after_call``: what
     becomes of the steps' metrics after each call: dropped here; on Lambda the handler flushes them as EMF.
     ``behind_function_url``: every call was authenticated before it arrived (the URL's IAM auth, or the key), and
     it is named by the URL's own host."""
@@ -129,14 +131,7 @@ def create_app(
     app.include_router(_annotation_routes(calls), dependencies=authorized)
     app.include_router(openai_routes(calls), dependencies=authorized)
     app.include_router(image_routes(calls), dependencies=authorized)
-    app.include_router(
-        label_studio_routes(
-            settings,
-            calls.run,
-            lambda source, options: annotate_one(source, options, settings, calls.dependencies_of, calls.record_rows),
-        ),
-        dependencies=authorized,
-    )
+    app.include_router(label_studio_routes(calls, find_annotated), dependencies=authorized)
 
     @app.get("/", include_in_schema=False)
     def playground() -> HTMLResponse:
@@ -172,9 +167,10 @@ def serving_app(
     settings: Settings | None = None,
     after_call: Callable[[], None] = metrics.clear_metrics,
     behind_function_url: bool = False,
+    find_annotated: FindAnnotated | None = None,
 ) -> FastAPI:
     """The API on the settings in force and the real models; a recorded call's rows are written here, or in AWS by
-    the stack's WriteGroupTable function."""
+    the stack's WriteGroupTable function; ``find_annotated`` reads the rows the pipeline wrote."""
     settings = settings or get_settings()
 
     def models(step: Step) -> Dependencies:
@@ -182,4 +178,4 @@ def serving_app(
 
     function = settings.write_group_table_function
     rows = rows_by_function(function) if function else rows_in_process(models)
-    return create_app(settings, models, rows, after_call, behind_function_url)
+    return create_app(settings, models, rows, after_call, behind_function_url, find_annotated)

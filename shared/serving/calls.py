@@ -87,10 +87,12 @@ class Source:
     uri: str
     data: bytes
     kept: bool  # already in storage (an s3:// location), so recording does not copy it
+    name: str = ""  # its file name where it came from (a Label Studio upload's), which a recorded copy keeps
 
 
-def image_source(image: bytes | str, settings: Settings) -> Source:
-    """The call's image: the uploaded bytes, base64 text, or an s3:// location in a bucket the deployment reads.
+def image_source(image: bytes | str, settings: Settings, name: str = "") -> Source:
+    """The call's image: the uploaded bytes, base64 text, or an s3:// location in a bucket the deployment reads;
+    ``name``: its file name where it came from.
 
     Raises:
         RequestRejected: not base64, or a location this deployment does not read.
@@ -109,7 +111,7 @@ def image_source(image: bytes | str, settings: Settings) -> Source:
             allowed = ", ".join(settings.input_buckets) or "none: pass the image's bytes"
             raise RequestRejected(f"{image[:80]!r} is not in a bucket this deployment reads (allowed: {allowed})")
         data = store_for(image).read_bytes(image, max_bytes=settings.max_image_bytes)
-        return Source(uri=image, data=data, kept=True)
+        return Source(uri=image, data=data, kept=True, name=name)
     else:
         _, comma, data_part = image.partition(",")
         if image.startswith("data:") and not comma:
@@ -119,12 +121,17 @@ def image_source(image: bytes | str, settings: Settings) -> Source:
             data = base64.b64decode(encoded, validate=True)
         except ValueError as error:
             raise RequestRejected("image is neither base64 nor an s3:// location") from error
-    return Source(uri=f"sha256:{hashlib.sha256(data).hexdigest()[:32]}", data=data, kept=False)
+    return Source(uri=f"sha256:{hashlib.sha256(data).hexdigest()[:32]}", data=data, kept=False, name=name)
 
 
 def _upload_uri(results_root: str, source: Source, source_format: str) -> str:
+    """Where a recorded upload is kept: by its content, under its own file name where it has one (so that labels
+    reviewed elsewhere find it by that name)."""
+    digest = source.uri.removeprefix("sha256:")
+    if source.name:
+        return join_uri(results_root, UPLOADS_PREFIX, digest, source.name)
     extension = {"JPEG": "jpg", "MPO": "jpg"}.get(source_format, source_format.lower())
-    return join_uri(results_root, UPLOADS_PREFIX, f"{source.uri.removeprefix('sha256:')}.{extension}")
+    return join_uri(results_root, UPLOADS_PREFIX, f"{digest}.{extension}")
 
 
 def annotate_one(

@@ -1,25 +1,68 @@
-"""Label Studio's terms: a project's label config read as the request it asks of the models, and boxes written as
-the regions Label Studio shows (the ML backend's predictions and the `labelstudio` export alike).
+"""Label Studio's terms: a project's label config read as what the models can fill in it, and what they found
+written as the results Label Studio stores (the ML backend's predictions and the `labelstudio` export alike).
 
-The config's controls name everything: the ``RectangleLabels`` on the image hold the prompt's phrases as labels; a
-per-region ``Choices`` named ``class`` takes each box's class, and every other per-region ``Choices`` is an
-attribute whose choices are its vocabulary; a ``TextArea`` (or ``Text``) takes the caption. Results use the
-controls' names as the config gives them (``from_name``, ``to_name``), geometry in percent of the image.
+Any config is read by the same rules, Label Studio's own templates included. On its one ``Image`` (whatever its
+value is called: ``$image``, ``$captioning``...):
+
+- a ``RectangleLabels`` takes boxes: its labels are the prompt's phrases, and each box comes back under the label
+  it was found for, spelled as the config spells it;
+- a per-region ``Choices`` named ``class`` takes each box's class; any other per-region ``Choices`` is an attribute
+  whose choices are its vocabulary (CLIP, on the box);
+- a whole-image ``Choices`` takes the choice CLIP finds likeliest for the whole image (``choice="multiple"``: each
+  one likely enough);
+- a ``TextArea`` takes the caption.
+
+Everything else (polygons, brushes, keypoints, transcriptions, controls on other objects) is left to people and
+named; a config that leaves everything to people is refused in one line. A result names a choice or label as Label
+Studio stores it: its ``alias`` where it has one, else its ``value``.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
-from shared.contracts import MAX_PROMPT_CHARS, AnnotationRequest
-from shared.errors import RequestRejected
+from pydantic import ValidationError
 
+from shared.contracts import (
+    MAX_ATTRIBUTE_VALUES,
+    MAX_ATTRIBUTES,
+    MAX_PHRASE_CHARS,
+    MAX_PHRASES,
+    MAX_PROMPT_CHARS,
+    MAX_VALUE_CHARS,
+    RESERVED_ATTRIBUTE_NAMES,
+    AnnotationRequest,
+    phrase_of,
+)
+from shared.errors import RequestRejected, validation_reason
+
+MODEL_VERSION = "annotate"  # the predictions' model_version: Label Studio asks again only for tasks without one
 CLASS_CONTROL = "class"  # the per-region Choices that takes each box's class (the export's name for it)
 MAX_LABEL_CONFIG_CHARS = 100_000
+UPLOAD_PREFIX = re.compile(r"^[0-9a-f]{8}-(?=.)")  # Label Studio names an upload "<8 hex>-<its original name>"
+MAX_IMAGE_CHOICES = 200  # choices of one whole-image Choices: CLIP reads each one's text
+# What the controls the models cannot fill ask for, as the refusals say it
+UNFILLED = {
+    "PolygonLabels": "polygons",
+    "Polygon": "polygons",
+    "BrushLabels": "masks",
+    "Brush": "masks",
+    "KeyPointLabels": "keypoints",
+    "KeyPoint": "keypoints",
+    "EllipseLabels": "ellipses",
+    "Ellipse": "ellipses",
+    "Rectangle": "unlabelled rectangles",
+    "Labels": "labels of regions drawn by hand",
+}
+FILLED = "RectangleLabels (boxes), per-region Choices (class, attributes), Choices (the whole image) and a TextArea "
+FILLED += "(the caption) on one Image"
 
 
 @dataclass(frozen=True)
@@ -39,43 +82,107 @@ class LabelledBox:
 
 
 @dataclass(frozen=True)
+class Option:
+    """A label or choice of the config: what the models read (``text``) and what Label Studio stores (``stored``)."""
+
+    text: str
+    stored: str
+
+
+@dataclass(frozen=True)
+class ImageChoices:
+    """A whole-image Choices control."""
+
+    name: str
+    options: tuple[Option, ...]
+    multiple: bool = False
+
+
+@dataclass(frozen=True)
 class Project:
-    """What a label config asks of the models, by its controls' names."""
+    """What a label config asks of the models, by its controls' names, and what it leaves to people."""
 
     image: str  # the Image object's name (the results' to_name)
     image_key: str  # the task data's key that holds the image ($image: image)
-    boxes: str  # the RectangleLabels control
-    labels: tuple[str, ...]
-    choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # per-region Choices: name -> its choices
+    boxes: str | None = None  # the RectangleLabels control
+    labels: tuple[Option, ...] = ()
+    region_choices: Mapping[str, tuple[Option, ...]] = field(default_factory=dict)  # per-region: name -> options
+    image_choices: tuple[ImageChoices, ...] = ()
     caption: str | None = None  # the TextArea that takes the caption
+    left_to_people: tuple[str, ...] = ()  # each control the models do not fill, and why
 
     @property
-    def attributes(self) -> dict[str, list[str]]:
-        return {name: list(values) for name, values in self.choices.items() if name != CLASS_CONTROL}
+    def attributes(self) -> dict[str, str]:
+        """The attribute each per-region Choices (but the class) is tagged as, by name: control name -> attribute."""
+        return {name: attribute_name(name) for name in self.region_choices if name != CLASS_CONTROL and self.boxes}
 
-    def request(self) -> AnnotationRequest:
-        """The request that fills this config: its labels as the prompt, its attributes' vocabularies, a caption
-        only where it has a place for one.
+    @property
+    def phrases(self) -> list[str]:
+        return list(dict.fromkeys(phrase_of(label.text) for label in self.labels))
+
+    @property
+    def runs_pipeline(self) -> bool:
+        """Whether it needs the workflow's steps (boxes, or a caption grounded in them), not CLIP on the image alone."""
+        return self.boxes is not None or self.caption is not None
+
+    def label_of(self, phrase: str) -> str | None:
+        """The config's label for a box found for ``phrase`` (the first label that reads as it)."""
+        return next((label.stored for label in self.labels if phrase_of(label.text) == phrase_of(phrase)), None)
+
+    def request(self, default_prompt: str) -> AnnotationRequest:
+        """The request that fills this config: its labels as the prompt (``default_prompt`` grounds a caption in a
+        config without boxes), its attributes' vocabularies, a caption only where it has a place for one.
 
         Raises:
-            RequestRejected: the labels make a prompt the models refuse (too long, a name an export uses).
+            RequestRejected: the labels make a prompt the models refuse.
         """
+        vocabularies = {
+            attribute: [option.text for option in self.region_choices[name]]
+            for name, attribute in self.attributes.items()
+        }
+        prompt = " ".join(f"{phrase}." for phrase in self.phrases) if self.boxes else default_prompt
         try:
-            return AnnotationRequest(
-                prompt=" ".join(f"{label}." for label in self.labels),
-                attributes=self.attributes,
-                caption=self.caption is not None,
-            )
-        except ValueError as error:
-            raise RequestRejected(f"the label config asks what the models cannot give: {error}") from None
+            return AnnotationRequest(prompt=prompt, attributes=vocabularies, caption=self.caption is not None)
+        except ValidationError as error:
+            raise RequestRejected(
+                f"the label config asks what the models cannot give: {validation_reason(error)}"
+            ) from None
+
+    def fills(self) -> list[str]:
+        """The controls the models fill, as a person reads them."""
+        filled = [f"RectangleLabels {self.boxes!r}"] if self.boxes else []
+        filled += [f"Choices {name!r} (per box)" for name in self.region_choices if self.boxes]
+        filled += [f"Choices {choices.name!r} (the image)" for choices in self.image_choices]
+        return filled + ([f"TextArea {self.caption!r}"] if self.caption else [])
+
+
+def attribute_name(control: str) -> str:
+    """The attribute a per-region Choices is tagged as: its name, lower case, letters, digits and _ (what the tables'
+    attribute names allow), never one of the exports' own names."""
+    name = re.sub(r"[^a-z0-9_]+", "_", control.lower()).strip("_")[:32]
+    if not name or not name[0].isalpha():
+        name = f"a_{name}"[:32]
+    return f"{name[:30]}_a" if name in RESERVED_ATTRIBUTE_NAMES else name
+
+
+def original_name(location: str) -> str:
+    """The file name a task's image had where it came from: Label Studio's uploads drop their ``<8 hex>-`` prefix,
+    its local files are named by their ``d`` parameter; "" where there is no usable name."""
+    if location.startswith("data:"):
+        return ""
+    parts = urlsplit(location)
+    path = (parse_qs(parts.query).get("d") or [parts.path])[0]
+    name = PurePosixPath(path).name
+    if "/data/upload/" in parts.path:
+        name = UPLOAD_PREFIX.sub("", name)
+    return "" if name in ("", ".", "..") or not name.isprintable() else name
 
 
 def read_label_config(config: str) -> Project:
-    """The project a Label Studio label config describes.
+    """What a Label Studio label config asks the models to fill, and what it leaves to people.
 
     Raises:
-        RequestRejected: not XML, no Image, no RectangleLabels on it with a label, or a control the models cannot
-            fill (a per-region Choices on another object, a control type they have no output for).
+        RequestRejected: not XML, not one Image, or nothing on it the models can fill (said in one line).
     """
     if len(config) > MAX_LABEL_CONFIG_CHARS:
         raise RequestRejected(f"the label config is {len(config):,} characters, over {MAX_LABEL_CONFIG_CHARS:,}")
@@ -83,69 +190,160 @@ def read_label_config(config: str) -> Project:
         root = ElementTree.fromstring(config)
     except ElementTree.ParseError as error:
         raise RequestRejected(f"the label config is not XML: {error}") from None
-    images = [element for element in root.iter("Image") if element.get("name")]
+    images = [element for element in root.iter("Image")]
     if len(images) != 1:
-        raise RequestRejected(f"the label config has {len(images)} Image objects: the models label exactly one")
+        shown = f"{len(images)} Image objects" if images else "no Image"
+        raise RequestRejected(f"the label config has {shown}: the models fill {FILLED}")
     image = images[0]
     name, value = image.get("name", ""), image.get("value", "")
-    if not value.startswith("$"):
-        raise RequestRejected(f"the Image {name!r} takes no task data (its value is {value!r}, not $key)")
-    boxes = [c for c in root.iter("RectangleLabels") if c.get("toName") == name]
-    if len(boxes) != 1:
-        raise RequestRejected(f"the label config has {len(boxes)} RectangleLabels on {name!r}: the models fill one")
-    labels = tuple(label.get("value", "") for label in boxes[0].iter("Label") if label.get("value"))
-    if not labels:
-        raise RequestRejected("the RectangleLabels control has no Label: its labels are the prompt's phrases")
-    if sum(len(label) + 2 for label in labels) > MAX_PROMPT_CHARS:
-        raise RequestRejected(f"the labels make a prompt over {MAX_PROMPT_CHARS} characters")
-    choices = _region_choices(root, name)
-    unfillable = [c.tag for c in root.iter() if c.tag in UNFILLABLE and c.get("toName") == name]
-    if unfillable:
-        raise RequestRejected(f"the label config asks for {', '.join(sorted(set(unfillable)))}: the models give boxes")
-    areas = [c.get("name", "") for c in root.iter("TextArea") if c.get("toName")]
-    return Project(
-        image=name,
-        image_key=value[1:],
-        boxes=boxes[0].get("name", ""),
-        labels=labels,
-        choices=choices,
-        caption=areas[0] if areas else None,
-    )
+    if not value.startswith("$") or len(value) < 2:
+        took = f"pages ({image.get('valueList')})" if image.get("valueList") else f"{value!r}, not $key"
+        raise RequestRejected(f"the Image {name!r} takes {took}: the models fill one image a task")
+    reader = _ControlReader(name)
+    for control in root.iter():
+        if control.get("toName") is not None:
+            reader.read(control)
+    project = reader.project(name, value[1:])
+    if not project.fills():
+        left = "; ".join(project.left_to_people) or "no control"
+        raise RequestRejected(f"the label config asks for nothing the models fill ({left}): they fill {FILLED}")
+    return project
 
 
-def _region_choices(root: ElementTree.Element, image: str) -> dict[str, tuple[str, ...]]:
-    """Each per-region Choices control: its name and its choices.
+@dataclass
+class _ControlReader:
+    """Reads each control of a config in order, keeping those the models fill on ``image``."""
 
-    Raises:
-        RequestRejected: one is on another object than the image.
-    """
-    choices: dict[str, tuple[str, ...]] = {}
-    for control in root.iter("Choices"):
-        if control.get("perRegion", "").lower() != "true":
-            continue  # a choice about the whole task: not the models' to make
-        if control.get("toName") != image:
-            raise RequestRejected(f"the per-region Choices {control.get('name')!r} is not on the Image {image!r}")
-        values = tuple(choice.get("value", "") for choice in control.iter("Choice") if choice.get("value"))
-        if control.get("name") and values:
-            choices[control.get("name", "")] = values
-    return choices
+    image: str
+    boxes: str | None = None
+    labels: tuple[Option, ...] = ()
+    region_choices: dict[str, tuple[Option, ...]] = field(default_factory=dict)
+    image_choices: list[ImageChoices] = field(default_factory=list)
+    caption: str | None = None
+    left: list[str] = field(default_factory=list)
+
+    def read(self, control: ElementTree.Element) -> None:
+        name, tag = control.get("name", ""), control.tag
+        targets = [target.strip() for target in control.get("toName", "").split(",")]
+        per_region = control.get("perRegion", "").lower() == "true"
+        why: str | None
+        if self.image not in targets:
+            why = f"on {', '.join(repr(t) for t in targets)}, not the image"
+        elif not name:
+            why = "it has no name"
+        elif tag == "RectangleLabels":
+            why = self._boxes(control, name)
+        elif tag == "Choices":
+            why = self._region_choices(control, name) if per_region else self._image_choices(control, name)
+        elif tag == "TextArea" and per_region:
+            why = "a text per region (a transcription) is not a caption"
+        elif tag == "TextArea":
+            why = "the caption has a TextArea already" if self.caption else None
+            self.caption = self.caption or name
+        else:
+            why = f"the models draw no {UNFILLED.get(tag, tag)}"
+        if why:
+            self.left.append(f"{tag} {name!r}: {why}")
+
+    def _boxes(self, control: ElementTree.Element, name: str) -> str | None:
+        if self.boxes:
+            return f"the boxes go to RectangleLabels {self.boxes!r}"
+        if control.get("value", "").startswith("$"):
+            return f"its labels come from each task ({control.get('value')})"
+        labels = _options(control, "Label")
+        phrases = list(dict.fromkeys(phrase_of(label.text) for label in labels))
+        if not phrases or not all(phrases):
+            return "it has no label to look for" if not phrases else "a label reads as no phrase"
+        if len(phrases) > MAX_PHRASES:
+            return f"{len(phrases)} labels, the detector looks for at most {MAX_PHRASES}"
+        if max(len(phrase) for phrase in phrases) > MAX_PHRASE_CHARS:
+            return f"a label over {MAX_PHRASE_CHARS} characters"
+        if sum(len(phrase) + 2 for phrase in phrases) > MAX_PROMPT_CHARS:
+            return f"its labels make a prompt over {MAX_PROMPT_CHARS} characters"
+        self.boxes, self.labels = name, labels
+        return None
+
+    def _region_choices(self, control: ElementTree.Element, name: str) -> str | None:
+        options = _options(control, "Choice")
+        texts = [option.text for option in options]
+        attribute = attribute_name(name)
+        if not options:
+            return "it has no choice"
+        if name != CLASS_CONTROL:
+            taken = [other for other in self.region_choices if attribute_name(other) == attribute]
+            if taken:
+                return f"it reads as the same attribute as {taken[0]!r}"
+            if sum(1 for other in self.region_choices if other != CLASS_CONTROL) >= MAX_ATTRIBUTES:
+                return f"the models tag at most {MAX_ATTRIBUTES} attributes a box"
+            if len(options) > MAX_ATTRIBUTE_VALUES:
+                return f"{len(options)} choices, the models tag from at most {MAX_ATTRIBUTE_VALUES}"
+            if len(set(texts)) != len(texts) or max(len(text) for text in texts) > MAX_VALUE_CHARS:
+                return f"its choices repeat, or one is over {MAX_VALUE_CHARS} characters"
+        self.region_choices[name] = options
+        return None
+
+    def _image_choices(self, control: ElementTree.Element, name: str) -> str | None:
+        options = _options(control, "Choice", read="hint")
+        if control.get("value", "").startswith("$"):
+            return f"its choices come from each task ({control.get('value')})"
+        if not options:
+            return "it has no choice"
+        if len(options) > MAX_IMAGE_CHOICES:
+            return f"{len(options)} choices, the models choose from at most {MAX_IMAGE_CHOICES}"
+        self.image_choices.append(ImageChoices(name, options, control.get("choice", "single") == "multiple"))
+        return None
+
+    def project(self, image: str, image_key: str) -> Project:
+        region_choices = self.region_choices
+        if region_choices and not self.boxes:
+            self.left += [
+                f"Choices {name!r}: per region, and the models draw no region here" for name in region_choices
+            ]
+            region_choices = {}
+        return Project(
+            image=image,
+            image_key=image_key,
+            boxes=self.boxes,
+            labels=self.labels,
+            region_choices=region_choices,
+            image_choices=tuple(self.image_choices),
+            caption=self.caption,
+            left_to_people=tuple(self.left),
+        )
 
 
-# Controls on the image the models have no output for
-UNFILLABLE = frozenset({"PolygonLabels", "BrushLabels", "KeyPointLabels", "EllipseLabels", "Polygon", "Brush"})
+def _options(control: ElementTree.Element, tag: str, read: str = "value") -> tuple[Option, ...]:
+    """The control's labels or choices that have a value: each read as its ``read`` attribute where it has one (a
+    whole-image choice's hint says more to CLIP than its value), stored as its alias where it has one."""
+    options = []
+    for element in control.iter(tag):
+        value = (element.get("value") or "").strip()
+        if value:
+            options.append(Option((element.get(read) or value).strip(), element.get("alias") or value))
+    return tuple(options)
+
+
+def _region_id(region_key: str, box: LabelledBox) -> str:
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"{region_key}/{box}").hex[:10]
 
 
 def region_results(
     boxes: Iterable[LabelledBox], width: int, height: int, project: Project, region_key: str
 ) -> list[dict[str, Any]]:
-    """Each box as a region of ``project``'s box control, with its class and attributes as per-region choices where
-    the config has that control and that choice (Label Studio shows no other); ``region_key`` makes the regions'
-    ids stable for the same image."""
+    """Each box as a region of ``project``'s box control, under the config's label for its phrase (a box of a
+    phrase the config does not list is left out), with its class and attributes as per-region choices where the
+    config has that control and that choice; ``region_key`` makes the regions' ids stable for the same image."""
+    if not project.boxes:
+        return []
+    controls = {CLASS_CONTROL: CLASS_CONTROL} if CLASS_CONTROL in project.region_choices else {}
+    controls |= {attribute: name for name, attribute in project.attributes.items()}
     results: list[dict[str, Any]] = []
     for box in boxes:
-        region = uuid.uuid5(uuid.NAMESPACE_URL, f"{region_key}/{box}").hex[:10]
+        label = project.label_of(box.label)
+        if label is None:
+            continue
         common = {
-            "id": region,
+            "id": _region_id(region_key, box),
             "to_name": project.image,
             "original_width": width,
             "original_height": height,
@@ -163,16 +361,65 @@ def region_results(
                 **common,
                 "from_name": project.boxes,
                 "type": "rectanglelabels",
-                "value": {**geometry, "rectanglelabels": [box.label]},
+                "value": {**geometry, "rectanglelabels": [label]},
                 "score": box.score,
             }
         )
-        for name, value in ({CLASS_CONTROL: box.class_label} | box.attributes).items():
-            if value and value in project.choices.get(name, ()):
+        for attribute, value in ({CLASS_CONTROL: box.class_label} | box.attributes).items():
+            control = controls.get(attribute)
+            stored = _stored(project.region_choices.get(control or "", ()), value)
+            if control and stored:
                 results.append(
-                    {**common, "from_name": name, "type": "choices", "value": {**geometry, "choices": [value]}}
+                    {**common, "from_name": control, "type": "choices", "value": {**geometry, "choices": [stored]}}
                 )
     return results
+
+
+def _stored(options: Iterable[Option], text: str | None) -> str | None:
+    return next((option.stored for option in options if option.text == text), None)
+
+
+def image_choice_results(
+    project: Project, scores: Mapping[str, list[float]], min_score: float, region_key: str
+) -> list[dict[str, Any]]:
+    """Each whole-image Choices' choice: the likeliest of ``scores`` (by control: one probability per option), or,
+    where the control takes several, every one scoring ``min_score`` or more."""
+    results = []
+    for control in project.image_choices:
+        probabilities = scores.get(control.name)
+        if not probabilities:
+            continue
+        ranked = sorted(zip(probabilities, control.options, strict=True), key=lambda pair: -pair[0])
+        chosen = [pair for pair in ranked if pair[0] >= min_score] if control.multiple else ranked[:1]
+        if not chosen:
+            continue
+        results.append(
+            {
+                "id": uuid.uuid5(uuid.NAMESPACE_URL, f"{region_key}/{control.name}").hex[:10],
+                "from_name": control.name,
+                "to_name": project.image,
+                "type": "choices",
+                "value": {"choices": [option.stored for _, option in chosen]},
+                "score": round(min(score for score, _ in chosen), 4),
+            }
+        )
+    return results
+
+
+def prediction(
+    project: Project,
+    region_key: str,
+    size: tuple[int, int],
+    boxes: list[LabelledBox],
+    caption: str | None,
+    image_choices: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """One of Label Studio's predictions: the regions in the config's names, the caption, the whole image's
+    choices; a score per region and the lowest for the prediction."""
+    result = region_results(boxes, size[0] or 1, size[1] or 1, project, region_key)
+    result += caption_result(caption or "", project) + image_choices
+    scores = [item["score"] for item in result if "score" in item]
+    return {"result": result, "score": min(scores, default=1.0), "model_version": MODEL_VERSION}
 
 
 def caption_result(caption: str, project: Project) -> list[dict[str, Any]]:
@@ -195,13 +442,23 @@ def label_config(project: Project) -> str:
     beside its tasks, and what the backend reads back as the same project)."""
     from xml.sax.saxutils import quoteattr
 
+    def option(tag: str, value: Option) -> str:
+        alias = f" alias={quoteattr(value.stored)}" if value.stored != value.text else ""
+        return f"    <{tag} value={quoteattr(value.text)}{alias}/>"
+
     lines = ["<View>", f"  <Image name={quoteattr(project.image)} value={quoteattr('$' + project.image_key)}/>"]
-    lines.append(f"  <RectangleLabels name={quoteattr(project.boxes)} toName={quoteattr(project.image)}>")
-    lines += [f"    <Label value={quoteattr(label)}/>" for label in project.labels]
-    lines.append("  </RectangleLabels>")
-    for name, values in project.choices.items():
+    if project.boxes:
+        lines.append(f"  <RectangleLabels name={quoteattr(project.boxes)} toName={quoteattr(project.image)}>")
+        lines += [option("Label", label) for label in project.labels]
+        lines.append("  </RectangleLabels>")
+    for name, values in project.region_choices.items():
         lines.append(f'  <Choices name={quoteattr(name)} toName={quoteattr(project.image)} perRegion="true">')
-        lines += [f"    <Choice value={quoteattr(value)}/>" for value in values]
+        lines += [option("Choice", value) for value in values]
+        lines.append("  </Choices>")
+    for choices in project.image_choices:
+        kind = ' choice="multiple"' if choices.multiple else ""
+        lines.append(f"  <Choices name={quoteattr(choices.name)} toName={quoteattr(project.image)}{kind}>")
+        lines += [option("Choice", value) for value in choices.options]
         lines.append("  </Choices>")
     if project.caption:
         lines.append(f"  <TextArea name={quoteattr(project.caption)} toName={quoteattr(project.image)}/>")

@@ -2,36 +2,60 @@
 is the server's own (`annotate serve`, or the API function's URL).
 
 The routes are the ones the public label-studio-ml-backend serves (label_studio_ml/api.py): ``GET /health``
-(``"status": "UP"``), ``POST /setup`` (the project's label config: answered with the model version, or refused when
-the models cannot fill it), ``POST /predict`` (tasks and the label config: one prediction per task, in order, under
-``results``) and ``POST /webhook``. Each task's image is read as Label Studio serves it: its own uploads and
-local files (a path on ``LABEL_STUDIO_URL``, read with ``LABEL_STUDIO_API_KEY``), or ``s3://`` in a bucket the
-deployment reads; an image that cannot be read is that task's error, never the call's.
+(``"status": "UP"``), ``POST /setup`` (the project's label config: answered with the model version and what the
+models fill, or refused when they fill nothing), ``POST /predict`` (tasks and the label config: one answer per task,
+in order, under ``results``) and ``POST /webhook``. Each task's image is read as Label Studio serves it: its own
+uploads and local files (a path on ``LABEL_STUDIO_URL``, read with ``LABEL_STUDIO_API_KEY``), or ``s3://`` in a
+bucket the deployment reads.
+
+Label Studio sends every selected task in one ``/predict`` and waits ``ML_TIMEOUT_PREDICT`` (100 s) for the answer;
+it stores each task's answer as a prediction, an empty list as none, and asks again next time only for tasks with
+no prediction of the current model version (label_studio/ml/models.py, ``predict_tasks`` and
+``_get_predictions_from_ml_backend``). So a call answers every task whose image the pipeline already annotated at
+once, from its rows; runs the models for the others while ``label_studio_answer_within_s`` lasts, recording their
+rows as any run does; and answers the rest, and any task it cannot read, with no prediction: the next Retrieve
+Predictions starts with them.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from shared.errors import ImageRejected, RequestRejected
+from shared.contracts import AnnotationRequest, split_phrases
+from shared.errors import AnnotateError, ImageRejected, RequestRejected
 from shared.observability import logger
-from shared.serving.calls import Annotation, AnnotationOptions, Source, image_source
-from shared.serving.label_studio import LabelledBox, Project, caption_result, read_label_config, region_results
+from shared.pipeline.batches import image_ref
+from shared.pipeline.dependencies import Step
+from shared.serving.bounds import Calls
+from shared.serving.calls import Annotation, AnnotationOptions, Source, annotate_one, image_source
+from shared.serving.label_studio import (
+    MODEL_VERSION,
+    LabelledBox,
+    Project,
+    image_choice_results,
+    original_name,
+    prediction,
+    read_label_config,
+)
 from shared.serving.secrets import secret_value
 from shared.settings import Settings
+from shared.storage.images import decode_image
+from shared.storage.objects import store_for
 
-MODEL_VERSION = "annotate"
-MAX_TASKS_PER_CALL = 100
+MAX_TASKS_PER_CALL = 10_000  # Label Studio sends every selected task at once: a project's page is far fewer
 DOWNLOAD_TIMEOUT_S = 30
 
 
@@ -43,52 +67,70 @@ class BackendSetup(BaseModel):
 
 
 class BackendPredict(BaseModel):
-    """``POST /predict``: the tasks to pre-annotate and the project's label config."""
+    """``POST /predict``: the tasks to pre-annotate (each read on its own: one malformed task is that task's
+    failure) and the project's label config."""
 
     model_config = ConfigDict(extra="allow")
-    tasks: list[dict[str, Any]] = Field(max_length=MAX_TASKS_PER_CALL)
+    tasks: list[Any] = Field(max_length=MAX_TASKS_PER_CALL)
     label_config: str = Field(max_length=100_000)
 
 
-def prediction(annotation: Annotation, project: Project) -> dict[str, Any]:
-    """The annotation as one of Label Studio's predictions: its regions, the caption, a score per region and the
-    lowest for the prediction."""
-    boxes = [
-        LabelledBox(
-            label=d.label,
-            score=d.score,
-            x0=d.box.x0,
-            y0=d.box.y0,
-            x1=d.box.x1,
-            y1=d.box.y1,
-            class_label=d.class_label,
-            class_score=d.class_score,
-            attributes={a.name: a.value for a in d.attributes},
-        )
-        for d in annotation.detections
-    ]
-    result = region_results(boxes, annotation.width or 1, annotation.height or 1, project, annotation.image_id)
-    result += caption_result(annotation.caption.caption if annotation.caption else "", project)
-    score = min((box.score for box in boxes), default=1.0)
-    return {"result": result, "score": score, "model_version": MODEL_VERSION}
+class Annotated(Protocol):
+    """What the pipeline wrote for an image, read back from its rows (tools/results/annotations.AnnotatedImage)."""
+
+    @property
+    def image_id(self) -> str: ...
+    @property
+    def source_uri(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def width(self) -> int | None: ...
+    @property
+    def height(self) -> int | None: ...
+    @property
+    def caption(self) -> str | None: ...
+    @property
+    def prompt(self) -> str | None: ...
+    @property
+    def processed_at(self) -> Any: ...
+    @property
+    def boxes(self) -> list[LabelledBox]: ...
+
+
+# The annotated images whose source is one of these URIs, or whose file is named one of these names: the latest
+# annotation of each source (tools/results: the local tables, or a deployed stack's).
+FindAnnotated = Callable[[Sequence[str], Sequence[str]], Sequence[Annotated]]
+
+
+@dataclass(frozen=True)
+class TaskImage:
+    """A task's image, read; or why it could not be."""
+
+    task_id: Any
+    source: Source | None = None
+    error: str | None = None
 
 
 def task_image(
-    task: dict[str, Any], project: Project, settings: Settings, authorization: Callable[[], str] | None = None
+    task: Any, project: Project, settings: Settings, authorization: Callable[[], str] | None = None
 ) -> Source:
     """The task's image, read as Label Studio serves it; ``authorization`` gives the header for Label Studio (one
     token exchange per call of /predict, not per task).
 
     Raises:
-        RequestRejected: the task names no image, one elsewhere than Label Studio or the input buckets, or one
-            Label Studio would not give.
+        RequestRejected: the task is not a task, names no image, one elsewhere than Label Studio or the input
+            buckets, or one Label Studio would not give.
         ImageRejected: the image is too large, or gone.
     """
-    value = (task.get("data") or {}).get(project.image_key)
+    data = task.get("data") if isinstance(task, dict) else None
+    if not isinstance(data, dict):
+        raise RequestRejected(f"the task's data is not an object ({type(data).__name__})")
+    value = data.get(project.image_key)
     if not isinstance(value, str) or not value:
         raise RequestRejected(f"the task has no {project.image_key!r} in its data")
     if value.startswith(("s3://", "data:")):
-        return image_source(value, settings)
+        return image_source(value, settings, name=original_name(value))
     base = settings.label_studio_url.rstrip("/")
     url = f"{base}{value}" if value.startswith("/") else value
     if not base:
@@ -96,7 +138,7 @@ def task_image(
     if not url.startswith(f"{base}/"):
         raise RequestRejected(f"{value[:120]!r} is neither on Label Studio ({base}) nor s3:// in an input bucket")
     header = authorization() if authorization else _authorization(settings)
-    return image_source(_download(url, header, settings.max_image_bytes), settings)
+    return image_source(_download(url, header, settings.max_image_bytes), settings, name=original_name(value))
 
 
 def _authorization(settings: Settings) -> str:
@@ -148,35 +190,164 @@ def _download(url: str, authorization: str, max_bytes: int) -> bytes:
     return data
 
 
-def label_studio_routes(
-    settings: Settings,
-    run_call: Callable[[Callable[[], Annotation]], Awaitable[Annotation]],
-    annotate: Callable[[Source, AnnotationOptions], Annotation],
-) -> APIRouter:
-    """The backend's routes; ``run_call`` queues a model call as the API's other routes do, ``annotate`` annotates
-    one image (nothing recorded)."""
-    router = APIRouter(tags=["Label Studio ML backend"])
+def read_task_images(tasks: Sequence[Any], project: Project, settings: Settings, deadline: float) -> list[TaskImage]:
+    """Each task's image, or why not; tasks past ``deadline`` are not read (their answer waits for the next call)."""
+    authorization = functools.cache(functools.partial(_authorization, settings))
+    images = []
+    for task in tasks:
+        task_id = task.get("id") if isinstance(task, dict) else None
+        if time.monotonic() > deadline:
+            images.append(TaskImage(task_id, error="not reached within the call's time"))
+            continue
+        try:
+            images.append(TaskImage(task_id, source=task_image(task, project, settings, authorization)))
+        except (ImageRejected, RequestRejected) as error:
+            images.append(TaskImage(task_id, error=str(error)))
+    return images
 
-    @router.post("/setup", summary="Label Studio connects a project: its label config, checked")
-    def setup(call: BackendSetup) -> dict[str, Any]:
-        read_label_config(call.label_config).request()  # refused (400) when the models cannot fill it
-        return {"model_version": MODEL_VERSION}
 
-    @router.post("/predict", summary="Pre-annotations for Label Studio's tasks, one per task, in order")
-    async def predict(call: BackendPredict) -> dict[str, Any]:
-        project = read_label_config(call.label_config)
-        options = AnnotationOptions.model_validate(project.request().model_dump())
-        authorization = functools.cache(functools.partial(_authorization, settings))
-        results = []
-        for task in call.tasks:
+def annotated_before(source: Source, candidates: Sequence[Annotated], phrases: list[str]) -> Annotated | None:
+    """The latest of ``candidates`` that annotated this very image for these phrases: the same source, or a file
+    of the same name whose bytes are the task's, still as it was when annotated (its image id holds its content)."""
+    fitting = [
+        candidate
+        for candidate in candidates
+        if candidate.status == "succeeded"
+        and sorted(split_phrases(candidate.prompt or "")) == sorted(phrases)
+        and (candidate.source_uri == source.uri or PurePosixPath(candidate.source_uri).name == source.name)
+    ]
+    for candidate in sorted(fitting, key=lambda candidate: str(candidate.processed_at), reverse=True):
+        store = store_for(candidate.source_uri)
+        try:
+            unchanged = image_ref(candidate.source_uri, store.fingerprint(candidate.source_uri)).image_id
+            if unchanged != candidate.image_id:
+                continue
+            if candidate.source_uri == source.uri or store.read_bytes(candidate.source_uri) == source.data:
+                return candidate
+        except (AnnotateError, OSError) as error:
+            logger.info(
+                "an earlier annotation is not readable", extra={"uri": candidate.source_uri, "reason": str(error)}
+            )
+    return None
+
+
+def _boxes(annotation: Annotation) -> list[LabelledBox]:
+    return [
+        LabelledBox(
+            label=d.label,
+            score=d.score,
+            x0=d.box.x0,
+            y0=d.box.y0,
+            x1=d.box.x1,
+            y1=d.box.y1,
+            class_label=d.class_label,
+            class_score=d.class_score,
+            attributes={a.name: a.value for a in d.attributes},
+        )
+        for d in annotation.detections
+    ]
+
+
+@dataclass
+class _Predicting:
+    """One /predict call's work on its tasks."""
+
+    project: Project
+    request: AnnotationRequest | None  # None: the config needs CLIP on the whole image alone
+    calls: Calls
+    find_annotated: FindAnnotated | None
+    deadline: float
+
+    async def answers(self, tasks: Sequence[Any]) -> list[Any]:
+        settings = self.calls.settings
+        images = await run_in_threadpool(read_task_images, tasks, self.project, settings, self.deadline)
+        earlier = await run_in_threadpool(self._annotated_before, images)
+        answers: list[Any] = []
+        longest_s = 0.0
+        for index, image in enumerate(images):
+            answer: Any = []
             try:
-                source = await run_in_threadpool(task_image, task, project, settings, authorization)
-                annotation = await run_call(lambda source=source: annotate(source, options))  # type: ignore[misc]
-                results.append(prediction(annotation, project))
-            except (ImageRejected, RequestRejected) as error:
-                logger.warning("task not pre-annotated", extra={"task": task.get("id"), "reason": str(error)})
-                results.append({"result": [], "score": 0.0, "model_version": MODEL_VERSION, "error": str(error)})
-        return {"results": results, "model_version": MODEL_VERSION}
+                if image.source is None:
+                    raise RequestRejected(image.error or "no image")
+                if index not in earlier and time.monotonic() + longest_s > self.deadline:
+                    raise RequestRejected(
+                        "not reached within the call's time: the next Retrieve Predictions asks again"
+                    )
+                started = time.monotonic()
+                answer = await self.calls.run(functools.partial(self._predict, image.source, earlier.get(index)))
+                longest_s = max(longest_s, time.monotonic() - started) if index not in earlier else longest_s
+            except AnnotateError as error:  # the task's own failure (a model that cannot load fails each task)
+                logger.warning("task not pre-annotated", extra={"task": image.task_id, "reason": str(error)})
+            answers.append(answer)
+        logger.info(
+            "predicted",
+            extra={"tasks": len(tasks), "from_rows": len(earlier), "answered": sum(1 for a in answers if a)},
+        )
+        return answers
+
+    def _annotated_before(self, images: list[TaskImage]) -> dict[int, Annotated]:
+        if self.request is None or self.find_annotated is None:
+            return {}
+        sources = {index: image.source for index, image in enumerate(images) if image.source is not None}
+        uris = sorted({source.uri for source in sources.values() if source.kept})
+        names = sorted({source.name for source in sources.values() if source.name})
+        candidates = self.find_annotated(uris, names) if uris or names else []
+        phrases = self.request.phrases
+        found = {index: annotated_before(source, candidates, phrases) for index, source in sources.items()}
+        return {index: annotation for index, annotation in found.items() if annotation is not None}
+
+    def _predict(self, source: Source, earlier: Annotated | None) -> dict[str, Any]:
+        settings = self.calls.settings
+        choices = self._image_choices(source)
+        if earlier is not None:
+            size = (earlier.width or 1, earlier.height or 1)
+            return prediction(self.project, earlier.image_id, size, earlier.boxes, earlier.caption, choices)
+        if self.request is None:
+            decoded = decode_image(source.data, max_pixels=settings.max_image_pixels)
+            return prediction(self.project, source.uri, (decoded.width, decoded.height), [], None, choices)
+        options = AnnotationOptions.model_validate(self.request.model_dump() | {"record": True})
+        annotation = annotate_one(source, options, settings, self.calls.dependencies_of, self.calls.record_rows)
+        if annotation.status != "succeeded":
+            raise RequestRejected(f"the pipeline failed on it: {annotation.error}")
+        size = (annotation.width or 1, annotation.height or 1)
+        caption = annotation.caption.caption if annotation.caption else None
+        return prediction(self.project, annotation.image_id, size, _boxes(annotation), caption, choices)
+
+    def _image_choices(self, source: Source) -> list[dict[str, Any]]:
+        if not self.project.image_choices:
+            return []
+        settings = self.calls.settings
+        tagger = self.calls.dependencies_of(Step.TAG).tagger
+        if tagger is None:
+            raise TypeError("the Tag dependencies have no tagger")
+        pixels = decode_image(source.data, max_pixels=settings.max_image_pixels).pixels
+        texts = {choices.name: [option.text for option in choices.options] for choices in self.project.image_choices}
+        scores = tagger.choose(pixels, texts)
+        return image_choice_results(self.project, scores, settings.label_studio_multiple_choice_min_score, source.uri)
+
+
+def label_studio_routes(calls: Calls, find_annotated: FindAnnotated | None) -> APIRouter:
+    """The backend's routes; model work is queued as the API's other routes' is; ``find_annotated`` reads the rows
+    the pipeline wrote (None: every task runs the models)."""
+    router = APIRouter(tags=["Label Studio ML backend"])
+    settings = calls.settings
+
+    def checked(label_config: str) -> tuple[Project, AnnotationRequest | None]:
+        project = read_label_config(label_config)
+        return project, project.request(settings.ingest_prompt) if project.runs_pipeline else None
+
+    @router.post("/setup", summary="Label Studio connects a project: what its label config asks, checked")
+    def setup(call: BackendSetup) -> dict[str, Any]:
+        project, _ = checked(call.label_config)  # refused (400, one line) when the models fill nothing
+        logger.info("project connected", extra={"fills": project.fills(), "left_to_people": project.left_to_people})
+        return {"model_version": MODEL_VERSION, "fills": project.fills(), "left_to_people": project.left_to_people}
+
+    @router.post("/predict", summary="Pre-annotations for Label Studio's tasks, one answer per task, in order")
+    async def predict(call: BackendPredict) -> dict[str, Any]:
+        deadline = time.monotonic() + settings.label_studio_answer_within_s
+        project, request = checked(call.label_config)
+        predicting = _Predicting(project, request, calls, find_annotated, deadline)
+        return {"results": await predicting.answers(call.tasks), "model_version": MODEL_VERSION}
 
     @router.post("/webhook", summary="Label Studio's events: nothing is trained here, so each is acknowledged")
     def webhook() -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,10 @@ class FakeTagger:
     ) -> list[list[AttributeScore]]:
         _fail(self.failure)
         return [[AttributeScore(name=n, value=v[0], score=0.8) for n, v in vocabularies.items()] for _ in crops]
+
+    def choose(self, image: Image.Image, choices: Mapping[str, list[str]]) -> dict[str, list[float]]:
+        _fail(self.failure)
+        return {name: [1.0 if index == 0 else 0.0 for index in range(len(texts))] for name, texts in choices.items()}
 
 
 @dataclass

@@ -5,13 +5,16 @@ pins a numpy older than ours, so it is not installed beside the project)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+from PIL import Image
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
@@ -19,10 +22,12 @@ from shared.serving.api import serving_app
 from shared.settings import Settings
 from tests.browser import chromium_page
 from tests.conftest import REPO, SAMPLES
+from tests.integration.test_label_studio_templates import shipped_templates
 from tests.servers import LABEL_STUDIO_PASSWORD as PASSWORD
 from tests.servers import LABEL_STUDIO_USER as USER
 from tests.servers import answering, label_studio_process, serving_in_thread
 from tools.cli import app
+from tools.results.annotations import local_annotated_sources
 from tools.results.query import run_local_query
 
 pytestmark = pytest.mark.slow
@@ -121,9 +126,10 @@ def test_a_project_from_the_export_s_config_shows_the_backend_s_pre_annotations_
             if value
         }
         assert prediction["model_version"] == "annotate"
-    # AND the task whose image is gone has no prediction's regions: its error did not sink the others
+    # AND the task whose image is gone has no prediction (Label Studio asks again next time): its error did not
+    # sink the others
     [gone] = [task["id"] for task in tasks if task["data"]["image"].endswith("/gone.jpg")]
-    assert all(not prediction["result"] for prediction in stored[gone])
+    assert stored[gone] == []
     # AND a person who opens the first task sees the regions (the README's picture)
     with chromium_page() as (page, _):
         page.goto(f"{url}/user/login/")
@@ -155,9 +161,82 @@ def pipeline_boxes(data: Path) -> dict[str, list[dict[str, Any]]]:
     return boxes
 
 
-def test_setup_refuses_a_config_the_models_cannot_fill_in_one_line(tiny_settings: Settings) -> None:
-    with serving_in_thread(serving_app(tiny_settings)) as backend:
-        refused = httpx.post(
-            f"{backend}/setup", json={"project": "1", "schema": "<View><Text name='t' value='$t'/></View>"}
+@pytest.fixture(scope="module")
+def a_hundred_annotated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A hundred pictures, annotated by the pipeline for the object detection template's labels: (their folder, the
+    data folder)."""
+    root = tmp_path_factory.mktemp("a-hundred")
+    images, data = root / "images", root / "data"
+    images.mkdir()
+    for n in range(100):
+        pixels = np.random.default_rng(n).integers(0, 255, (48, 64, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(images / f"photo-{n:03}.png")
+    run = ["run", str(images), "--prompt", "airplane. car.", "--profile", "tiny", "--data-dir", str(data)]
+    result = CliRunner().invoke(app, [*run, "--no-caption"])
+    assert result.exit_code == 0, result.output
+    return images, data
+
+
+def test_the_object_detection_template_gets_a_page_of_predictions_from_the_rows_and_evaluate_reads_the_review(
+    label_studio: tuple[str, str], a_hundred_annotated: tuple[Path, Path], tiny_settings: Settings, tmp_path: Path
+) -> None:
+    url, token = label_studio
+    images, data = a_hundred_annotated
+    # GIVEN a project made from Label Studio's own "Object Detection with Bounding Boxes" template, the hundred
+    # pictures uploaded as its tasks, and the backend serving the data folder the pipeline annotated them into, with
+    # no detector it could load (so what it answers comes from the rows)
+    config = shipped_templates()["computer-vision/object-detection-with-bounding-boxes"]
+    settings = tiny_settings.model_copy(
+        update={
+            "data_dir": data,
+            "label_studio_url": url,
+            "label_studio_api_key": SecretStr(token),
+            "detector_model": str(tmp_path / "no-detector-here"),
+        }
+    )
+    backend_app = serving_app(settings, find_annotated=local_annotated_sources(data))
+    with api(url, token) as ls, serving_in_thread(backend_app) as backend:
+        project = ls.post("/api/projects", json={"title": "a page", "label_config": config}).json()["id"]
+        uploads = [(f"file{n}", (path.name, path.read_bytes())) for n, path in enumerate(sorted(images.iterdir()))]
+        assert ls.post(f"/api/projects/{project}/import", files=uploads).status_code == 201
+        connected = ls.post("/api/ml", json={"project": project, "url": backend, "title": "annotate"})
+        assert connected.status_code == 201 and connected.json()["readable_state"] == "Connected", connected.text
+        tasks = ls.get("/api/tasks", params={"project": project, "page_size": 200}).json()["tasks"]
+        assert len(tasks) == 100
+
+        # WHEN a person selects the page and chooses Retrieve Predictions
+        asked = {"selectedItems": {"all": False, "included": [task["id"] for task in tasks]}}
+        retrieved = ls.post(
+            "/api/dm/actions", params={"id": "retrieve_tasks_predictions", "project": project}, json=asked
         )
-    assert refused.status_code == 400 and "0 Image objects" in refused.json()["error"]["message"]
+        assert retrieved.status_code == 200, retrieved.text
+
+        # THEN Label Studio stored a prediction for every one of the hundred tasks, each the pipeline's rows for its
+        # picture under the template's own labels
+        stored = {task["id"]: ls.get("/api/predictions", params={"task": task["id"]}).json() for task in tasks}
+        assert all(len(predictions) == 1 for predictions in stored.values())
+        rows = pipeline_boxes(data)
+        labels = {"airplane": "Airplane", "car": "Car"}
+        for task in tasks:
+            [prediction] = stored[task["id"]]
+            name = Path(task["data"]["image"]).name.split("-", 1)[-1]
+            regions = [r["value"]["rectanglelabels"] for r in prediction["result"]]
+            assert regions == [[labels[box["label"]]] for box in rows.get(name, [])], name
+
+        # AND once people reviewed them (each prediction accepted, one false box deleted), Label Studio's export is
+        # scored against what the backend predicted, its uploads matched by their own names
+        corrected = next(task["id"] for task in tasks if stored[task["id"]][0]["result"])
+        for task in tasks:
+            result = stored[task["id"]][0]["result"][1 if task["id"] == corrected else 0 :]
+            assert ls.post(f"/api/tasks/{task['id']}/annotations", json={"result": result}).status_code == 201
+        export = ls.get(f"/api/projects/{project}/export", params={"exportType": "JSON"})
+        assert export.status_code == 200
+    (tmp_path / "reviewed.json").write_text(export.text)
+    evaluated = CliRunner().invoke(
+        app, ["evaluate", "--truth", str(tmp_path / "reviewed.json"), "--data-dir", str(data), "--format", "json"]
+    )
+    assert evaluated.exit_code == 0, evaluated.output
+    scores = json.loads(evaluated.output)
+    boxes = sum(len(boxes) for boxes in rows.values())
+    assert scores["images"] == 100 and scores["recall"] == 1.0
+    assert scores["precision"] == pytest.approx((boxes - 1) / boxes)

@@ -76,7 +76,6 @@ def test_requests_default_to_color_and_pattern_vocabularies() -> None:
 @pytest.mark.parametrize(
     ("attributes", "reason"),
     [
-        ({}, "at least one attribute"),
         ({"color": []}, "empty vocabulary"),
         ({"color": [f"c{i}" for i in range(33)]}, "at most 32"),
         ({f"a{i}": ["x"] for i in range(9)}, "at most 8"),

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from shared.errors import RequestRejected
-from shared.serving.label_studio import LabelledBox
+from shared.serving.label_studio import LabelledBox, read_label_config
 from tools.results.annotations import AnnotatedImage
 from tools.results.evaluate import evaluate_labels, iou, word_f1
-from tools.results.export import label_studio_project, label_studio_task
+from tools.results.export import label_studio_config, label_studio_task
 from tools.results.truth import TruthImage, read_truth
 
 
@@ -136,7 +136,7 @@ def test_nothing_predicted_scores_0_and_images_are_matched_by_file_name_and_imag
 
 def test_a_label_studio_export_of_the_reviewed_predictions_reads_back_as_the_boxes(tmp_path: Path) -> None:
     # GIVEN the project's own Label Studio tasks, each prediction accepted by a reviewer as the task's annotation
-    project = label_studio_project(PREDICTED)
+    project = read_label_config(label_studio_config(PREDICTED, []))
     tasks = [label_studio_task(i, project) for i in PREDICTED]
     for task in tasks:
         task["annotations"] = [{"result": task.pop("predictions")[0]["result"], "was_cancelled": False}]

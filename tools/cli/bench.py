@@ -13,7 +13,10 @@ from shared.errors import validation_reason
 from tools.cli.common import err, fail, out, quiet_logs
 
 commands = typer.Typer()
-SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = REPO / "samples"
+# The committed bench reports: `annotate cost` prices from them wherever it is run
+BENCH_REPORT = REPO / "bench" / "bench.json"
 
 
 @commands.command()
@@ -206,9 +209,9 @@ def chaos(
 
 @commands.command()
 def cost(
-    bench_file: Annotated[Path, typer.Option("--bench", help="A bench.json written by annotate bench")] = Path(
-        "bench/bench.json"
-    ),
+    bench_file: Annotated[
+        Path, typer.Option("--bench", help="A bench.json written by annotate bench (default: the checkout's)")
+    ] = BENCH_REPORT,
     prices_file: Annotated[Path | None, typer.Option("--prices", help="Prices (default: tools/bench/data)")] = None,
     out_dir: Annotated[Path, typer.Option(help="Where cost.md, cost.json and cost.png go")] = Path("bench"),
 ) -> None:
@@ -230,8 +233,10 @@ def cost(
     )
     from tools.bench.storage import measured_bytes_per_image, network_table, storage_table
 
-    if not bench_file.is_file():
-        raise fail(f"{bench_file} does not exist: run annotate bench first")
+    if not bench_file.exists():
+        raise fail(f"{bench_file} does not exist: run annotate bench to measure one, or pass --bench FILE")
+    if not bench_file.is_file() or bench_file.stat().st_size > 10_000_000:
+        raise fail(f"{bench_file} is not a bench report (a JSON file annotate bench writes)")
     lambda_detect = bench_file.with_name("lambda-detect.json")  # annotate bench-lambda-detect's, where it ran
     api_bench = bench_file.with_name("api.json")  # annotate bench-api's
     bulk_bench = bench_file.with_name("bulk.json")  # annotate bench-bulk's

@@ -33,6 +33,27 @@ def _stack_outputs(stack: str, *required: str) -> dict[str, str]:
         raise fail(str(error)) from None
 
 
+def _results_root(data_dir: Path, stack: str | None) -> str:
+    if stack:
+        return f"s3://{_stack_outputs(stack, 'ResultsBucketName')['ResultsBucketName']}"
+    return str(data_dir.resolve())
+
+
+def _read_text(path: Path, max_bytes: int = 10_000_000) -> str:
+    """A file the user names, read as text; one that is missing, a folder, endless or not text is said in a line."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(max_bytes + 1)
+    except OSError as error:
+        raise fail(f"{path}: {error.strerror or error}") from None
+    if len(data) > max_bytes:
+        raise fail(f"{path}: over {max_bytes:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise fail(f"{path}: not UTF-8 text") from None
+
+
 def _refuse_file_as_folder(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise fail(f"--out {out_dir} is a file: name a folder to write into")
@@ -131,18 +152,42 @@ def export_command(
     where: Where = None,
     data_dir: DataDir = Path("annotate-data"),
     stack: Stack = None,
+    label_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--label-config", dir_okay=False, help="labelstudio: your project's label config; tasks use its names"
+        ),
+    ] = None,
 ) -> None:
     """Write the annotations as a COCO or YOLO dataset (with the pictures) or as Label Studio pre-annotations."""
+    from shared.errors import RequestRejected
+    from shared.serving.label_studio import read_label_config
     from shared.storage.objects import store_for
-    from tools.results.export import ExportFormat, export
+    from tools.results.annotations import batch_requests
+    from tools.results.export import ExportFormat, export, label_studio_config
 
     try:
         chosen = ExportFormat(export_format)
     except ValueError:
         raise fail(f"--format must be one of {[f.value for f in ExportFormat]}") from None
+    if label_config is not None and chosen is not ExportFormat.LABEL_STUDIO:
+        raise fail("--label-config is a Label Studio project's: give it with --format labelstudio")
+    config = _read_text(label_config) if label_config is not None else ""
+    try:
+        project = read_label_config(config) if config else None
+    except RequestRejected as error:
+        raise fail(f"--label-config {label_config}: {error}") from None
     images = _images_to_write(out_dir, where, data_dir, stack, "export")
+    if chosen is ExportFormat.LABEL_STUDIO and not config:
+        config = label_studio_config(images, batch_requests(images, _results_root(data_dir, stack), store_for))
+    for left in project.left_to_people if project else ():
+        err.print(f"[yellow]left to people[/yellow] {left}", highlight=False)
+    for choices in project.image_choices if project else ():
+        err.print(
+            f"[yellow]left to the backend[/yellow] Choices {choices.name!r}: CLIP chooses on the image", highlight=False
+        )
     with _writing_into(out_dir):
-        report = export(images, chosen, out_dir, store_for)
+        report = export(images, chosen, out_dir, store_for, config)
     for source, reason in report.skipped.items():
         err.print(f"[yellow]skipped[/yellow] {source}: {reason}", highlight=False)
     out.print(f"{report.images} images, {report.boxes} boxes written to {out_dir} ({chosen})", highlight=False)
@@ -174,17 +219,16 @@ def evaluate(
         request_threshold,
         write_evaluation,
     )
-    from tools.results.truth import read_truth
+    from tools.results.truth import content_digest, read_truth
 
     if output not in {"table", "json"}:
         raise fail("--format must be one of ['table', 'json']")
-    results_root = f"s3://{_stack_outputs(stack, 'ResultsBucketName')['ResultsBucketName']}" if stack else None
-    results_root = results_root or str(data_dir.resolve())
+    results_root = _results_root(data_dir, stack)
     images = _annotated_images(None, data_dir, stack)
     try:
         labelled = read_truth(truth)
         chosen = threshold if threshold is not None else request_threshold(images, results_root, store_for)
-        evaluation = evaluate_labels(labelled, images, chosen)
+        evaluation = evaluate_labels(labelled, images, chosen, content_digest(store_for))
     except RequestRejected as error:
         raise fail(str(error)) from None
     prompts = sorted({image.prompt for image in images if image.prompt})
@@ -207,9 +251,10 @@ def evaluate(
     )
     measures = {"class accuracy": evaluation.class_accuracy, "caption word F1": evaluation.caption_word_f1}
     measures |= {f"{name} accuracy": value for name, value in evaluation.attribute_accuracy.items()}
-    out.print(
-        "; ".join(f"{name} {value:.3f}" for name, value in measures.items() if value is not None) or "", highlight=False
-    )
+    said = [f"{name} {value:.3f}" for name, value in measures.items() if value is not None]
+    if evaluation.captions_missing:
+        said.append(f"no caption written for {evaluation.captions_missing} of the images people captioned")
+    out.print("; ".join(said), highlight=False)
     out.print(f"written to {uri}", highlight=False)
 
 

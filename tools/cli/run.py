@@ -97,6 +97,7 @@ def serve(
 
     from shared.serving.api import serving_app
     from shared.serving.bounds import api_key
+    from tools.results.annotations import local_annotated_sources
 
     quiet_logs(verbose)
     settings = use_settings(profile=profile, data_dir=data_dir, preload_models=True, api_hosts=[host])
@@ -107,7 +108,8 @@ def serve(
     if not local and not api_key(settings):
         raise fail(f"listening on {host} lets other machines call the models: set ANNOTATE_API_KEY first")
     out.print(f"Serving on http://{host}:{port}/ (the API's documentation at /docs); Ctrl-C stops", highlight=False)
-    uvicorn.run(serving_app(settings), host=host, port=port, log_level="info" if verbose else "warning")
+    app = serving_app(settings, find_annotated=local_annotated_sources(settings.data_dir))
+    uvicorn.run(app, host=host, port=port, log_level="info" if verbose else "warning")
 
 
 @commands.command()
@@ -183,7 +185,9 @@ def watch(
 
     until = datetime.now(UTC) + timedelta(minutes=stop_after) if stop_after is not None else None
     out.print(f"watching {folder} (every {max_wait:g} min); Ctrl-C stops", highlight=False)
-    drops = FolderDrops(folder, settings.data_dir, annotated_image_ids(settings.data_dir))
+    drops = FolderDrops(
+        folder, settings.data_dir, annotated_image_ids(settings.data_dir), settings.image_limits.max_image_pixels
+    )
     with _stopped_by_signals() as stop, _disk_full_said(settings.data_dir):
         left = watch_folder(drops, settings.ingest, max_wait * 60, run_gathered, stop.requested, until=until)
         if stop.requested.is_set():

@@ -4,8 +4,9 @@ the gallery: one record per source image, its boxes with their classes and attri
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -111,3 +112,46 @@ def _latest_per_image(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def sql_text(value: str) -> str:
+    """``value`` as an SQL string literal (DuckDB's and Athena's alike: quotes doubled)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def annotated_sources(
+    query: Query, uris: Sequence[str], names: Sequence[str], engine: Engine = "duckdb"
+) -> list[AnnotatedImage]:
+    """The latest annotation of each source that is one of ``uris``, or whose file is named one of ``names``."""
+    conditions = [f"source_uri IN ({', '.join(sql_text(uri) for uri in uris)})"] if uris else []
+    for name in names:
+        pattern = "%/" + name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        conditions.append(f"source_uri LIKE {sql_text(pattern)} ESCAPE '\\'")
+    return read_annotated_images(query, " OR ".join(conditions), engine) if conditions else []
+
+
+def local_annotated_sources(data_dir: Path) -> Callable[[Sequence[str], Sequence[str]], list[AnnotatedImage]]:
+    """:func:`annotated_sources` over the local tables in ``data_dir`` (what `annotate serve` answers Label Studio
+    from)."""
+    from tools.results.query import run_local_query
+
+    def find(uris: Sequence[str], names: Sequence[str]) -> list[AnnotatedImage]:
+        return annotated_sources(lambda sql: run_local_query(sql, data_dir), uris, names)
+
+    return find
+
+
+def batch_requests(images: list[AnnotatedImage], results_root: str, store_for: Any) -> list[Any]:
+    """The requests of the batches ``images`` came from (each batch's input, as ingest kept it), in batch order;
+    a batch whose input is gone has none."""
+    from shared.contracts import BatchInput, batch_input_uri
+    from shared.errors import ImageRejected
+
+    requests = []
+    for batch_id in sorted({image.batch_id for image in images}):
+        uri = batch_input_uri(results_root, batch_id)
+        try:
+            requests.append(BatchInput.model_validate_json(store_for(uri).read_bytes(uri)).request)
+        except (ImageRejected, ValueError):
+            continue
+    return requests

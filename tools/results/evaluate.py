@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from shared.contracts import phrase_of
 from shared.errors import RequestRejected
 from shared.serving.label_studio import LabelledBox
 from tools.results.annotations import AnnotatedImage
-from tools.results.truth import TruthImage, match_images, unmatched_refusal
+from tools.results.truth import Digest, TruthImage, match_images, unmatched_refusal
 
 MATCH_IOU = 0.5
 
@@ -47,7 +49,9 @@ class Evaluation:
     labels: list[LabelScores]
     class_accuracy: float | None  # on matched boxes whose truth names a class
     attribute_accuracy: dict[str, float]  # per attribute, on matched boxes whose truth names it
-    caption_word_f1: float | None  # mean over images with a truth caption
+    caption_word_f1: float | None  # mean over images with a truth caption and one the pipeline wrote
+    captions_compared: int = 0
+    captions_missing: int = 0  # images with a truth caption the pipeline wrote none for (captions off)
 
     def as_json(self) -> dict[str, Any]:
         overall = self.overall
@@ -64,30 +68,47 @@ class Evaluation:
             "class_accuracy": self.class_accuracy,
             "attribute_accuracy": self.attribute_accuracy,
             "caption_word_f1": self.caption_word_f1,
+            "captions_compared": self.captions_compared,
+            "captions_missing": self.captions_missing,
             "labels": [scores.__dict__ for scores in self.labels],
         }
 
 
-def evaluate_labels(truth: list[TruthImage], predicted: list[AnnotatedImage], threshold: float) -> Evaluation:
-    """The pipeline's ``predicted`` images against ``truth``.
+def evaluate_labels(
+    truth: list[TruthImage], predicted: list[AnnotatedImage], threshold: float, digest: Digest | None = None
+) -> Evaluation:
+    """The pipeline's ``predicted`` images against ``truth``. Labels are compared as the phrases the detector looks
+    for (Label Studio's "Coffee Cup" is the pipeline's "coffee cup"), and reported as the truth spells them.
 
     Raises:
-        RequestRejected: a truth image names none of the pipeline's.
+        RequestRejected: a truth image names none of the pipeline's, or one is labelled twice, differently.
     """
-    matched, unmatched = match_images(truth, predicted)
+    matched, unmatched = match_images(truth, predicted, digest)
     if not matched:
         raise RequestRejected(
             f"none of the {len(truth)} labelled images is one the pipeline annotated (by URI, file name or image id)"
         )
     if unmatched:
         raise unmatched_refusal(unmatched, truth)
-    matched = [(image.in_pixels(found.width or 1, found.height or 1), found) for image, found in matched]
+    spelled: dict[str, str] = {}
+    for box in [box for image, _ in matched for box in image.boxes] + [box for _, f in matched for box in f.boxes]:
+        spelled.setdefault(phrase_of(box.label), box.label)
+    matched = [
+        (_as_phrases(image.in_pixels(found.width or 1, found.height or 1)), replace(found, boxes=_phrases(found.boxes)))
+        for image, found in matched
+    ]
     labels = sorted({box.label for image, found in matched for box in image.boxes + found.boxes})
     coco = _coco_scores(matched, labels)
-    pairs = [_pairs(image.boxes, found.boxes) for image, found in matched]
-    per_label = [_label_scores(label, pairs, threshold, coco.get(label, (None, None))) for label in labels]
-    overall = _label_scores("", pairs, threshold, coco.get("", (None, None)))
+    pairs = [_ImagePairs(image.boxes, found.boxes) for image, found in matched]
+    hits = _hits(pairs)
+    per_label = [
+        replace(_label_scores(label, pairs, hits, threshold, coco.get(label, (None, None))), label=spelled[label])
+        for label in labels
+    ]
+    overall = _label_scores("", pairs, hits, threshold, coco.get("", (None, None)))
     kept = [(t, p) for image_pairs in pairs for t, p, iou in image_pairs.matches(threshold) if iou >= MATCH_IOU]
+    captioned = [(image.caption, found.caption) for image, found in matched if image.caption]
+    compared = [word_f1(said, written) for said, written in captioned if written is not None]
     return Evaluation(
         images=len(matched),
         threshold=threshold,
@@ -104,10 +125,18 @@ def evaluate_labels(truth: list[TruthImage], predicted: list[AnnotatedImage], th
             )
             is not None
         },
-        caption_word_f1=_mean(
-            [word_f1(image.caption, found.caption or "") for image, found in matched if image.caption]
-        ),
+        caption_word_f1=_mean(compared),
+        captions_compared=len(compared),
+        captions_missing=len(captioned) - len(compared),
     )
+
+
+def _phrases(boxes: list[LabelledBox]) -> list[LabelledBox]:
+    return [replace(box, label=phrase_of(box.label)) for box in boxes]
+
+
+def _as_phrases(image: TruthImage) -> TruthImage:
+    return replace(image, boxes=_phrases(image.boxes))
 
 
 def _accuracy(pairs: list[tuple[str | None, str | None]]) -> float | None:
@@ -170,19 +199,17 @@ class _ImagePairs:
         return found
 
 
-def _pairs(truth: list[LabelledBox], predicted: list[LabelledBox]) -> _ImagePairs:
-    return _ImagePairs(truth, predicted)
+def _hits(pairs: list[_ImagePairs]) -> list[tuple[float, str, bool]]:
+    """Every predicted box's score and label, and whether it matched a truth box, highest score first.
 
-
-def _counts(pairs: list[_ImagePairs], label: str, threshold: float) -> tuple[int, int, int]:
-    """(truth boxes, predicted boxes at threshold, matches) of ``label`` ("": every label)."""
-    only = label or None
-    truth = sum(1 for image in pairs for box in image.truth if only in (None, box.label))
-    predicted = sum(
-        1 for image in pairs for box in image.predicted if box.score >= threshold and only in (None, box.label)
-    )
-    matches = sum(len(image.matches(threshold, only)) for image in pairs)
-    return truth, predicted, matches
+    Matching at a threshold takes the boxes at or above it highest score first, each the best truth box left: the
+    boxes above a higher threshold are a prefix of that order and take the same truth boxes. So one matching at 0
+    says, for every threshold at once, which boxes match (n log n, not a matching per threshold)."""
+    hits = []
+    for image in pairs:
+        matched = {id(box) for _, box, _ in image.matches(0.0)}
+        hits += [(box.score, box.label, id(box) in matched) for box in image.predicted]
+    return sorted(hits, key=lambda hit: -hit[0])
 
 
 def _f1(truth: int, predicted: int, matches: int) -> float:
@@ -190,15 +217,24 @@ def _f1(truth: int, predicted: int, matches: int) -> float:
 
 
 def _label_scores(
-    label: str, pairs: list[_ImagePairs], threshold: float, coco: tuple[float | None, float | None]
+    label: str,
+    pairs: list[_ImagePairs],
+    hits: list[tuple[float, str, bool]],
+    threshold: float,
+    coco: tuple[float | None, float | None],
 ) -> LabelScores:
-    truth, predicted, matches = _counts(pairs, label, threshold)
-    scores = sorted({box.score for image in pairs for box in image.predicted if label in ("", box.label)}, reverse=True)
-    best_threshold, best_f1 = None, 0.0
-    for score in scores:  # highest first: a tie keeps the higher threshold
-        f1 = _f1(*_counts(pairs, label, score))
-        if f1 > best_f1:
-            best_threshold, best_f1 = score, f1
+    """``label``'s scores ("": every label's together) at ``threshold``, and the threshold at which F1 peaks (the
+    higher one where two tie)."""
+    truth = sum(1 for image in pairs for box in image.truth if label in ("", box.label))
+    own = [(score, matched) for score, box_label, matched in hits if label in ("", box_label)]
+    predicted = sum(1 for score, _ in own if score >= threshold)
+    matches = sum(1 for score, matched in own if matched and score >= threshold)
+    best_threshold, best_f1, counted, right = None, 0.0, 0, 0
+    for index, (score, matched) in enumerate(own):
+        counted, right = counted + 1, right + matched
+        last_of_its_score = index + 1 == len(own) or own[index + 1][0] != score
+        if last_of_its_score and _f1(truth, counted, right) > best_f1:
+            best_threshold, best_f1 = score, _f1(truth, counted, right)
     return LabelScores(
         label=label,
         truth_boxes=truth,
@@ -312,8 +348,9 @@ def evaluation_table(evaluation: Evaluation, truth_file: str, prompt: str | None
 
 
 def write_evaluation(table: Any, results_root: str, evaluated_at: Any, store_for: Any) -> str:
-    """Writes the evaluation's table file beside the images' and detections' (one file per evaluation, in its
-    day's partition); returns its URI."""
+    """Writes the evaluation's table file beside the images' and detections' (in its day's partition); returns its
+    URI. The file is named by what was evaluated (the rows but their time), so the same evaluation run again
+    replaces its earlier file instead of adding its rows twice."""
     import hashlib
 
     import pyarrow as pa
@@ -322,26 +359,25 @@ def write_evaluation(table: Any, results_root: str, evaluated_at: Any, store_for
     from shared.storage.objects import join_uri
     from shared.storage.tables import PARTITION_COLUMN, TABLES_PREFIX
 
+    what = json.dumps(table.drop_columns(["evaluated_at"]).to_pylist(), sort_keys=True, default=str)
+    name = f"{hashlib.sha256(what.encode()).hexdigest()[:24]}.parquet"
+    folder = join_uri(results_root, TABLES_PREFIX, EVALUATIONS_TABLE)
+    uri = join_uri(folder, f"{PARTITION_COLUMN}={evaluated_at:%Y-%m-%d}", name)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")
-    data = sink.getvalue().to_pybytes()
-    name = f"{evaluated_at:%Y%m%dT%H%M%S}-{hashlib.sha256(data).hexdigest()[:8]}.parquet"
-    uri = join_uri(results_root, TABLES_PREFIX, EVALUATIONS_TABLE, f"{PARTITION_COLUMN}={evaluated_at:%Y-%m-%d}", name)
-    store_for(uri).write_bytes(uri, data, "application/vnd.apache.parquet")
+    store = store_for(uri)
+    store.write_bytes(uri, sink.getvalue().to_pybytes(), "application/vnd.apache.parquet")
+    for earlier in list(store.list_uris(folder)):
+        if earlier.endswith(f"/{name}") and earlier != uri:
+            store.delete(earlier)
     return uri
 
 
 def request_threshold(images: list[AnnotatedImage], results_root: str, store_for: Any) -> float:
-    """The lowest box threshold of the batches ``images`` came from (each batch's input, as ingest kept it): every
-    box those batches kept scored at least that much. The request's default where a batch's input is gone."""
-    from shared.contracts import AnnotationRequest, BatchInput, batch_input_uri
-    from shared.errors import ImageRejected
+    """The lowest box threshold of the batches ``images`` came from: every box those batches kept scored at least
+    that much. The request's default where no batch's input is left."""
+    from shared.contracts import AnnotationRequest
+    from tools.results.annotations import batch_requests
 
-    thresholds = []
-    for batch_id in sorted({image.batch_id for image in images}):
-        uri = batch_input_uri(results_root, batch_id)
-        try:
-            thresholds.append(BatchInput.model_validate_json(store_for(uri).read_bytes(uri)).request.box_threshold)
-        except (ImageRejected, ValueError):
-            thresholds.append(AnnotationRequest.model_fields["box_threshold"].default)
-    return min(thresholds, default=AnnotationRequest.model_fields["box_threshold"].default)
+    default = AnnotationRequest.model_fields["box_threshold"].default
+    return min((request.box_threshold for request in batch_requests(images, results_root, store_for)), default=default)

@@ -18,15 +18,17 @@ from typing import Any
 
 from PIL import Image
 
+from shared.contracts import AnnotationRequest
 from shared.errors import ImageRejected, RequestRejected
 from shared.pipeline.batches import image_ref
 from shared.serving.label_studio import (
     CLASS_CONTROL,
     LabelledBox,
+    Option,
     Project,
-    caption_result,
     label_config,
-    region_results,
+    prediction,
+    read_label_config,
 )
 from shared.storage.images import decode_image
 from shared.storage.objects import StoreFor
@@ -53,17 +55,24 @@ class ExportReport:
 
 
 def export(
-    images: list[AnnotatedImage], export_format: ExportFormat, out_dir: Path, store_for: StoreFor
+    images: list[AnnotatedImage],
+    export_format: ExportFormat,
+    out_dir: Path,
+    store_for: StoreFor,
+    label_studio_config: str = "",
 ) -> ExportReport:
     """Write ``images`` in ``export_format`` under ``out_dir``. A failed image (no boxes to give), a source that
     cannot be read any more, is no longer a picture, or is not the one annotated (its content changed) is skipped,
     with the reason, and the rest is exported. The export is written beside ``out_dir`` and moved into it at the
-    end, so a failure leaves no half-written folder.
+    end, so a failure leaves no half-written folder. Label Studio's tasks fill ``label_studio_config`` (a label
+    config: the project's own, or :func:`label_studio_config` of the images), which is written beside them.
 
     Raises:
-        RequestRejected: ``out_dir`` holds files an export did not write.
+        RequestRejected: ``out_dir`` holds files an export did not write; the label config is not one the models
+            fill.
         OSError: ``out_dir`` cannot be written (a full disk, a path no folder can be made at).
     """
+    project = read_label_config(label_studio_config) if export_format is ExportFormat.LABEL_STUDIO else None
     report = ExportReport()
     earlier = _earlier_export(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -81,12 +90,10 @@ def export(
                 reason = f"its source is not a picture any more: {error}"
             if reason is not None:
                 report.skipped[image.source_uri] = reason
-        writers = {
-            ExportFormat.COCO: _write_coco,
-            ExportFormat.YOLO: _write_yolo,
-            ExportFormat.LABEL_STUDIO: _write_label_studio,
-        }
-        writers[export_format](kept, staging)
+        if project is not None:
+            _write_label_studio(kept, staging, project, label_studio_config)
+        else:
+            (_write_coco if export_format is ExportFormat.COCO else _write_yolo)(kept, staging)
         _move_into(staging, out_dir, earlier)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -120,8 +127,12 @@ def _earlier_export(out_dir: Path) -> set[str]:
     """
     if not out_dir.is_dir():
         return set()
-    present = _files_under(out_dir)
     written = _files_written(out_dir / EXPORT_MARKER)
+    if not written and any(out_dir.iterdir()):  # not walked: it may be a whole disk (--out /)
+        raise RequestRejected(
+            f"--out {out_dir} already holds files annotate export did not write: name a new or empty folder"
+        )
+    present = _files_under(out_dir)
     foreign = sorted(present - written)
     if foreign:
         raise RequestRejected(
@@ -237,41 +248,46 @@ def _yolo_box(box: LabelledBox, width: int, height: int) -> str:
     return " ".join(f"{value:.6f}" for value in values)
 
 
-def _write_label_studio(kept: list[tuple[AnnotatedImage, str]], out_dir: Path) -> None:
-    images = [image for image, _ in kept]
-    project = label_studio_project(images)
-    tasks = [label_studio_task(image, project) for image in images]
+def _write_label_studio(kept: list[tuple[AnnotatedImage, str]], out_dir: Path, project: Project, config: str) -> None:
+    tasks = [label_studio_task(image, project) for image, _ in kept]
     (out_dir / "tasks.json").write_text(json.dumps(tasks, indent=1))
-    (out_dir / "label_config.xml").write_text(label_config(project))
+    (out_dir / "label_config.xml").write_text(config)
 
 
-def label_studio_project(images: list[AnnotatedImage]) -> Project:
-    """The project the images fill: their labels, per-region class and attributes with the values they took, and a
-    caption; the ML backend reads its label config back as the same project (shared/serving/label_studio.py)."""
-    choices: dict[str, set[str]] = {CLASS_CONTROL: set()}
+def label_studio_config(images: list[AnnotatedImage], requests: list[AnnotationRequest]) -> str:
+    """The label config a project of these images needs: the requests' phrases as labels, the class each box took,
+    every attribute's whole vocabulary (a reviewer picks among what was asked, not only what was found), a caption;
+    the ML backend reads it back as the same project (shared/serving/label_studio.py)."""
+    labels = [*(phrase for request in requests for phrase in request.phrases), *categories(images)]
+    choices: dict[str, list[str]] = {CLASS_CONTROL: []}
+    for request in requests:
+        for name, values in request.attributes.items():
+            choices.setdefault(name, []).extend(values)
     for image in images:
         for box in image.boxes:
             for name, value in ({CLASS_CONTROL: box.class_label} | box.attributes).items():
                 if value:
-                    choices.setdefault(name, set()).add(value)
-    return Project(
+                    choices.setdefault(name, []).append(value)
+    project = Project(
         image=LS_IMAGE,
         image_key=LS_IMAGE,
         boxes=LS_BOXES,
-        labels=tuple(categories(images)),
-        choices={name: tuple(sorted(values)) for name, values in choices.items() if values},
+        labels=tuple(Option(label, label) for label in dict.fromkeys(labels)),
+        region_choices={
+            name: tuple(Option(value, value) for value in dict.fromkeys(values))
+            for name, values in choices.items()
+            if values
+        },
         caption=LS_CAPTION,
     )
+    return label_config(project)
 
 
 def label_studio_task(image: AnnotatedImage, project: Project) -> dict[str, Any]:
-    """One task: the picture's location and the pipeline's boxes as a prediction, each box's class and attributes
-    as per-region choices (the same result id as its box), the caption in the project's text area."""
+    """One task: the picture's location and the pipeline's boxes as a prediction, in the project's names."""
     assert image.width and image.height
-    result = region_results(image.boxes, image.width, image.height, project, image.image_id)
-    result += caption_result(image.caption or "", project)
-    score = min((box.score for box in image.boxes), default=1.0)
+    size = (image.width, image.height)
     return {
         "data": {project.image_key: image.source_uri},
-        "predictions": [{"model_version": "annotate", "score": score, "result": result}],
+        "predictions": [prediction(project, image.image_id, size, image.boxes, image.caption, [])],
     }

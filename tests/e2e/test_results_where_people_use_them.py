@@ -274,6 +274,13 @@ def test_evaluate_against_the_projects_own_coco_export_then_with_labels_changed_
         return int(run_local_query("SELECT count(*) AS n FROM evaluations", annotated).to_pylist()[0]["n"])
 
     written = evaluation_rows()
+    # AND the same evaluation run again replaces its rows instead of adding them twice; a caption people wrote for
+    # an image the run did not caption is said, not scored 0
+    coco["annotations"].append({"id": 999, "image_id": coco["images"][0]["id"], "caption": "A dog on grass."})
+    renamed.write_text(json.dumps(coco))
+    code, output = annotate("evaluate", "--truth", str(renamed), "--data-dir", str(annotated))
+    assert code == 0 and "no caption written for 1 of the images people captioned" in output, output
+    assert "caption word F1" not in output and evaluation_rows() == written
     other = {"images": [{"id": 1, "file_name": "elsewhere.jpg"}], "annotations": [], "categories": []}
     (tmp_path / "other.json").write_text(json.dumps(other))
     code, output = annotate("evaluate", "--truth", str(tmp_path / "other.json"), "--data-dir", str(annotated))

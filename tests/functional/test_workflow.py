@@ -245,3 +245,20 @@ def test_a_failure_writing_the_summary_fails_the_execution_with_its_reason(workf
     assert result.status == "FAILED" and result.summary is None
     assert "no space left" in (result.error or "")
     assert len(table_rows(fakes, "images")) == 1  # the group's rows were written before
+
+
+def test_a_stopped_run_leaves_the_workflow_emulator_quiet_while_its_execution_winds_down() -> None:
+    """A stopped run's execution goes on in its thread until the process ends, against moto's backends, reset once
+    the run is left: whatever it then meets is not printed over the user's last lines."""
+    import logging
+    import threading
+
+    interpreter = logging.getLogger("moto.stepfunctions.parser")
+    before = interpreter.level
+    stopping = threading.Event()
+    try:
+        with local_workflow(stopping=stopping):
+            stopping.set()  # Ctrl-C, or SIGTERM
+        assert interpreter.level == logging.CRITICAL
+    finally:
+        interpreter.setLevel(before)

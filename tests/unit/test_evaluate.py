@@ -197,3 +197,167 @@ def test_a_yolo_dataset_reads_as_fractions_scaled_to_the_matched_image(tmp_path:
     (tmp_path / "labels" / "id-a.txt").write_text("7 0.1 0.1 0.1 0.1\n")
     with pytest.raises(RequestRejected, match=r"id-a\.txt:1: not a YOLO box of a known class"):
         read_truth(tmp_path)
+
+
+def labelled_task(result: list[dict], image: str = "/data/upload/4/0a1b2c3d-a.jpg") -> dict:
+    return {"id": 1, "data": {"image": image}, "annotations": [{"result": result, "was_cancelled": False}]}
+
+
+def rectangle(**value: float | list[str]) -> dict:
+    geometry = {"x": 10, "y": 20, "width": 20, "height": 40, "rotation": 0} | value
+    return {
+        "id": "r1",
+        "type": "rectanglelabels",
+        "from_name": "label",
+        "to_name": "image",
+        "original_width": 200,
+        "original_height": 100,
+        "value": {"rectanglelabels": ["Dog"], **geometry},
+    }
+
+
+def read_json(tmp_path: Path, document: object) -> list[TruthImage]:
+    path = tmp_path / "truth.json"
+    path.write_text(json.dumps(document))
+    return read_truth(path)
+
+
+def test_label_studio_s_labels_are_the_pipeline_s_phrases_and_its_uploads_are_matched_by_their_own_names(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a reviewed upload ("<8 hex>-a.jpg" is the pipeline's a.jpg) whose box is labelled "Dog", as the config
+    # spells it, where the pipeline found "dog"
+    truth = read_json(tmp_path, [labelled_task([rectangle(x=5, y=10, width=20, height=40)])])
+    # THEN it is the pipeline's image and its dog
+    result = evaluate_labels(truth, PREDICTED[:1], 0.35)
+    assert result.images == 1 and [(s.label, s.truth_boxes) for s in result.labels] == [("cat", 0), ("Dog", 1)]
+    assert result.overall.recall == 1.0
+
+
+def test_a_rotated_rectangle_is_scored_as_the_upright_box_around_it(tmp_path: Path) -> None:
+    # 20% x 40% of a 200 x 100 image is 40 x 40 px from (20, 20); turned 90 degrees clockwise about its top-left
+    # corner it covers x from -20 to 20, y from 20 to 60
+    [turned] = read_json(tmp_path, [labelled_task([rectangle(rotation=90)])])
+    [box] = turned.boxes
+    assert (box.x0, box.y0, box.x1, box.y1) == pytest.approx((-20, 20, 20, 60))
+
+
+def test_a_polygon_is_scored_as_the_box_around_it_and_other_regions_are_refused(tmp_path: Path) -> None:
+    polygon = {
+        "id": "p",
+        "type": "polygonlabels",
+        "original_width": 200,
+        "original_height": 100,
+        "value": {"points": [[10, 10], [50, 20], [30, 60]], "polygonlabels": ["dog"]},
+    }
+    [image] = read_json(tmp_path, [labelled_task([polygon])])
+    assert [(b.x0, b.y0, b.x1, b.y1) for b in image.boxes] == [pytest.approx((20, 10, 100, 60))]
+    brush = {"id": "b", "type": "brushlabels", "value": {"rle": [1, 2], "brushlabels": ["dog"]}}
+    with pytest.raises(RequestRejected, match=r"cannot score as boxes \(1 brushlabels\)"):
+        read_json(tmp_path, [labelled_task([polygon, brush])])
+
+
+@pytest.mark.parametrize(
+    ("annotation", "said"),
+    [
+        ({"bbox": [0, 0, -5, 10]}, "width -5 and height 10"),
+        ({"bbox": [0, 0, 0, 10]}, "width 0 and height 10"),
+        ({"bbox": [0, 0, float("inf"), 10]}, "Infinity, which is no number"),
+        ({"bbox": [float("nan"), 0, 5, 10]}, "NaN, which is no number"),
+    ],
+)
+def test_a_box_that_is_not_finite_or_has_no_size_is_refused_in_one_line(
+    tmp_path: Path, annotation: dict, said: str
+) -> None:
+    coco = {
+        "images": [{"id": 1, "file_name": "a.jpg"}],
+        "categories": [{"id": 1, "name": "dog"}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, **annotation}],
+    }
+    with pytest.raises(RequestRejected, match=said) as refused:
+        read_json(tmp_path, coco)
+    assert "\n" not in str(refused.value)
+
+
+def test_malformed_exports_are_refused_in_one_line_and_a_numeric_category_is_a_label(tmp_path: Path) -> None:
+    with pytest.raises(RequestRejected, match="task 1: its data is not an object"):
+        read_json(tmp_path, [{"data": "a.jpg", "annotations": []}])
+    coco = {
+        "images": [{"id": 1, "file_name": "a.jpg"}],
+        "categories": [{"id": 1, "name": 7}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 10, 40, 40]}],
+    }
+    [image] = read_json(tmp_path, coco)
+    assert image.boxes[0].label == "7"
+    assert "7" in [scores.label for scores in evaluate_labels([image], PREDICTED[:1], 0.35).labels]
+
+
+def test_an_image_labelled_twice_counts_once_and_differently_is_refused() -> None:
+    twice = as_truth(PREDICTED[:1]) * 2
+    assert evaluate_labels(twice, PREDICTED, 0.35).overall.truth_boxes == 2
+    other = TruthImage(key=PREDICTED[0].source_uri, boxes=[box("dog", 10)])
+    with pytest.raises(RequestRejected, match="labelled twice, differently"):
+        evaluate_labels([*as_truth(PREDICTED[:1]), other], PREDICTED, 0.35)
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_grows(tmp_path: Path) -> None:
+    (tmp_path / "labels").mkdir()
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [
+        f"{chr(98 + n)}: &{chr(98 + n)} [*{chr(97 + n)},*{chr(97 + n)},*{chr(97 + n)},*{chr(97 + n)}]" for n in range(8)
+    ]
+    (tmp_path / "data.yaml").write_text("\n".join([*lines, "names: *i"]) + "\n")
+    with pytest.raises(RequestRejected, match="YAML aliases"):
+        read_truth(tmp_path / "data.yaml")
+
+
+def test_a_yolo_dataset_in_its_usual_split_folders_is_matched_by_its_images_names(tmp_path: Path) -> None:
+    # GIVEN images/train/a.jpg and its labels/train/a.txt, as YOLO datasets are laid out
+    for folder in ("images/train", "labels/train"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "images/train/a.jpg").write_bytes(b"picture")
+    (tmp_path / "labels/train/a.txt").write_text("0 0.15 0.3 0.2 0.4\n")
+    (tmp_path / "data.yaml").write_text("path: .\ntrain: images/train\nnames: [dog]\n")
+    [truth] = read_truth(tmp_path / "data.yaml")
+    # THEN its labels are the pipeline's a.jpg's, by name
+    assert truth.key == "a.jpg" and evaluate_labels([truth], PREDICTED[:1], 0.35).overall.recall == 1.0
+
+
+def f1_afresh(pairs: list, truth_boxes: int, label: str | None, threshold: float) -> float:
+    """F1 at ``threshold`` from a matching done for that threshold alone."""
+    from tools.results.evaluate import _f1
+
+    kept = sum(1 for p in pairs for b in p.predicted if b.score >= threshold and label in (None, b.label))
+    return _f1(truth_boxes, kept, sum(len(p.matches(threshold, label)) for p in pairs))
+
+
+def test_the_f1_best_threshold_and_counts_equal_a_matching_at_every_threshold() -> None:
+    # GIVEN many overlapping boxes of random scores and places (ties included), on a few images
+    import random
+
+    from tools.results.evaluate import _ImagePairs
+
+    chance = random.Random(7)
+    truth, predicted = [], []
+    for n in range(6):
+        boxes = [box(chance.choice(["dog", "cat"]), chance.randrange(0, 150, 5), score=1.0) for _ in range(8)]
+        found = [
+            box(
+                chance.choice(["dog", "cat"]),
+                chance.randrange(0, 150, 5),
+                score=chance.choice([0.3, 0.7, chance.random()]),
+            )
+            for _ in range(12)
+        ]
+        truth.append(TruthImage(key=f"s3://in/photos/{n}.jpg", boxes=boxes))
+        predicted.append(image(str(n), found))
+    result = evaluate_labels(truth, predicted, 0.5)
+    # THEN the counts at each score are those of a matching done afresh at that score
+    pairs = [_ImagePairs(t.boxes, p.boxes) for t, p in zip(truth, predicted, strict=True)]
+    for scores in [result.overall, *result.labels]:
+        label = scores.label or None
+        every = sorted({b.score for p in pairs for b in p.predicted if label in (None, b.label)}, reverse=True)
+        best = max(every, key=lambda t: (f1_afresh(pairs, scores.truth_boxes, label, t), t))
+        assert scores.best_threshold == best
+        assert scores.best_f1 == pytest.approx(f1_afresh(pairs, scores.truth_boxes, label, best))
+        assert scores.f1 == pytest.approx(f1_afresh(pairs, scores.truth_boxes, label, 0.5))

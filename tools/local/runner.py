@@ -421,17 +421,19 @@ def _run_bulk_container(
 
 
 @contextmanager
-def _interpreter_quiet() -> Iterator[None]:
+def _interpreter_quiet(stopping: threading.Event) -> Iterator[None]:
     """moto's interpreter logs what it does not apply (ToleratedFailurePercentage) and each optional path a state
     finds absent (NoSuchJsonPathError) as warnings and errors, on runs that succeed; how an execution ended is in
-    its status and error, which the runner reports."""
+    its status and error, which the runner reports. A stopped run's execution goes on in its thread against moto's
+    backends, reset once the run is left, until the process ends: it stays quiet."""
     interpreter = logging.getLogger("moto.stepfunctions.parser")
     level = interpreter.level
     interpreter.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
-        interpreter.setLevel(level)
+        if not stopping.is_set():
+            interpreter.setLevel(level)
 
 
 # How long a stopping run waits for the invocations under way (a default-profile Detect takes seconds to tens).
@@ -462,7 +464,7 @@ def local_workflow(
 
     dispatcher = dispatcher or HandlerDispatcher(listener, gate, timeouts=aws_limits, stopping=stopping)
     with (
-        _interpreter_quiet(),
+        _interpreter_quiet(dispatcher.stopping),
         mock_aws(config=MOTO_CONFIG),
         services_in_process(
             lambda function, _, payload: _mirroring_hand_backs(dispatcher.invoke(function, payload), payload),

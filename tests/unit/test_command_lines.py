@@ -1,0 +1,55 @@
+"""What the commands say to inputs a user may well give: one line and exit 2 for a mistake, output that fits the
+terminal, and figures found wherever the command is run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tools.cli import app
+
+
+def annotate(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "100"})
+    return result.exit_code, result.output
+
+
+def test_a_wide_query_result_fits_the_terminal_and_says_where_the_whole_values_are(tmp_path: Path) -> None:
+    code, output = annotate(
+        "query", "SELECT repeat('word ', 60) AS caption, 1 AS n, 'a' AS x, 'b' AS y", "--data-dir", str(tmp_path)
+    )
+    assert code == 0 and max(len(line) for line in output.splitlines()) <= 100, output
+    assert "1 row; cells cut to fit: --format csv or json gives them whole" in output
+    code, output = annotate("query", "SELECT 1 AS n", "--data-dir", str(tmp_path))
+    assert code == 0 and output.rstrip().endswith("1 row"), output
+
+
+def test_export_into_a_folder_that_holds_other_files_is_refused_without_walking_it(results_with_rows: Path) -> None:
+    code, output = annotate("export", "--format", "coco", "--out", "/", "--data-dir", str(results_with_rows))
+    assert code == 2 and "--out / already holds files annotate export did not write" in output, output
+    assert output.count("\n") == 1, output
+
+
+@pytest.mark.parametrize(
+    ("bench", "said"),
+    [("/dev/zero", "is not a bench report"), ("/nowhere/bench.json", "run annotate bench to measure one")],
+)
+def test_cost_says_what_is_wrong_with_its_bench_report_in_one_line(bench: str, said: str, tmp_path: Path) -> None:
+    code, output = annotate("cost", "--bench", bench, "--out-dir", str(tmp_path))
+    assert code == 2 and said in output and output.count("\n") == 1, output
+
+
+def test_cost_prices_from_the_checkout_s_bench_wherever_it_is_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, output = annotate("cost", "--out-dir", str(tmp_path / "out"))
+    assert code == 0 and (tmp_path / "out" / "cost.md").is_file(), output
+
+
+@pytest.mark.parametrize("truth", ["/dev/zero", "/nowhere/truth.json"])
+def test_evaluate_says_what_is_wrong_with_its_truth_in_one_line(truth: str, tmp_path: Path) -> None:
+    code, output = annotate("evaluate", "--truth", truth, "--data-dir", str(tmp_path))
+    assert code == 2 and output.count("\n") == 1, output

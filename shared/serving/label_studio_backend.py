@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter
+from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -263,25 +264,30 @@ class _Predicting:
         images = await run_in_threadpool(read_task_images, tasks, self.project, settings, self.deadline)
         earlier = await run_in_threadpool(self._annotated_before, images)
         answers: list[Any] = []
-        longest_s = 0.0
+        longest_s, left = 0.0, 0
         for index, image in enumerate(images):
             answer: Any = []
-            try:
-                if image.source is None:
-                    raise RequestRejected(image.error or "no image")
-                if index not in earlier and time.monotonic() + longest_s > self.deadline:
-                    raise RequestRejected(
-                        "not reached within the call's time: the next Retrieve Predictions asks again"
-                    )
+            if image.source is None:
+                logger.warning("task not pre-annotated", extra={"task": image.task_id, "reason": image.error})
+            elif index not in earlier and time.monotonic() + longest_s > self.deadline:
+                left += 1  # a model run would end past the call's time: the next call asks again
+            else:
                 started = time.monotonic()
-                answer = await self.calls.run(functools.partial(self._predict, image.source, earlier.get(index)))
-                longest_s = max(longest_s, time.monotonic() - started) if index not in earlier else longest_s
-            except AnnotateError as error:  # the task's own failure (a model that cannot load fails each task)
-                logger.warning("task not pre-annotated", extra={"task": image.task_id, "reason": str(error)})
+                try:
+                    answer = await self.calls.run(functools.partial(self._predict, image.source, earlier.get(index)))
+                except AnnotateError as error:  # the task's own (a model that cannot load fails each task)
+                    logger.warning("task not pre-annotated", extra={"task": image.task_id, "reason": str(error)})
+                if index not in earlier:
+                    longest_s = max(longest_s, time.monotonic() - started)
             answers.append(answer)
         logger.info(
             "predicted",
-            extra={"tasks": len(tasks), "from_rows": len(earlier), "answered": sum(1 for a in answers if a)},
+            extra={
+                "tasks": len(tasks),
+                "from_rows": len(earlier),
+                "answered": sum(1 for answer in answers if answer),
+                "left_for_the_next_call": left,
+            },
         )
         return answers
 
@@ -291,20 +297,26 @@ class _Predicting:
         sources = {index: image.source for index, image in enumerate(images) if image.source is not None}
         uris = sorted({source.uri for source in sources.values() if source.kept})
         names = sorted({source.name for source in sources.values() if source.name})
-        candidates = self.find_annotated(uris, names) if uris or names else []
+        try:
+            candidates = self.find_annotated(uris, names) if uris or names else []
+        except AnnotateError as error:
+            logger.warning("the rows could not be read: every task runs the models", extra={"reason": str(error)})
+            return {}
         phrases = self.request.phrases
         found = {index: annotated_before(source, candidates, phrases) for index, source in sources.items()}
         return {index: annotation for index, annotation in found.items() if annotation is not None}
 
     def _predict(self, source: Source, earlier: Annotated | None) -> dict[str, Any]:
         settings = self.calls.settings
-        choices = self._image_choices(source)
+        choices: list[dict[str, Any]] = []
+        if self.project.image_choices or self.request is None:
+            pixels = decode_image(source.data, max_pixels=settings.max_image_pixels).pixels
+            choices = self._image_choices(pixels, source.uri)
+            if self.request is None:
+                return prediction(self.project, source.uri, pixels.size, [], None, choices)
         if earlier is not None:
             size = (earlier.width or 1, earlier.height or 1)
             return prediction(self.project, earlier.image_id, size, earlier.boxes, earlier.caption, choices)
-        if self.request is None:
-            decoded = decode_image(source.data, max_pixels=settings.max_image_pixels)
-            return prediction(self.project, source.uri, (decoded.width, decoded.height), [], None, choices)
         options = AnnotationOptions.model_validate(self.request.model_dump() | {"record": True})
         annotation = annotate_one(source, options, settings, self.calls.dependencies_of, self.calls.record_rows)
         if annotation.status != "succeeded":
@@ -313,17 +325,14 @@ class _Predicting:
         caption = annotation.caption.caption if annotation.caption else None
         return prediction(self.project, annotation.image_id, size, _boxes(annotation), caption, choices)
 
-    def _image_choices(self, source: Source) -> list[dict[str, Any]]:
-        if not self.project.image_choices:
-            return []
-        settings = self.calls.settings
+    def _image_choices(self, pixels: Image.Image, region_key: str) -> list[dict[str, Any]]:
         tagger = self.calls.dependencies_of(Step.TAG).tagger
         if tagger is None:
             raise TypeError("the Tag dependencies have no tagger")
-        pixels = decode_image(source.data, max_pixels=settings.max_image_pixels).pixels
         texts = {choices.name: [option.text for option in choices.options] for choices in self.project.image_choices}
         scores = tagger.choose(pixels, texts)
-        return image_choice_results(self.project, scores, settings.label_studio_multiple_choice_min_score, source.uri)
+        min_score = self.calls.settings.label_studio_multiple_choice_min_score
+        return image_choice_results(self.project, scores, min_score, region_key)
 
 
 def label_studio_routes(calls: Calls, find_annotated: FindAnnotated | None) -> APIRouter:

@@ -174,7 +174,7 @@ def test_label_studio_tasks_follow_the_documented_format_and_name_the_configs_co
 
     project = read_label_config(config)
     assert (project.image, project.boxes, project.caption) == ("image", "label", "caption")
-    assert set(project.choices) == {"class", "color", "pattern"}
+    assert set(project.region_choices) == {"class", "color", "pattern"}
 
 
 def test_the_gallery_renders_one_card_per_image_in_headless_chromium_without_console_errors(

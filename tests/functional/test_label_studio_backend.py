@@ -185,3 +185,12 @@ def test_a_call_runs_the_models_only_while_its_time_lasts_and_answers_from_rows_
     results = predict(client, [task(paths[n], n) for n in (1, 2, 3, 4)])
     # THEN the first new one runs the models, the other two wait for the next call, and the last is answered
     assert [bool(result) for result in results] == [True, False, False, True]
+
+
+def test_a_page_of_more_tasks_than_a_hundred_gets_an_answer_for_each(
+    backend: tuple[TestClient, Settings], uploads: dict[str, bytes]
+) -> None:
+    client, _ = backend
+    first = next(iter(uploads))
+    results = predict(client, [task(first, n) for n in range(150)])
+    assert all(result and result["result"] for result in results)

@@ -44,3 +44,58 @@ def test_athena_rows_come_back_typed_and_in_the_local_formats(athena: object) ->
 def test_athena_needs_the_stack_outputs() -> None:
     with pytest.raises(RequestRejected, match="ANNOTATE_ATHENA_WORKGROUP"):
         run_athena_query("SELECT 1", Settings(athena_workgroup="", athena_database="").athena)
+
+
+def _queue(columns: list[tuple[str, str]], rows: list[list[str | None]]) -> None:
+    info = [{"Name": name, "Type": kind} for name, kind in columns]
+    data = [{"Data": [{"VarCharValue": name} for name, _ in columns]}]
+    data += [{"Data": [{} if value is None else {"VarCharValue": value} for value in row]} for row in rows]
+    athena_backends["123456789012"][REGION].query_results_queue.append(QueryResults(data, info))
+
+
+def test_label_studio_s_tasks_are_found_among_a_deployed_stack_s_rows(athena: object) -> None:
+    """`annotate serve --stack`: the backend reads what the stack annotated (its images, boxes and attributes)."""
+    from tools.results.annotations import athena_annotated_sources
+
+    athena_backends["123456789012"][REGION].query_results_queue.clear()  # the fixture's rows are another query's
+    image = ["a1", "s3://in/cat.jpg", "b-1", "succeeded", "64", "48", "A cat.", None, None, "2026-12-05", "cat."]
+    _queue(
+        [
+            (name, "integer" if name in ("width", "height") else "varchar")
+            for name in (
+                "image_id",
+                "source_uri",
+                "batch_id",
+                "status",
+                "width",
+                "height",
+                "caption",
+                "annotated_uri",
+                "error",
+                "processed_at",
+                "prompt",
+            )
+        ],
+        [image],
+    )
+    box = ["a1", "b-1", "0", "cat", "0.9", "1", "2", "30", "40", "tabby", "0.5"]
+    _queue(
+        [("image_id", "varchar"), ("batch_id", "varchar"), ("detection_index", "integer"), ("label", "varchar")]
+        + [(name, "double") for name in ("score", "x0", "y0", "x1", "y1")]
+        + [("class_label", "varchar"), ("class_score", "double")],
+        [box],
+    )
+    _queue(
+        [
+            ("image_id", "varchar"),
+            ("batch_id", "varchar"),
+            ("detection_index", "integer"),
+            ("name", "varchar"),
+            ("value", "varchar"),
+        ],
+        [["a1", "b-1", "0", "color", "gray"]],
+    )
+    [found] = athena_annotated_sources(Settings().athena)(["s3://in/cat.jpg"], ["cat.jpg"])
+    assert (found.source_uri, found.caption, found.prompt) == ("s3://in/cat.jpg", "A cat.", "cat.")
+    [cat] = found.boxes
+    assert (cat.label, cat.x1, cat.class_label, cat.attributes) == ("cat", 30.0, "tabby", {"color": "gray"})

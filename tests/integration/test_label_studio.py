@@ -19,6 +19,7 @@ from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from shared.serving.api import serving_app
+from shared.serving.label_studio import read_label_config
 from shared.settings import Settings
 from tests.browser import chromium_page
 from tests.conftest import REPO, SAMPLES
@@ -87,6 +88,9 @@ def test_a_project_from_the_export_s_config_shows_the_backend_s_pre_annotations_
     )
     with api(url, token) as ls, serving_in_thread(serving_app(settings)) as backend:
         config = (export / "label_config.xml").read_text()
+        # (the config offers the run's whole vocabulary, not only the values its boxes took)
+        offered = read_label_config(config).region_choices["color"]
+        assert [option.text for option in offered] == ["black", "brown", "white", "red"]
         project = ls.post("/api/projects", json={"title": "pets", "label_config": config}).json()["id"]
         uploads = [(f"file{n}", (path.name, path.read_bytes())) for n, path in enumerate(sorted(SAMPLES.iterdir()))]
         assert ls.post(f"/api/projects/{project}/import", files=uploads).status_code == 201

@@ -35,3 +35,21 @@ def test_the_athena_queries_parse_as_athena_sql_and_select_by_the_condition() ->
         sqlglot.parse_one(sql, read="athena")  # raises on anything Athena's dialect would not read
         assert "status = 'succeeded'" in sql
     assert "UNNEST(d.attributes) AS t(name, value, score)" in asked[2]  # Athena unnests a row's fields
+
+
+def test_the_sources_label_studio_names_are_selected_by_uri_and_by_file_name_quoted_in_either_engine() -> None:
+    from tools.results.annotations import annotated_sources
+
+    asked: list[str] = []
+
+    def athena(sql: str) -> pa.Table:
+        asked.append(sql)
+        return pa.table({})
+
+    uris, names = ["s3://in/it's.jpg"], ["50%_off.jpg", "o'neil.png"]
+    assert annotated_sources(athena, uris, names, engine="athena") == []
+    [sql] = asked
+    sqlglot.parse_one(sql, read="athena")
+    assert "source_uri IN ('s3://in/it''s.jpg')" in sql
+    assert "source_uri LIKE '%/50\\%\\_off.jpg' ESCAPE '\\'" in sql and "LIKE '%/o''neil.png'" in sql
+    assert annotated_sources(athena, [], [], engine="athena") == [] and len(asked) == 1

@@ -20,14 +20,12 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-MAX_CELL_CHARS = 60
-
-
 def print_table(rows, title: str | None = None) -> None:
-    """``rows`` as a table that fits the terminal: a row a line, long cells cut with an ellipsis (and said so)."""
+    """``rows`` as a table that fits the terminal: a row a line, the widest cells cut with an ellipsis where the
+    rows are wider than the terminal (and said so)."""
     table = Table(title=title, show_lines=False)
     for name in rows.column_names:
-        table.add_column(name, overflow="ellipsis", no_wrap=True, max_width=MAX_CELL_CHARS)
+        table.add_column(name, overflow="ellipsis", no_wrap=True)
     cells = [
         ["" if value is None else " ".join(str(value).split()) for value in row.values()] for row in rows.to_pylist()
     ]
@@ -35,7 +33,7 @@ def print_table(rows, title: str | None = None) -> None:
         table.add_row(*row)
     out.print(table)
     widths = [max([len(name), *(len(row[i]) for row in cells)]) for i, name in enumerate(rows.column_names)]
-    cut = any(width > MAX_CELL_CHARS for width in widths) or sum(width + 3 for width in widths) + 1 > out.width
+    cut = sum(width + 3 for width in widths) + 1 > out.width
     out.print(
         f"{rows.num_rows} row{'s' if rows.num_rows != 1 else ''}"
         + ("; cells cut to fit: --format csv or json gives them whole" if cut else ""),

@@ -87,20 +87,26 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to listen on")] = 8080,
     data_dir: DataDir = Path("annotate-data"),
     profile: Annotated[Profile, typer.Option(help="default: real checkpoints; tiny: offline")] = Profile.DEFAULT,
+    stack: Annotated[
+        str | None,
+        typer.Option(help="A deployed stack: answer Label Studio from its tables (Athena), read its input bucket"),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the structured logs and each request")] = False,
 ) -> None:
     """Answer one image now, and OpenAI-compatible chat and images, on this machine's models: a playground at /,
-    the API at /v1 (documented at /docs). Set ANNOTATE_API_KEY to require a key."""
+    the API at /v1 (documented at /docs), Label Studio's ML backend at / (docs/labelling.md). Set ANNOTATE_API_KEY
+    to require a key."""
     import ipaddress
 
     import uvicorn
 
     from shared.serving.api import serving_app
     from shared.serving.bounds import api_key
-    from tools.results.annotations import local_annotated_sources
+    from tools.results.annotations import athena_annotated_sources, local_annotated_sources
 
     quiet_logs(verbose)
-    settings = use_settings(profile=profile, data_dir=data_dir, preload_models=True, api_hosts=[host])
+    deployed = _deployed(stack) if stack else {}
+    settings = use_settings(profile=profile, data_dir=data_dir, preload_models=True, api_hosts=[host], **deployed)
     try:
         local = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -108,8 +114,25 @@ def serve(
     if not local and not api_key(settings):
         raise fail(f"listening on {host} lets other machines call the models: set ANNOTATE_API_KEY first")
     out.print(f"Serving on http://{host}:{port}/ (the API's documentation at /docs); Ctrl-C stops", highlight=False)
-    app = serving_app(settings, find_annotated=local_annotated_sources(settings.data_dir))
+    annotated = athena_annotated_sources(settings.athena) if stack else local_annotated_sources(settings.data_dir)
+    app = serving_app(settings, find_annotated=annotated)
     uvicorn.run(app, host=host, port=port, log_level="info" if verbose else "warning")
+
+
+def _deployed(stack: str) -> dict[str, Any]:
+    """The settings that make a local server read a deployed stack's tables and input bucket."""
+    from shared.errors import RequestRejected
+    from tools.aws.stack_outputs import stack_outputs
+
+    try:
+        outputs = stack_outputs(stack, ("AthenaWorkGroupName", "GlueDatabaseName", "InputBucketName"))
+    except RequestRejected as error:
+        raise fail(str(error)) from None
+    return {
+        "athena_workgroup": outputs["AthenaWorkGroupName"],
+        "athena_database": outputs["GlueDatabaseName"],
+        "input_buckets": [outputs["InputBucketName"]],
+    }
 
 
 @commands.command()

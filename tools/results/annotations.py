@@ -133,10 +133,16 @@ def annotated_sources(
 def local_annotated_sources(data_dir: Path) -> Callable[[Sequence[str], Sequence[str]], list[AnnotatedImage]]:
     """:func:`annotated_sources` over the local tables in ``data_dir`` (what `annotate serve` answers Label Studio
     from)."""
+    import duckdb
+
+    from shared.errors import RequestRejected
     from tools.results.query import run_local_query
 
     def find(uris: Sequence[str], names: Sequence[str]) -> list[AnnotatedImage]:
-        return annotated_sources(lambda sql: run_local_query(sql, data_dir), uris, names)
+        try:
+            return annotated_sources(lambda sql: run_local_query(sql, data_dir), uris, names)
+        except duckdb.Error as error:
+            raise RequestRejected(f"the tables in {data_dir} could not be read: {error}") from None
 
     return find
 
@@ -155,3 +161,13 @@ def batch_requests(images: list[AnnotatedImage], results_root: str, store_for: A
         except (ImageRejected, ValueError):
             continue
     return requests
+
+
+def athena_annotated_sources(settings: Any) -> Callable[[Sequence[str], Sequence[str]], list[AnnotatedImage]]:
+    """:func:`annotated_sources` over a deployed stack's tables, with Athena (``settings``: its AthenaSettings)."""
+    from tools.results.athena import run_athena_query
+
+    def find(uris: Sequence[str], names: Sequence[str]) -> list[AnnotatedImage]:
+        return annotated_sources(lambda sql: run_athena_query(sql, settings), uris, names, "athena")
+
+    return find

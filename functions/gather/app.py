@@ -10,7 +10,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from shared.observability import logger, metrics
 from shared.pipeline.gathering import deployed_gatherer, gather_drops
-from shared.pipeline.ingest import deployed_starter
+from shared.pipeline.ingest import deployed_starter, lambda_pass
 from shared.settings import get_settings
 from shared.storage.objects import store_for
 
@@ -29,6 +29,6 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         store_for,
         now=scheduled.time,
         allowed_buckets=settings.input_buckets,
-        remaining_ms=context.get_remaining_time_in_millis,
+        holder=lambda_pass(context),
     )
     return report.model_dump()

@@ -7,7 +7,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from shared.observability import logger, metrics
-from shared.pipeline.ingest import deployed_starter, ingest_sqs_batch
+from shared.pipeline.ingest import deployed_starter, ingest_sqs_batch, lambda_pass
 from shared.pipeline.tracing import tracer
 from shared.settings import get_settings
 from shared.storage.objects import store_for
@@ -25,5 +25,5 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         starter,
         store_for,
         allowed_buckets=settings.input_buckets,
-        remaining_ms=context.get_remaining_time_in_millis,
+        holder=lambda_pass(context),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -24,11 +24,16 @@ from shared.settings import IngestSettings
 from shared.storage.objects import StoreFor, is_s3, local_path, local_uri
 
 
-def expand_locations(locations: list[str], store_for: StoreFor, results_root: str | None = None) -> dict[str, str]:
+def expand_locations(
+    locations: list[str],
+    store_for: StoreFor,
+    results_root: str | None = None,
+    fingerprints: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """Every image a message names, with its fingerprint (content digest, or S3's ETag): files as they are, local
     folders and S3 prefixes ending in '/' expanded. A prefix's ETags come from its listing (one request per 1,000
-    objects); a named object costs one HEAD. Nothing under ``results_root`` is an input: the results of a run in a
-    folder of photos sit inside that folder.
+    objects); a named object costs one HEAD, unless ``fingerprints`` has it (an S3 event's ETag). Nothing under
+    ``results_root`` is an input: the results of a run in a folder of photos sit inside that folder.
 
     A location that does not exist is kept (fingerprint 'missing'), so that it ends as a failure row rather than
     silently vanishing; so is a symlink loop.
@@ -57,6 +62,8 @@ def expand_locations(locations: list[str], store_for: StoreFor, results_root: st
             listed: Iterable[tuple[str, str]] = ((uri, store.fingerprint(uri)) for uri in uris if an_input(uri))
         elif location.endswith("/"):
             listed = (entry for entry in store.list_fingerprinted(location) if an_input(entry[0]))
+        elif fingerprints and location in fingerprints:
+            listed = [(location, fingerprints[location])]
         else:
             listed = [(location, store.fingerprint(location))]
         for uri, fingerprint in listed:
@@ -83,6 +90,9 @@ class PlannedBatch:
     input: BatchInput
     groups: list[ImageGroup]
     groups_per_job: int = 0  # the bulk lane's
+
+    def image_uris(self) -> list[str]:
+        return [image.source_uri for group in self.groups for image in group.images]
 
     def groups_manifest(self) -> bytes:
         return b"[" + b",".join(group.model_dump_json().encode() for group in self.groups) + b"]"
@@ -226,6 +236,7 @@ def plan_batches(
     store_for: StoreFor,
     now: datetime | None = None,
     choice: LaneChoice | None = None,
+    fingerprints: Mapping[str, str] | None = None,
 ) -> list[PlannedBatch]:
     """The executions that annotate everything ``message`` names: one, unless it names more images than one
     execution takes (``max_images_per_batch``), each in groups of ``images_per_group`` (``bulk_images_per_group`` in
@@ -236,7 +247,7 @@ def plan_batches(
     planned_at = now or datetime.now(UTC)
     refs = [
         image_ref(uri, fingerprint)
-        for uri, fingerprint in expand_locations(message.images, store_for, settings.results_root).items()
+        for uri, fingerprint in expand_locations(message.images, store_for, settings.results_root, fingerprints).items()
     ]
     batches = []
     lane = choice or choose_lane(message, min(len(refs), settings.max_images_per_batch), settings)

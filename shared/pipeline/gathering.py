@@ -20,7 +20,8 @@ from pydantic import BaseModel
 from shared.errors import RequestRejected
 from shared.observability import MetricUnit, logger, metrics
 from shared.pipeline.batches import LaneChoice, gathered_lane
-from shared.pipeline.ingest import WorkflowStarter, dynamodb_client, ingest_sqs_batch
+from shared.pipeline.claims import ClaimTable, Pass, RunAll, in_parallel
+from shared.pipeline.ingest import WorkflowStarter, dynamodb_client, ingest_sqs_batch, parse_body
 from shared.settings import IngestSettings
 from shared.storage.objects import StoreFor
 
@@ -35,8 +36,9 @@ class DropQueue(Protocol):
 
     def waiting(self) -> int: ...
 
-    def receive(self, limit: int) -> list[dict[str, Any]]:
-        """Up to ``limit`` waiting messages, as Lambda's SQS event records (messageId, receiptHandle, body)."""
+    def receive(self, limit: int, more: Callable[[], bool]) -> list[dict[str, Any]]:
+        """Up to ``limit`` waiting messages, as Lambda's SQS event records (messageId, receiptHandle, body), for as
+        long as ``more()``."""
         ...
 
     def delete(self, records: list[dict[str, Any]]) -> None: ...
@@ -109,16 +111,23 @@ def gather_drops(
     starter: WorkflowStarter,
     store_for: StoreFor,
     now: datetime,
+    holder: Pass,
     allowed_buckets: Collection[str] | None = None,
-    remaining_ms: Callable[[], int] | None = None,
+    claims: ClaimTable | None = None,
 ) -> GatherReport:
-    """One look at the queue: if gathering is due, start what waits as one batch and delete what started."""
+    """One look at the queue: if gathering is due, start what waits as one batch and delete what started.
+
+    The pass (``holder``) receives for a third of its time at most: each message it receives and does not start
+    comes back, and counts toward the queue's maxReceiveCount (3) before the dead-letter queue ("the number of times
+    a message is delivered to the source queue before being moved to the dead-letter queue", Amazon SQS Developer
+    Guide, "Using dead-letter queues"), so a pass takes no more than it can start before its deadline."""
     waiting = queue.waiting()
     due = gather_due(now, clock.last(), waiting, settings)
     if not due:
         logger.info("not gathering yet", extra={"waiting": waiting})
         return GatherReport(waiting=waiting)
-    records = queue.receive(MAX_GATHERED)
+    receive_until_s = holder.left_s() * 2 / 3
+    records = queue.receive(MAX_GATHERED, lambda: holder.left_s() > receive_until_s)
     chosen: list[LaneChoice] = []
 
     def lane_for(images: int) -> LaneChoice:
@@ -126,11 +135,15 @@ def gather_drops(
         return chosen[-1]
 
     response = ingest_sqs_batch(
-        {"Records": records}, settings, starter, store_for, allowed_buckets, remaining_ms, dropped_lane=lane_for
+        {"Records": records}, settings, starter, store_for, allowed_buckets, holder, lane_for, claims
     )
     returned = {failure["itemIdentifier"] for failure in response["batchItemFailures"]}
     queue.delete([record for record in records if record["messageId"] not in returned])
-    queue.release([record for record in records if record["messageId"] in returned])
+    # A malformed message is visible again at once, for the queue's receive limit to end it in the dead-letter queue;
+    # one another live pass holds, or whose start failed, comes back after the visibility timeout (30 minutes, past
+    # any pass's deadline): released at once, it would be received by the looks meanwhile, each counting toward that
+    # limit, and end there unstarted.
+    queue.release([record for record in records if record["messageId"] in returned and _malformed(record)])
     clock.mark(now)
     report = GatherReport(
         waiting=waiting,
@@ -148,21 +161,21 @@ def gather_drops(
 class SqsDropQueue:
     """The ingest queue, read by the gatherer."""
 
-    def __init__(self, client: Any, url: str) -> None:
-        self._sqs, self._url = client, url
+    def __init__(self, client: Any, url: str, run_all: RunAll = in_parallel, wait_s: int = 1) -> None:
+        self._sqs, self._url, self._run_all, self._wait_s = client, url, run_all, wait_s
 
     def waiting(self) -> int:
         attributes = self._sqs.get_queue_attributes(QueueUrl=self._url, AttributeNames=["ApproximateNumberOfMessages"])
         return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
 
-    def receive(self, limit: int) -> list[dict[str, Any]]:
+    def receive(self, limit: int, more: Callable[[], bool]) -> list[dict[str, Any]]:
         # Long polling, even for a second: "short polling ... samples only a subset of the servers", so a short poll
         # can answer empty while messages wait; a long poll "queries all of the servers" (Amazon SQS Developer
         # Guide, "Amazon SQS short and long polling").
         records: list[dict[str, Any]] = []
-        while len(records) < limit:
+        while len(records) < limit and more():
             answer = self._sqs.receive_message(
-                QueueUrl=self._url, MaxNumberOfMessages=min(10, limit - len(records)), WaitTimeSeconds=1
+                QueueUrl=self._url, MaxNumberOfMessages=min(10, limit - len(records)), WaitTimeSeconds=self._wait_s
             )
             messages = answer.get("Messages", [])
             if not messages:
@@ -173,15 +186,19 @@ class SqsDropQueue:
         return records
 
     def delete(self, records: list[dict[str, Any]]) -> None:
-        for entries in _batches_of_ten(records):
+        def delete_ten(entries: list[dict[str, Any]]) -> None:
             failed = self._sqs.delete_message_batch(QueueUrl=self._url, Entries=entries).get("Failed", [])
             if failed:  # they come back after the visibility timeout, and their claims skip them then
                 logger.warning("messages not deleted", extra={"failed": failed})
 
+        list(self._run_all(delete_ten, _batches_of_ten(records)))
+
     def release(self, records: list[dict[str, Any]]) -> None:
-        for entries in _batches_of_ten(records):
+        def release_ten(entries: list[dict[str, Any]]) -> None:
             visible = [entry | {"VisibilityTimeout": 0} for entry in entries]
             self._sqs.change_message_visibility_batch(QueueUrl=self._url, Entries=visible)
+
+        list(self._run_all(release_ten, _batches_of_ten(records)))
 
 
 def _batches_of_ten(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -201,3 +218,11 @@ def deployed_gatherer(queue_url: str, table: str) -> tuple[SqsDropQueue, TableCl
     if not queue_url or not table:
         raise RequestRejected("ANNOTATE_DROPS_QUEUE_URL and ANNOTATE_IDEMPOTENCY_TABLE must be set to gather")
     return SqsDropQueue(boto3.client("sqs"), queue_url), TableClock(dynamodb_client(), table)
+
+
+def _malformed(record: dict[str, Any]) -> bool:
+    try:
+        parse_body(record["body"])
+    except RequestRejected:
+        return True
+    return False

@@ -9,9 +9,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Callable, Collection
+import time
+import uuid
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Protocol
 
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType
@@ -23,6 +24,7 @@ from shared.contracts import AnnotationRequest, BatchInput, PromptMessage, batch
 from shared.errors import RequestRejected, TransientError, validation_reason
 from shared.observability import MetricUnit, logger, metrics
 from shared.pipeline.batches import LaneChoice, PlannedBatch, plan_batches
+from shared.pipeline.claims import Claim, ClaimTable, Pass
 from shared.pipeline.tracing import tracer
 from shared.settings import IngestSettings
 from shared.storage.objects import StoreFor, is_s3, join_uri, split_s3
@@ -33,6 +35,10 @@ MAX_MESSAGE_BYTES = 256 * 1024  # SQS's own limit; a local file may not exceed i
 class WorkflowStarter(Protocol):
     def start(self, batch: BatchInput, name: str) -> str:
         """Start one execution; starting the same ``name`` again must not start a second one."""
+        ...
+
+    def exists(self, name: str) -> bool:
+        """Whether an execution of that name was started."""
         ...
 
 
@@ -109,29 +115,36 @@ def start_batches(
     store_for: StoreFor,
     allowed_buckets: Collection[str] | None = None,
     choice: LaneChoice | None = None,
+    fingerprints: Mapping[str, str] | None = None,
+    intend: Callable[[dict[str, list[str]]], None] | None = None,
 ) -> list[str]:
     """Plan the message's batches (in ``choice``'s lane, if given), write each one's input and groups manifest beside
     the results, and start one execution each (one per message unless it names more than ``max_images_per_batch``
     images).
 
     ``allowed_buckets`` is AWS mode: only ``s3://`` locations in those buckets are accepted (None: local mode).
+    ``fingerprints``: what the images' content is known to be (an S3 event's ETag), not asked of S3 again.
+    ``intend``: told, before anything starts, each execution's name and the images (URIs) it annotates.
     """
     if allowed_buckets is not None:
         refuse_outside_buckets(message.images, allowed_buckets)
     if message.variants is not None and not settings.variants_enabled:
         raise RequestRejected("the message asks for variants, but this stack was deployed without them")
-    batches = plan_batches(message, settings, store_for, choice=choice)
+    batches = plan_batches(message, settings, store_for, choice=choice, fingerprints=fingerprints)
     if not batches:
         raise RequestRejected("the message's locations hold no images: " + ", ".join(message.images[:5]))
+    names = [execution_name(batch.input.batch_id, f"{delivery}#{index}") for index, batch in enumerate(batches)]
+    if intend is not None:
+        intend({name: batch.image_uris() for name, batch in zip(names, batches, strict=True)})
     started = []
-    for index, batch in enumerate(batches):
+    for name, batch in zip(names, batches, strict=True):
         groups_uri = batch.input.groups_uri
         store_for(groups_uri).write_bytes(groups_uri, batch.groups_manifest(), "application/json")
         if batch.input.lane == "bulk":
             write_bulk_jobs(batch, store_for)
         input_uri = batch_input_uri(settings.results_root, batch.input.batch_id)
         store_for(input_uri).write_bytes(input_uri, batch.input.model_dump_json(indent=2).encode(), "application/json")
-        started.append(starter.start(batch.input, execution_name(batch.input.batch_id, f"{delivery}#{index}")))
+        started.append(starter.start(batch.input, name))
     logger.info(
         "batches started",
         extra={"delivery": delivery, "lane": batches[0].input.lane, "batches": len(started), "executions": started},
@@ -165,50 +178,22 @@ class S3Object:
         return f"s3://{self.bucket}/{self.key}"
 
 
-class Claim(StrEnum):
-    NEW = "new"  # this invocation starts it
-    STARTED = "started"  # an earlier delivery started it: skip
-    IN_FLIGHT = "in flight"  # another invocation is starting it: retry the record later
+def event_identity(event: S3Object, request: AnnotationRequest) -> str:
+    """What makes a drop one: the object, its content (ETag), and what it is annotated with."""
+    digest = hashlib.sha256(request.model_dump_json().encode()).hexdigest()
+    return f"{event.bucket}/{event.key}@{event.etag}#{digest}"
 
 
-class S3EventClaims:
-    """Which S3 events this invocation is the first to start (Powertools Idempotency's DynamoDB persistence).
+# A pass hands its work back this long before its function's timeout, and starts nothing in the last START_BY_S of its
+# own deadline: a pass that finds its claims past that deadline may take them over, and must never race its start.
+PASS_MARGIN_S = 30
+START_BY_S = 10
 
-    An event is the object (bucket, key, ETag) under the request it is annotated with. It is claimed in progress
-    until its execution has started, then marked started: delivered again, in this SQS batch or another, it is
-    skipped, so the image gets one row. A claim whose execution could not start is released; one left in progress
-    by an invocation that died expires when that invocation's time is up, so a retry of the message claims it again.
-    """
 
-    def __init__(self, settings: IngestSettings, request: AnnotationRequest, remaining_ms: int | None) -> None:
-        from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer, IdempotencyConfig
-
-        self._persistence = DynamoDBPersistenceLayer(
-            table_name=settings.idempotency_table, boto3_client=dynamodb_client()
-        )
-        config = IdempotencyConfig(expires_after_seconds=settings.idempotency_expiry_s)
-        self._persistence.configure(config, function_name="s3-events")
-        self._request = hashlib.sha256(request.model_dump_json().encode()).hexdigest()
-        self._remaining_ms = remaining_ms
-
-    def _data(self, event: S3Object) -> dict[str, str]:
-        return {"object": f"{event.bucket}/{event.key}", "etag": event.etag, "request": self._request}
-
-    def claim(self, event: S3Object) -> Claim:
-        from aws_lambda_powertools.utilities.idempotency.exceptions import IdempotencyItemAlreadyExistsError
-
-        try:
-            self._persistence.save_inprogress(self._data(event), self._remaining_ms)
-        except IdempotencyItemAlreadyExistsError as error:
-            earlier = error.old_data_record
-            return Claim.STARTED if earlier is not None and earlier.status == "COMPLETED" else Claim.IN_FLIGHT
-        return Claim.NEW
-
-    def started(self, event: S3Object, executions: list[str]) -> None:
-        self._persistence.save_success(self._data(event), {"executions": executions})
-
-    def release(self, event: S3Object, reason: Exception) -> None:
-        self._persistence.delete_record(self._data(event), reason)
+def lambda_pass(context: Any) -> Pass:
+    """This invocation as a pass: named by its request, due ``PASS_MARGIN_S`` before the function's timeout."""
+    remaining_s = context.get_remaining_time_in_millis() / 1000
+    return Pass(id=context.aws_request_id, deadline=time.time() + remaining_s - PASS_MARGIN_S)
 
 
 def ingest_sqs_batch(
@@ -217,14 +202,17 @@ def ingest_sqs_batch(
     starter: WorkflowStarter,
     store_for: StoreFor,
     allowed_buckets: Collection[str] | None = None,
-    remaining_ms: Callable[[], int] | None = None,
+    holder: Pass | None = None,
     dropped_lane: Callable[[int], LaneChoice] | None = None,
+    claims: ClaimTable | None = None,
 ) -> dict[str, Any]:
     """Handle one SQS batch: each prompt message starts its own batches; the S3 events are grouped into one, in the
-    lane ``dropped_lane`` picks for their number (gathered images), or as a message with lane auto.
+    lane ``dropped_lane`` picks for their number (gathered images), or as a message with lane auto. A folder marker
+    (a key ending in /, what a console's "Create folder" makes) is no image: it is acknowledged and skipped.
 
-    ``allowed_buckets``: AWS mode, see :func:`start_batches`. ``remaining_ms`` (Lambda's remaining time) bounds how
-    long this invocation's claims on S3 events stay in progress (see :class:`S3EventClaims`).
+    ``allowed_buckets``: AWS mode, see :func:`start_batches`. ``holder``: this invocation as a pass (its claims on S3
+    events are held until its deadline, see shared/pipeline/claims.py); ``claims``: the claims' table (default: the
+    settings' idempotency table; none in local mode).
 
     Returns the partial batch response: the records that failed (a malformed message, a start that failed, an S3
     event another invocation is starting) come back to the queue, and after the queue's receive limit reach its
@@ -243,6 +231,9 @@ def ingest_sqs_batch(
             metrics.add_metric(name="MessagesRejected", unit=MetricUnit.Count, value=1)
             raise
         detail = parsed.detail
+        if detail.object.key.endswith("/"):  # "Create folder": a 0-byte object named like a prefix, no image
+            logger.info("a folder marker: not an image", extra={"key": detail.object.key})
+            return
         etag = detail.object.etag or detail.object.sequencer or ""
         dropped[record.message_id] = S3Object(bucket=detail.bucket.name, key=detail.object.key, etag=etag)
 
@@ -251,9 +242,17 @@ def ingest_sqs_batch(
         processor.process()
     response: dict[str, Any] = dict(processor.response())
     if dropped:
-        retry = _start_dropped(dropped, settings, starter, store_for, allowed_buckets, remaining_ms, dropped_lane)
+        if claims is None and settings.idempotency_table:
+            claims = claim_table(settings, starter)
+        holder = holder or Pass(id=uuid.uuid4().hex, deadline=time.time() + PASS_MARGIN_S)
+        retry = _start_dropped(dropped, settings, starter, store_for, allowed_buckets, holder, claims, dropped_lane)
         response["batchItemFailures"] += [{"itemIdentifier": message_id} for message_id in retry]
     return response
+
+
+def claim_table(settings: IngestSettings, starter: WorkflowStarter) -> ClaimTable:
+    """The claims in the settings' idempotency table; an execution a dead pass named exists if ``starter`` says so."""
+    return ClaimTable(dynamodb_client(), settings.idempotency_table, settings.idempotency_expiry_s, starter.exists)
 
 
 def _start_dropped(
@@ -262,39 +261,53 @@ def _start_dropped(
     starter: WorkflowStarter,
     store_for: StoreFor,
     allowed_buckets: Collection[str] | None,
-    remaining_ms: Callable[[], int] | None,
+    holder: Pass,
+    claims: ClaimTable | None,
     dropped_lane: Callable[[int], LaneChoice] | None = None,
 ) -> list[str]:
-    """Start the dropped images not started before as one batch; returns the SQS message ids to retry."""
+    """Start the dropped images no pass started before as one batch; returns the SQS message ids to retry."""
     request = AnnotationRequest(prompt=settings.ingest_prompt)
-    claims = None
-    retry: list[str] = []
-    if settings.idempotency_table:
-        claims = S3EventClaims(settings, request, remaining_ms() if remaining_ms else None)
-        claimed = {message_id: claims.claim(event) for message_id, event in dropped.items()}
-        skipped = [dropped[m].uri for m, claim in claimed.items() if claim is Claim.STARTED]
-        retry = [message_id for message_id, claim in claimed.items() if claim is Claim.IN_FLIGHT]
-        if skipped or retry:
-            logger.info("S3 events started before or in flight", extra={"started": skipped[:20], "in_flight": retry})
-            metrics.add_metric(name="DuplicateEvents", unit=MetricUnit.Count, value=len(skipped))
-        dropped = {message_id: dropped[message_id] for message_id, claim in claimed.items() if claim is Claim.NEW}
-    if not dropped:
+    identities = {message_id: event_identity(event, request) for message_id, event in dropped.items()}
+    events = {identities[message_id]: event for message_id, event in dropped.items()}  # one however often delivered
+    claimed = claims.claim_all(events, holder) if claims else dict.fromkeys(events, Claim.NEW)
+    skipped = [events[identity].uri for identity, claim in claimed.items() if claim is Claim.STARTED]
+    in_flight = {identity for identity, claim in claimed.items() if claim is Claim.IN_FLIGHT}
+    if skipped or in_flight:
+        logger.info(
+            "S3 events started before or in flight", extra={"started": skipped[:20], "in_flight": len(in_flight)}
+        )
+        metrics.add_metric(name="DuplicateEvents", unit=MetricUnit.Count, value=len(skipped))
+    new = {identity: events[identity] for identity, claim in claimed.items() if claim is Claim.NEW}
+    retry = [message_id for message_id, identity in identities.items() if identity in in_flight]
+    if not new:
         return retry
-    events = list(dropped.values())
-    message = PromptMessage(prompt=settings.ingest_prompt, images=[event.uri for event in events])
-    identities = "|".join(sorted(f"{event.uri}@{event.etag}" for event in events))
+    by_uri: dict[str, list[str]] = {}  # an object dropped twice with other content is annotated once, as it is now
+    for identity, event in new.items():
+        by_uri.setdefault(event.uri, []).append(identity)
+
+    def intend(executions: dict[str, list[str]]) -> None:
+        if holder.left_s() < START_BY_S:
+            raise TransientError(f"pass {holder.id} is out of time: its events are left for another")
+        named = {name: [identity for uri in uris for identity in by_uri[uri]] for name, uris in executions.items()}
+        if claims and not claims.intend(named, holder):
+            raise TransientError(f"pass {holder.id} lost its claims past its deadline")
+
+    message = PromptMessage(prompt=settings.ingest_prompt, images=sorted(by_uri))
+    delivery = "|".join(sorted(f"{event.uri}@{event.etag}" for event in new.values()))
     try:
-        choice = dropped_lane(len(events)) if dropped_lane else None
-        executions = start_batches(message, identities, settings, starter, store_for, allowed_buckets, choice)
-    except Exception as error:
-        logger.exception("starting the S3 batch failed", extra={"images": len(events)})
-        if claims is not None:
-            for event in events:
-                claims.release(event, error)
-        return retry + list(dropped)
-    if claims is not None:
-        for event in events:
-            claims.started(event, executions)
+        choice = dropped_lane(len(new)) if dropped_lane else None
+        fingerprints = {event.uri: event.etag for event in new.values() if event.etag}
+        executions = start_batches(
+            message, delivery, settings, starter, store_for, allowed_buckets, choice, fingerprints, intend
+        )
+    except Exception:
+        logger.exception("starting the S3 batch failed", extra={"images": len(new)})
+        if claims:
+            claims.release(new, holder)
+        return retry + [message_id for message_id, identity in identities.items() if identity in new]
+    if claims:
+        claims.started(new, holder)
+    logger.info("S3 events started", extra={"images": len(new), "executions": executions})
     return retry
 
 
@@ -321,6 +334,18 @@ class StepFunctionsStarter:
                 return self._arn.replace(":stateMachine:", ":execution:") + f":{name}"
             if code in {"ThrottlingException", "ServiceUnavailable", "InternalFailure"}:
                 raise TransientError(f"StartExecution failed: {error}") from error
+            raise
+
+    def exists(self, name: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        arn = self._arn.replace(":stateMachine:", ":execution:") + f":{name}"
+        try:
+            self._sfn.describe_execution(executionArn=arn)
+            return True
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code", "") == "ExecutionDoesNotExist":
+                return False
             raise
 
 

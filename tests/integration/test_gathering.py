@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,6 +17,7 @@ from moto import mock_aws
 from shared.contracts import BatchInput
 from shared.pipeline import gathering, ingest
 from shared.pipeline.batches import gathered_lane
+from shared.pipeline.claims import Pass
 from shared.pipeline.gathering import SqsDropQueue, TableClock, gather_drops, gather_due
 from shared.settings import IngestSettings, Settings
 from shared.storage import objects as storage
@@ -73,9 +75,8 @@ def look(aws: dict[str, Any], settings: IngestSettings, now: datetime, queue: An
     starter = ingest.StepFunctionsStarter(aws["sfn"], aws["arn"])
     queue = queue or SqsDropQueue(aws["sqs"], aws["url"])
     clock = TableClock(boto3.client("dynamodb", region_name=REGION), "annotate-idempotency")
-    return gather_drops(
-        queue, clock, settings, starter, storage.store_for, now, ["annotate-input"], remaining_ms=lambda: 300_000
-    )
+    holder = Pass(id=f"look-{now.isoformat()}", deadline=time.time() + 270)
+    return gather_drops(queue, clock, settings, starter, storage.store_for, now, holder, ["annotate-input"])
 
 
 def batches(aws: dict[str, Any]) -> list[BatchInput]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -149,24 +150,80 @@ def test_an_s3_event_delivered_again_in_another_sqs_batch_starts_nothing_new(aws
     assert len(executions(aws)) == 2
 
 
-@pytest.mark.parametrize(("remaining_ms", "retried"), [(60_000, True), (0, False)])
-def test_an_event_another_invocation_is_starting_is_retried_unless_that_invocation_ran_out_of_time(
-    aws: Any, remaining_ms: int, retried: bool
-) -> None:
+def claimed_by_another_pass(key: str, left_s: float, execution: str = "") -> None:
+    """The event of ``key`` claimed by a pass with that much time left (past its deadline, when negative), which
+    had named ``execution`` as the one it starts it in."""
     from shared.contracts import AnnotationRequest
-    from shared.pipeline.ingest import S3EventClaims, S3Object
+    from shared.pipeline.claims import Pass
+    from shared.pipeline.ingest import S3Object, claim_table, deployed_starter, event_identity
     from shared.settings import get_settings
 
-    # GIVEN an invocation that claimed the event and has (or had, when 0) that much time left to start it
     settings = get_settings().ingest
-    request = AnnotationRequest(prompt=settings.ingest_prompt)
-    event = S3Object(bucket="annotate-input", key="incoming/pets/a.jpg", etag="etag-of-incoming/pets/a.jpg")
-    assert S3EventClaims(settings, request, remaining_ms).claim(event) == "new"
+    identity = event_identity(
+        S3Object(bucket="annotate-input", key=key, etag=f"etag-of-{key}"),
+        AnnotationRequest(prompt=settings.ingest_prompt),
+    )
+    claims = claim_table(settings, deployed_starter(settings.state_machine_arn))
+    first = Pass("another", time.time() + max(left_s, 30))
+    assert claims.claim(identity, first) == "new"
+    if execution:
+        assert claims.intend({execution: [identity]}, first)
+    if left_s < 0:  # its deadline passes
+        boto3.client("dynamodb", region_name=REGION).update_item(
+            TableName="annotate-idempotency",
+            Key=claims.key(identity),
+            UpdateExpression="SET #until = :past",
+            ExpressionAttributeNames={"#until": "until"},
+            ExpressionAttributeValues={":past": {"N": str(time.time() + left_s)}},
+        )
+
+
+@pytest.mark.parametrize(("left_s", "retried"), [(60, True), (-1, False)])
+def test_an_event_another_invocation_is_starting_is_retried_unless_that_invocation_ran_out_of_time(
+    aws: Any, left_s: float, retried: bool
+) -> None:
+    # GIVEN an invocation that claimed the event and has (or had) that much time left to start it
+    claimed_by_another_pass("incoming/pets/a.jpg", left_s)
     # WHEN the event is delivered again to another invocation
     response = invoke(sqs_event(s3_event("incoming/pets/a.jpg"), message_ids=["again"]))
     # THEN it comes back to the queue while the first may still start it, and is started once the first is dead
     assert response == ({"batchItemFailures": [{"itemIdentifier": "again"}]} if retried else {"batchItemFailures": []})
     assert len(executions(aws)) == (0 if retried else 1)
+
+
+def test_a_pass_that_died_after_starting_its_execution_is_not_started_again_whatever_comes_with_it(aws: Any) -> None:
+    # GIVEN a pass that started an execution for an event, and died before marking its claim started
+    invoke(sqs_event(s3_event("incoming/pets/b.jpg")))
+    [started] = boto3.client("stepfunctions", region_name=REGION).list_executions(stateMachineArn=aws[1])["executions"]
+    claimed_by_another_pass("incoming/pets/a.jpg", -1, execution=started["name"])
+    # WHEN its event comes back, in another SQS batch than before
+    response = invoke(sqs_event(s3_event("incoming/pets/a.jpg"), s3_event("incoming/cat.jpg")))
+    # THEN it is taken as started: the other event alone starts a new execution
+    assert response == {"batchItemFailures": []}
+    started_images = sorted(image.source_uri for batch in executions(aws) for image in images_of(batch))
+    assert started_images == ["s3://annotate-input/incoming/cat.jpg", "s3://annotate-input/incoming/pets/b.jpg"]
+    # AND a pass that died before starting what it named leaves its event to be started
+    claimed_by_another_pass("incoming/other.jpg", -1, execution="never-started")
+    assert invoke(sqs_event(s3_event("incoming/other.jpg"))) == {"batchItemFailures": []}
+    assert len(executions(aws)) == 3
+
+
+def test_a_folder_marker_is_no_image_and_an_event_s_etag_spares_a_head(aws: Any) -> None:
+    # GIVEN AWS's documented event of an object created, and the event of a console's "Create folder" (0 bytes)
+    folder = json.loads(json.dumps(S3_EVENT))
+    folder["detail"]["object"] |= {"key": "incoming/summer/", "size": 0, "etag": "d41d8cd98f00b204e9800998ecf8427e"}
+    heads: list[str] = []
+    boto3.client("s3", region_name=REGION)  # the store's own client is made on first use, after the hook
+    storage.refresh_clients()
+    client = storage._s3_store()._s3
+    client.meta.events.register("before-call.s3.HeadObject", lambda **_: heads.append("HeadObject"))
+    # WHEN both arrive
+    response = invoke(sqs_event(json.dumps(S3_EVENT), json.dumps(folder), message_ids=["image", "folder"]))
+    # THEN the image is started, named by its event's ETag (no HEAD asked), and the folder is acknowledged, not read
+    assert response == {"batchItemFailures": []} and heads == []
+    [batch] = executions(aws)
+    [image] = images_of(batch)
+    assert image.source_uri == "s3://annotate-input/incoming/cat.jpg"
 
 
 def test_events_whose_execution_could_not_start_are_released_for_the_retry(aws: Any) -> None:

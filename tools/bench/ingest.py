@@ -31,6 +31,9 @@ class _NoWorkflow:
         self.started.append(batch)
         return name
 
+    def exists(self, name: str) -> bool:
+        return False
+
 
 def run_ingest_bench(objects: int, out_dir: Path, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     import boto3

@@ -564,10 +564,12 @@ class LocalStarter:
         self._data_dir = data_dir
         self._delivery = delivery
         self.results: list[tuple[BatchInput, ExecutionResult]] = []
+        self._started: set[str] = set()
 
     def start(self, batch: BatchInput, name: str) -> str:
         from tools.results.status import RunRecord, now, record_run
 
+        self._started.add(name)
         record = RunRecord(
             execution_name=name,
             batch_id=batch.batch_id,
@@ -587,3 +589,6 @@ class LocalStarter:
         record_run(self._data_dir, record.model_copy(update=ended))
         self.results.append((batch, result))
         return result.execution_arn
+
+    def exists(self, name: str) -> bool:
+        return name in self._started

@@ -1,0 +1,191 @@
+"""Which dropped images an invocation is the first to start: a claim per S3 event, held no longer than the pass
+that made it, and the execution it is started in, so that no image is started twice and none is left behind.
+
+An event (bucket, key, ETag, under the request it is annotated with) is claimed by a *pass* (one invocation of
+Ingest or the gatherer): in progress until the pass's deadline, which is before the function's own timeout. Before it
+starts an execution, the pass writes that execution's name into the claims of the events it holds; once it started,
+it marks them started. Delivered again, in this batch or another, a started event is skipped and one in progress is
+retried later. A claim still in progress past its deadline belongs to a pass that died: if it names an execution
+that exists, the event was started (and is marked so); otherwise it is claimed anew.
+
+Each step is a conditional write on one DynamoDB item (the table template.yaml makes, TTL on ``expiration``):
+"Condition expressions ... the write succeeds only if the condition evaluates to true" (DynamoDB Developer Guide,
+"Condition expressions"), so two passes never both hold one event.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from shared.observability import logger
+
+# Calls a pass makes at once: DynamoDB answers each in milliseconds, so a gathering of 10,000 events claims them in
+# seconds instead of minutes (boto3's clients are thread-safe)
+PARALLEL_CALLS = 16
+_CALLS = ThreadPoolExecutor(PARALLEL_CALLS, thread_name_prefix="aws-calls")
+
+T = TypeVar("T")
+R = TypeVar("R")
+# How a pass makes its many calls: in parallel; the exactly-once checker makes them one by one, to stop at any
+RunAll = Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]]
+
+
+def in_parallel(call: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """``call`` on each item, ``PARALLEL_CALLS`` at a time, in order."""
+    return list(_CALLS.map(call, items))
+
+
+class Claim(StrEnum):
+    NEW = "new"  # this pass starts it
+    STARTED = "started"  # an earlier pass started it: skip
+    IN_FLIGHT = "in flight"  # a live pass is starting it: retry the record later
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One invocation's work on dropped images: its name, and when it must be done (epoch seconds on ``clock``), a
+    margin before the function's timeout: no claim of it is held, nor execution started, past then."""
+
+    id: str
+    deadline: float
+    clock: Callable[[], float] = field(default=time.time, compare=False, repr=False)
+
+    def left_s(self) -> float:
+        return self.deadline - self.clock()
+
+
+@dataclass
+class ClaimTable:
+    """The claims and intents, as items of one DynamoDB table; ``execution_exists`` tells whether an execution of
+    that name was started (Step Functions' DescribeExecution); ``clock`` is epoch seconds."""
+
+    client: Any
+    table: str
+    expiry_s: int
+    execution_exists: Callable[[str], bool]
+    clock: Callable[[], float] = time.time
+    run_all: RunAll = in_parallel
+
+    @staticmethod
+    def key(identity: str) -> dict[str, Any]:
+        return {"id": {"S": f"s3-event#{hashlib.sha256(identity.encode()).hexdigest()}"}}
+
+    def _expiration(self) -> dict[str, str]:
+        return {"N": str(int(self.clock()) + self.expiry_s)}
+
+    def claim_all(self, identities: Iterable[str], holder: Pass) -> dict[str, Claim]:
+        """Each event's claim by ``holder`` (in parallel)."""
+        identities = list(identities)
+        claims = self.run_all(lambda identity: self.claim(identity, holder), identities)
+        return dict(zip(identities, claims, strict=True))
+
+    def claim(self, identity: str, holder: Pass) -> Claim:
+        from botocore.exceptions import ClientError
+
+        item = self.key(identity) | {
+            "status": {"S": "in_progress"},
+            "pass": {"S": holder.id},
+            "until": {"N": str(holder.deadline)},
+            "expiration": self._expiration(),
+        }
+        try:
+            self.client.put_item(
+                TableName=self.table,
+                Item=item,
+                ConditionExpression="attribute_not_exists(id)",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+            return Claim.NEW
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            earlier = error.response.get("Item") or {}
+        if earlier.get("status", {}).get("S") == "started":
+            return Claim.STARTED
+        if float(earlier.get("until", {}).get("N", "0")) >= self.clock():
+            return Claim.IN_FLIGHT
+        return self._after_a_dead_pass(identity, item, earlier)
+
+    def _after_a_dead_pass(self, identity: str, item: dict[str, Any], earlier: dict[str, Any]) -> Claim:
+        """The claim of a pass past its deadline: started, if the execution it names exists; else taken over."""
+        from botocore.exceptions import ClientError
+
+        dead, execution = earlier.get("pass", {}).get("S", ""), earlier.get("execution", {}).get("S", "")
+        condition = {
+            "ConditionExpression": "#status = :in_progress AND #pass = :dead AND #until < :now",
+            "ExpressionAttributeNames": {"#status": "status", "#pass": "pass", "#until": "until"},
+        }
+        values = {":in_progress": {"S": "in_progress"}, ":dead": {"S": dead}, ":now": {"N": str(self.clock())}}
+        try:
+            if execution and self.execution_exists(execution):
+                self.client.update_item(
+                    TableName=self.table,
+                    Key=self.key(identity),
+                    UpdateExpression="SET #status = :started",
+                    ExpressionAttributeValues=values | {":started": {"S": "started"}},
+                    **condition,
+                )
+                logger.info("a claim of a pass that died: its execution started", extra={"execution": execution})
+                return Claim.STARTED
+            self.client.put_item(TableName=self.table, Item=item, ExpressionAttributeValues=values, **condition)
+            return Claim.NEW
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            return Claim.IN_FLIGHT  # another pass got there first
+
+    def intend(self, executions: dict[str, list[str]], holder: Pass) -> bool:
+        """``holder`` is about to start these executions (name -> the events it annotates): each claim names its
+        execution first, for a pass that finds it after ``holder``'s deadline. False: a claim is no longer
+        ``holder``'s (its deadline passed and another pass took it over), so nothing may start."""
+        named = [(identity, name) for name, identities in executions.items() for identity in identities]
+        return all(self.run_all(lambda pair: self._update_own(pair[0], holder, "execution", pair[1]), named))
+
+    def started(self, identities: Iterable[str], holder: Pass) -> None:
+        """``holder``'s claims on these events, marked started (in parallel)."""
+        held = list(self.run_all(lambda identity: self._update_own(identity, holder, "status", "started"), identities))
+        if not all(held):
+            logger.warning("claims taken over while their execution started", extra={"pass": holder.id})
+
+    def _update_own(self, identity: str, holder: Pass, name: str, value: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.update_item(
+                TableName=self.table,
+                Key=self.key(identity),
+                UpdateExpression="SET #field = :value",
+                ConditionExpression="#pass = :holder",
+                ExpressionAttributeNames={"#field": name, "#pass": "pass"},
+                ExpressionAttributeValues={":value": {"S": value}, ":holder": {"S": holder.id}},
+            )
+            return True
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            return False
+
+    def release(self, identities: Iterable[str], holder: Pass) -> None:
+        """``holder``'s claims on these events dropped: its execution did not start (in parallel)."""
+        list(self.run_all(lambda identity: self._release(identity, holder), identities))
+
+    def _release(self, identity: str, holder: Pass) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.delete_item(
+                TableName=self.table,
+                Key=self.key(identity),
+                ConditionExpression="#pass = :holder AND #status = :in_progress",
+                ExpressionAttributeNames={"#pass": "pass", "#status": "status"},
+                ExpressionAttributeValues={":holder": {"S": holder.id}, ":in_progress": {"S": "in_progress"}},
+            )
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise

@@ -1,12 +1,14 @@
-"""Which dropped images an invocation is the first to start: a claim per S3 event, held no longer than the pass
-that made it, and the execution it is started in, so that no image is started twice and none is left behind.
+"""Which dropped images an invocation is the first to start: a claim per S3 event, held until the invocation is
+surely over, naming the execution it is started in, so that no image is started twice and none is left behind.
 
 An event (bucket, key, ETag, under the request it is annotated with) is claimed by a *pass* (one invocation of
-Ingest or the gatherer): in progress until the pass's deadline, which is before the function's own timeout. Before it
-starts an execution, the pass writes that execution's name into the claims of the events it holds; once it started,
-it marks them started. Delivered again, in this batch or another, a started event is skipped and one in progress is
-retried later. A claim still in progress past its deadline belongs to a pass that died: if it names an execution
-that exists, the event was started (and is marked so); otherwise it is claimed anew.
+Ingest or the gatherer): in progress until the pass's deadline, the function's own timeout, when Lambda ends it
+whatever it is doing. Before it starts an execution, the pass writes that execution's name into the claims of the
+events it holds; once it started, it marks them started. Delivered again, in this batch or another, a started event
+is skipped and one in progress is retried later. A claim still in progress past its deadline belongs to a pass that
+Lambda ended: if the execution it names exists, the event was started (and is marked so); otherwise it is claimed
+anew. The pass itself starts nothing in its last ``PASS_MARGIN_S`` (shared/pipeline/ingest.py), so that its start and
+its marks end before Lambda ends it.
 
 Each step is a conditional write on one DynamoDB item (the table template.yaml makes, TTL on ``expiration``):
 "Condition expressions ... the write succeeds only if the condition evaluates to true" (DynamoDB Developer Guide,
@@ -49,8 +51,8 @@ class Claim(StrEnum):
 
 @dataclass(frozen=True)
 class Pass:
-    """One invocation's work on dropped images: its name, and when it must be done (epoch seconds on ``clock``), a
-    margin before the function's timeout: no claim of it is held, nor execution started, past then."""
+    """One invocation's work on dropped images: its name, and its deadline (epoch seconds on ``clock``): when its
+    function's timeout ends it. No claim of it is held past then."""
 
     id: str
     deadline: float
@@ -143,7 +145,7 @@ class ClaimTable:
     def intend(self, executions: dict[str, list[str]], holder: Pass) -> bool:
         """``holder`` is about to start these executions (name -> the events it annotates): each claim names its
         execution first, for a pass that finds it after ``holder``'s deadline. False: a claim is no longer
-        ``holder``'s (its deadline passed and another pass took it over), so nothing may start."""
+        ``holder``'s (another pass took it over, ``holder`` being past its deadline), so nothing may start."""
         named = [(identity, name) for name, identities in executions.items() for identity in identities]
         return all(self.run_all(lambda pair: self._update_own(pair[0], holder, "execution", pair[1]), named))
 

@@ -120,7 +120,7 @@ def gather_drops(
     The pass (``holder``) receives for a third of its time at most: each message it receives and does not start
     comes back, and counts toward the queue's maxReceiveCount (3) before the dead-letter queue ("the number of times
     a message is delivered to the source queue before being moved to the dead-letter queue", Amazon SQS Developer
-    Guide, "Using dead-letter queues"), so a pass takes no more than it can start before its deadline."""
+    Guide, "Using dead-letter queues"), so a pass takes no more than it can start in time."""
     waiting = queue.waiting()
     due = gather_due(now, clock.last(), waiting, settings)
     if not due:

@@ -184,16 +184,14 @@ def event_identity(event: S3Object, request: AnnotationRequest) -> str:
     return f"{event.bucket}/{event.key}@{event.etag}#{digest}"
 
 
-# A pass hands its work back this long before its function's timeout, and starts nothing in the last START_BY_S of its
-# own deadline: a pass that finds its claims past that deadline may take them over, and must never race its start.
+# A pass starts nothing in the last PASS_MARGIN_S before its function's timeout: its start (with botocore's retries)
+# and its claims' marks end before Lambda ends it.
 PASS_MARGIN_S = 30
-START_BY_S = 10
 
 
 def lambda_pass(context: Any) -> Pass:
-    """This invocation as a pass: named by its request, due ``PASS_MARGIN_S`` before the function's timeout."""
-    remaining_s = context.get_remaining_time_in_millis() / 1000
-    return Pass(id=context.aws_request_id, deadline=time.time() + remaining_s - PASS_MARGIN_S)
+    """This invocation as a pass: named by its request, due when Lambda ends it (the function's timeout)."""
+    return Pass(id=context.aws_request_id, deadline=time.time() + context.get_remaining_time_in_millis() / 1000)
 
 
 def ingest_sqs_batch(
@@ -244,7 +242,7 @@ def ingest_sqs_batch(
     if dropped:
         if claims is None and settings.idempotency_table:
             claims = claim_table(settings, starter)
-        holder = holder or Pass(id=uuid.uuid4().hex, deadline=time.time() + PASS_MARGIN_S)
+        holder = holder or Pass(id=uuid.uuid4().hex, deadline=time.time() + 2 * PASS_MARGIN_S)
         retry = _start_dropped(dropped, settings, starter, store_for, allowed_buckets, holder, claims, dropped_lane)
         response["batchItemFailures"] += [{"itemIdentifier": message_id} for message_id in retry]
     return response
@@ -286,7 +284,7 @@ def _start_dropped(
         by_uri.setdefault(event.uri, []).append(identity)
 
     def intend(executions: dict[str, list[str]]) -> None:
-        if holder.left_s() < START_BY_S:
+        if holder.left_s() < PASS_MARGIN_S:
             raise TransientError(f"pass {holder.id} is out of time: its events are left for another")
         named = {name: [identity for uri in uris for identity in by_uri[uri]] for name, uris in executions.items()}
         if claims and not claims.intend(named, holder):

@@ -75,7 +75,7 @@ def look(aws: dict[str, Any], settings: IngestSettings, now: datetime, queue: An
     starter = ingest.StepFunctionsStarter(aws["sfn"], aws["arn"])
     queue = queue or SqsDropQueue(aws["sqs"], aws["url"])
     clock = TableClock(boto3.client("dynamodb", region_name=REGION), "annotate-idempotency")
-    holder = Pass(id=f"look-{now.isoformat()}", deadline=time.time() + 270)
+    holder = Pass(id=f"look-{now.isoformat()}", deadline=time.time() + 300)
     return gather_drops(queue, clock, settings, starter, storage.store_for, now, holder, ["annotate-input"])
 
 

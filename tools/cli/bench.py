@@ -207,6 +207,23 @@ def chaos(
         raise typer.Exit(1)
 
 
+@commands.command("exactly-once")
+def exactly_once(
+    runs: Annotated[int, typer.Option(min=1, max=100_000, help="Runs, each a seeded list of steps")] = 40,
+    steps: Annotated[int, typer.Option(min=1, max=500, help="Steps a run")] = 20,
+    seed: Annotated[int, typer.Option(help="The first run's seed (the n-th: seed + n)")] = 1,
+) -> None:
+    """Drive Ingest, the gatherer and their claims over moto while AWS delivers twice, kills functions at any call,
+    holds one while others run and lets time pass; check that every image dropped starts exactly once. A broken run
+    is printed with its seed and its fewest steps. Exits 1 when one is broken."""
+    from tools.local.exactly_once import check_exactly_once
+
+    report = check_exactly_once(runs, steps, seed, say=lambda line: out.print(line, highlight=False, soft_wrap=True))
+    out.print(report.line, highlight=False)
+    if report.broken:
+        raise typer.Exit(1)
+
+
 @commands.command()
 def cost(
     bench_file: Annotated[

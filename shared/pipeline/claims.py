@@ -17,6 +17,7 @@ Each step is a conditional write on one DynamoDB item (the table template.yaml m
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import time
 from collections.abc import Callable, Iterable
@@ -39,8 +40,10 @@ RunAll = Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]]
 
 
 def in_parallel(call: Callable[[T], R], items: Iterable[T]) -> list[R]:
-    """``call`` on each item, ``PARALLEL_CALLS`` at a time, in order."""
-    return list(_CALLS.map(call, items))
+    """``call`` on each item, ``PARALLEL_CALLS`` at a time, in order, each in a copy of the caller's context (what
+    its ContextVars hold: the logger's keys, the rehearsal's principal)."""
+    calls = [(contextvars.copy_context(), item) for item in items]
+    return list(_CALLS.map(lambda each: each[0].run(call, each[1]), calls))
 
 
 class Claim(StrEnum):

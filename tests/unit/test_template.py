@@ -269,3 +269,72 @@ def test_a_new_accounts_3008_mb_fits_every_function_deployed_as_the_docs_say_and
     assert "ApiFunction" not in deployed_memory_mb(template)  # EnableApi=false by default
     # annotate chaos names what does not fit a smaller quota
     assert "DetectFunction 3,008 MB" in Faults(function_memory_mb=2048).functions_over_memory()
+
+
+# Fargate's task sizes for Linux (ECS developer guide, "Task CPU and memory"): vCPU units -> memory in MB
+FARGATE_SIZES = {
+    1024: range(2048, 8192 + 1, 1024),
+    2048: range(4096, 16384 + 1, 1024),
+    4096: range(8192, 30720 + 1, 1024),
+    8192: range(16384, 61440 + 1, 4096),
+    16384: range(32768, 122880 + 1, 8192),
+}
+
+
+def _rule_holds(expression: Any, parameters: dict[str, str]) -> Any:
+    """A CloudFormation rule's value for these parameters (the functions the template's rules use)."""
+    if isinstance(expression, list):
+        return [_rule_holds(item, parameters) for item in expression]
+    if not isinstance(expression, dict):
+        return expression
+    [(function, argument)] = expression.items()
+    if function == "Ref":
+        return parameters[argument]
+    values = _rule_holds(argument, parameters)
+    return {
+        "Fn::Or": lambda: any(values),
+        "Fn::And": lambda: all(values),
+        "Fn::Not": lambda: not values[0],
+        "Fn::Equals": lambda: str(values[0]) == str(values[1]),
+        "Fn::Contains": lambda: str(values[1]) in [str(value) for value in values[0]],
+    }[function]()
+
+
+@pytest.mark.parametrize(
+    ("cpu", "memory", "rule"),
+    [("BulkCpu", "BulkMemory", "BulkTaskFitsFargate"), ("VariantsCpu", "VariantsMemory", "VariantsTaskFitsFargate")],
+)
+def test_a_fargate_task_size_fargate_does_not_offer_is_refused_before_anything_is_created(
+    cpu: str, memory: str, rule: str
+) -> None:
+    loaded = template()
+    [assertion] = loaded["Rules"][rule]["Assertions"]
+    defaults = {name: str(p.get("Default", "")) for name, p in loaded["Parameters"].items()}
+    assert _rule_holds(assertion["Assert"], defaults)  # the defaults deploy
+    for units in loaded["Parameters"][cpu]["AllowedValues"]:
+        for megabytes in range(2048, 122880 + 1, 1024):
+            allowed = _rule_holds(assertion["Assert"], defaults | {cpu: str(units), memory: str(megabytes)})
+            assert allowed == (megabytes in FARGATE_SIZES[units]), (units, megabytes)
+
+
+def test_a_label_studio_secret_under_a_customer_managed_key_is_decrypted_through_secrets_manager_only() -> None:
+    from tools.aws.sam_template import by_default
+
+    loaded = template()
+    api = loaded["Resources"]["ApiFunction"]
+    given = {
+        "EnableApi": "true",
+        "LabelStudioApiKeySecretArn": "arn:aws:secretsmanager:eu-central-1:1:secret:ls-AbCdEf",
+    }
+    key = "arn:aws:kms:eu-central-1:1:key/abcd"
+
+    def decrypting(overrides: dict[str, str]) -> list[dict[str, Any]]:
+        deployed = by_default(loaded, api, overrides)
+        return [s for s in statements(deployed) if isinstance(s, dict) and s.get("Sid") == "DecryptLabelStudioKey"]
+
+    assert decrypting(given) == []
+    [statement] = decrypting(given | {"LabelStudioApiKeyKmsKeyArn": key})
+    assert (statement["Action"], statement["Resource"]) == (["kms:Decrypt"], key)
+    assert statement["Condition"] == {
+        "StringEquals": {"kms:ViaService": {"Fn::Sub": "secretsmanager.${AWS::Region}.amazonaws.com"}}
+    }

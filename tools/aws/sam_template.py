@@ -66,7 +66,7 @@ def by_default(template: dict[str, Any], value: Any, overrides: dict[str, str] |
             return str(left) == str(right)
         if function == "Fn::Not":
             return not holds(arguments[0])
-        if function == "Condition":
+        if function in ("Condition", "Fn::Condition"):  # !Condition in a condition reads as Fn::Condition
             return holds(template["Conditions"][arguments])
         combine = {"Fn::And": all, "Fn::Or": any}[function]
         return combine(holds(argument) for argument in arguments)

@@ -120,7 +120,9 @@ def _snapstart_runtime() -> Iterator[list[tuple[Callable[..., Any], tuple[Any, .
 
 
 # What a function's version does not hold: set on the function itself, whatever version runs
-NOT_IN_A_VERSION = frozenset({"ReservedConcurrentExecutions", "Tags"})
+# A SAM function's Policies become a role of its own, which the function names by ARN only: a policy's change is
+# the role's, and publishes no version.
+NOT_IN_A_VERSION = frozenset({"ReservedConcurrentExecutions", "Tags", "Policies"})
 
 
 def _with_parameters(template: dict[str, Any], value: Any, parameters: dict[str, str]) -> Any:

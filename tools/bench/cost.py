@@ -440,14 +440,14 @@ def bulk_line(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any
 # The latency dial (MaxWaitMinutes): the settings each priced, and the gatherer's own work, estimated (not measured
 # here): a look a minute reads the queue's size and the clock, about 0.2 s; each image gathered adds about 0.01 s of
 # receiving and claiming. Per image besides: its event sent to the queue, received and deleted (by tens), and its
-# claim written twice (in progress, started); per look, the queue's attributes, the clock read, and (when gathering)
-# written.
+# claim written three times (in progress, the execution it starts in, started: shared/pipeline/claims.py); per look,
+# the queue's attributes, the clock read, and (when gathering) written.
 DIALS_MINUTES = (15, 60)
 GATHER_LOOK_S, GATHER_PER_IMAGE_S = 0.2, 0.01
 GATHER_MEMORY_GB = int(TEMPLATE["Resources"]["GatherFunction"]["Properties"]["MemorySize"]) / 1024
 LOOKS_PER_MONTH = 30 * 24 * 60
 GATHER_SQS_REQUESTS_PER_IMAGE = 1 + 2 / 10
-CLAIM_WRITES_PER_IMAGE = 2
+CLAIM_WRITES_PER_IMAGE = 3
 
 
 def gathered_settings(bench: dict[str, Any], bulk: dict[str, Any], minutes: int) -> IngestSettings:

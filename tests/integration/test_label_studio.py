@@ -60,6 +60,26 @@ def api(url: str, token: str) -> httpx.Client:
     return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {access}"}, timeout=300)
 
 
+def uploaded_project(ls: httpx.Client, title: str, config: str, pictures: Path) -> int:
+    """A new project with ``config``, each picture of the folder uploaded as a task; its id."""
+    project = int(ls.post("/api/projects", json={"title": title, "label_config": config}).json()["id"])
+    uploads = [(f"file{n}", (path.name, path.read_bytes())) for n, path in enumerate(sorted(pictures.iterdir()))]
+    assert ls.post(f"/api/projects/{project}/import", files=uploads).status_code == 201
+    return project
+
+
+def retrieved_predictions(ls: httpx.Client, project: int, backend: str) -> list[dict[str, Any]]:
+    """The backend connected to the project (Label Studio checks /health and /setup), every task selected and
+    Retrieve Predictions chosen; the tasks."""
+    connected = ls.post("/api/ml", json={"project": project, "url": backend, "title": "annotate"})
+    assert connected.status_code == 201 and connected.json()["readable_state"] == "Connected", connected.text
+    tasks: list[dict[str, Any]] = ls.get("/api/tasks", params={"project": project, "page_size": 1000}).json()["tasks"]
+    asked = {"selectedItems": {"all": False, "included": [task["id"] for task in tasks]}}
+    retrieved = ls.post("/api/dm/actions", params={"id": "retrieve_tasks_predictions", "project": project}, json=asked)
+    assert retrieved.status_code == 200, retrieved.text
+    return tasks
+
+
 @pytest.fixture(scope="module")
 def exported(tiny_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The samples annotated by the pipeline, and its `labelstudio` export: (data folder, export folder)."""
@@ -91,21 +111,12 @@ def test_a_project_from_the_export_s_config_shows_the_backend_s_pre_annotations_
         # (the config offers the run's whole vocabulary, not only the values its boxes took)
         offered = read_label_config(config).region_choices["color"]
         assert [option.text for option in offered] == ["black", "brown", "white", "red"]
-        project = ls.post("/api/projects", json={"title": "pets", "label_config": config}).json()["id"]
-        uploads = [(f"file{n}", (path.name, path.read_bytes())) for n, path in enumerate(sorted(SAMPLES.iterdir()))]
-        assert ls.post(f"/api/projects/{project}/import", files=uploads).status_code == 201
+        project = uploaded_project(ls, "pets", config, SAMPLES)
         missing = [{"image": f"/data/upload/{project}/gone.jpg"}]
         assert ls.post(f"/api/projects/{project}/import", json=missing).status_code == 201
 
         # WHEN the backend is connected (Label Studio checks /health and /setup) and asked for predictions
-        connected = ls.post("/api/ml", json={"project": project, "url": backend, "title": "annotate"})
-        assert connected.status_code == 201 and connected.json()["readable_state"] == "Connected", connected.text
-        tasks = ls.get("/api/tasks", params={"project": project}).json()["tasks"]
-        asked = {"selectedItems": {"all": False, "included": [task["id"] for task in tasks]}}
-        retrieved = ls.post(
-            "/api/dm/actions", params={"id": "retrieve_tasks_predictions", "project": project}, json=asked
-        )
-        assert retrieved.status_code == 200, retrieved.text
+        tasks = retrieved_predictions(ls, project, backend)
 
         # THEN every readable task holds one prediction whose regions are the pipeline's rows for that image: the
         # same labels and boxes, with the class and attributes the config lists, and a score per region
@@ -200,20 +211,11 @@ def test_the_object_detection_template_gets_a_page_of_predictions_from_the_rows_
     )
     backend_app = serving_app(settings, find_annotated=local_annotated_sources(data))
     with api(url, token) as ls, serving_in_thread(backend_app) as backend:
-        project = ls.post("/api/projects", json={"title": "a page", "label_config": config}).json()["id"]
-        uploads = [(f"file{n}", (path.name, path.read_bytes())) for n, path in enumerate(sorted(images.iterdir()))]
-        assert ls.post(f"/api/projects/{project}/import", files=uploads).status_code == 201
-        connected = ls.post("/api/ml", json={"project": project, "url": backend, "title": "annotate"})
-        assert connected.status_code == 201 and connected.json()["readable_state"] == "Connected", connected.text
-        tasks = ls.get("/api/tasks", params={"project": project, "page_size": 200}).json()["tasks"]
-        assert len(tasks) == 100
+        project = uploaded_project(ls, "a page", config, images)
 
         # WHEN a person selects the page and chooses Retrieve Predictions
-        asked = {"selectedItems": {"all": False, "included": [task["id"] for task in tasks]}}
-        retrieved = ls.post(
-            "/api/dm/actions", params={"id": "retrieve_tasks_predictions", "project": project}, json=asked
-        )
-        assert retrieved.status_code == 200, retrieved.text
+        tasks = retrieved_predictions(ls, project, backend)
+        assert len(tasks) == 100
 
         # THEN Label Studio stored a prediction for every one of the hundred tasks, each the pipeline's rows for its
         # picture under the template's own labels

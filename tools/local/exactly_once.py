@@ -9,8 +9,8 @@ gatherer, the claims, StartExecution — over moto, choosing at each step what A
 - Ingest (Lambda's SQS poller: a batch of up to ten) or a gathering pass, dying at any AWS call (its timeout, or a
   crash: between StartExecution and marking its claims among them) and then leaving its messages where SQS keeps
   them;
-- two passes at once: one held at any call while the clock passes (up to past its deadline) and another runs, then
-  let go on, or killed;
+- passes at once: one held at any call while the clock passes (into its last 30 s, or past its timeout) and up to
+  six others run, events delivered again meanwhile; then it goes on, or dies;
 - time passing: claims expire, a received message's visibility timeout ends and it is received again (counting
   toward the queue's maxReceiveCount of the template, past which SQS moves it to the dead-letter queue);
 - a malformed message.
@@ -28,7 +28,7 @@ import random
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from tools.local.drop_world import Broken, Stack, World, _Invocation
 
@@ -56,21 +56,8 @@ class Step:
         return " ".join([self.kind, self.name, *(f"{k}={v}" for k, v in said.items() if v is not None)]).strip()
 
 
-KINDS = (
-    "drop",
-    "drop",
-    "drop",
-    "folder",
-    "again",
-    "again",
-    "ingest",
-    "ingest",
-    "gather",
-    "gather",
-    "both",
-    "time",
-    "malformed",
-)
+# What a step may be, weighted by repetition
+KINDS = ("drop",) * 3 + ("folder",) + ("again",) * 2 + ("ingest",) * 2 + ("gather",) * 2 + ("both", "time", "malformed")
 # A pass makes ten to thirty AWS calls: a death or a hold anywhere in them, most often before its last
 CALLS = 24
 
@@ -93,9 +80,17 @@ def draw_steps(chance: random.Random, count: int, most_deaths: int) -> list[Step
             steps.append(Step(kind, dies_at=dies))
         elif kind == "both":
             # held for no time, a minute, into its last PASS_MARGIN_S, or past its timeout (when Lambda ends it)
-            held = Step(kind, name=chance.choice(["ingest", "gather"]), held_at=chance.randint(1, CALLS), dies_at=dies)
-            held = replace(held, seconds=chance.choice([0, 60, 285, 400]), meanwhile=chance.randint(1, 6))
-            steps.append(replace(held, again=chance.random() < 0.5))
+            steps.append(
+                Step(
+                    kind,
+                    name=chance.choice(["ingest", "gather"]),
+                    held_at=chance.randint(1, CALLS),
+                    dies_at=dies,
+                    seconds=chance.choice([0, 60, 285, 400]),
+                    meanwhile=chance.randint(1, 6),
+                    again=chance.random() < 0.5,
+                )
+            )
         elif kind == "time":
             steps.append(Step(kind, seconds=chance.choice([60, 300, 1800])))
         else:

@@ -39,23 +39,32 @@ PRICES = load_prices()
 IDLE, STEADY, BURSTS = SCENARIOS
 
 
+# The stack's CloudWatch as deployed: 7 alarms at $0.10 a month, idle or not; 10 custom metrics at $0.30 on the days
+# images come
+ALARMS, METRICS = 7 * 0.10, 10 * 0.30
+
+
 def test_a_steady_month_on_lambda_matches_the_hand_computation() -> None:
+    # 17,000 images a day arrive at 0.197 a second: Ingest's 20 s batching window gathers 3.94 for an execution
+    per_execution = 17_000 / 86_400 * 20
     # 510,000 images; per image 6.5 GB x 2 s + 2.9375 GB x (0.5 + 0.5 + 1) s + 1 GB x 0.3 s = 19.175 GB-s, and a
-    # tenth of WriteGroupTable's 1 GB-s (groups of 10) and a hundredth of SummarizeBatch's 2 GB-s (batches of 100)
-    compute = 510_000 * (19.175 + 0.1 + 0.02) * 0.0000166667
-    requests = 510_000 * 5.12 * 0.20 / 1e6
+    # tenth of WriteGroupTable's 1 GB-s (groups of 10) and SummarizeBatch's 2 GB-s shared by an execution's images
+    compute = 510_000 * (19.175 + 0.1 + 2 / per_execution) * 0.0000166667
+    requests = 510_000 * (4 + 1 + 0.1 + 2 / per_execution) * 0.20 / 1e6
     # 10% cold: without SnapStart (the template's default) each cold start of a model function pays its import and
     # model load: Detect 4 s at 6.5 GB, Classify and Tag 2 s and Caption 1 s at 2.9375 GB
     cold = 51_000 * (6.5 * 4 + 2.9375 * (2 + 2 + 1)) * 0.0000166667
-    # The parent: 5 states per batch of 100 and a child started per group of 10; a child: one Express request and
+    # The parent: 5 states per execution and a child started per group of 10; a child: one Express request and
     # one image's 4 s at 64 MB
-    parent = 510_000 * (5 / 100 + 1 / 10) * 0.025 / 1000
+    parent = 510_000 * (5 / per_execution + 1 / 10) * 0.025 / 1000
     children = 51_000 * (1.00 / 1e6 + 4.0 * 0.0625 * 0.00001667)
     queues = 510_000 * 3 * 0.40 / 1e6
     # four steps read the image and WriteGroupTable its result document; the JSON and the PNG written
     storage = 510_000 * (5 * 0.0004 + 2 * 0.005) / 1000
-    expected = compute + requests + cold + parent + children + queues + storage
-    assert lambda_month(BENCH, PRICES, STEADY) == pytest.approx(expected, rel=1e-9)
+    # each dropped image's claim: written in progress, with its execution, started
+    claims = 510_000 * 3 * 0.625 / 1e6
+    expected = compute + requests + cold + parent + children + queues + storage + claims
+    assert lambda_month(BENCH, PRICES, STEADY) == pytest.approx(expected + ALARMS + METRICS, rel=1e-9)
     assert orchestration_share(BENCH, PRICES, STEADY) == pytest.approx((parent + children) / expected)
 
 
@@ -71,11 +80,11 @@ def test_orchestration_is_at_most_a_tenth_of_the_cost_per_image_at_the_steady_lo
 
 
 def test_snapstart_trades_init_time_for_restores_and_a_cache_that_costs_when_idle() -> None:
-    # As deployed, no function has SnapStart: an idle month costs nothing
-    assert lambda_month(BENCH, PRICES, IDLE) == pytest.approx(0.0)
-    # With EnableSnapStart=true, the four model functions' caches are the idle month's cost
+    # As deployed, no function has SnapStart: an idle month costs its alarms alone
+    assert lambda_month(BENCH, PRICES, IDLE) == pytest.approx(ALARMS)
+    # With EnableSnapStart=true, the four model functions' caches are the idle month's cost too
     cache = (6.5 + 2.9375 * 3) * 30 * 24 * 3600 * 0.0000015046
-    assert lambda_month(BENCH, PRICES, IDLE, snapstart=True) == pytest.approx(cache)
+    assert lambda_month(BENCH, PRICES, IDLE, snapstart=True) == pytest.approx(cache + ALARMS)
     # and each cold start pays a restore instead of import and model load
     deployed = lambda_month(BENCH, PRICES, STEADY)
     restores = 51_000 * (6.5 + 2.9375 * 3) * 0.0001397998
@@ -277,7 +286,8 @@ def test_annotate_cost_adds_the_lanes_where_bench_bulk_ran(tmp_path) -> None:
     for images in ("10,000", "100,000", "1,000,000"):
         assert report.count(f"| {images} |") == 3  # the Lambda lane, bulk on Spot, bulk on-demand
     assert "The bulk lane's compute" in report and "Spot prices: 2026-11-01" in report
-    assert "| steady: 17,000 a day | gathered, 15 min (MaxWaitMinutes=15) |" in report
+    assert "| steady: 17,000 a day | gathered, 15 min (MaxWaitMinutes=15 EnableBulk=true) |" in report
+    assert "| steady: 17,000 a day | gathered, 15 min, no bulk lane (MaxWaitMinutes=15) |" in report
     assert "| steady: 17,000 a day | 15 min | 178 | bulk:" in report
 
 
@@ -293,11 +303,21 @@ def test_the_dial_at_15_minutes_is_under_half_the_always_on_task_and_5x_below_la
     assert month.total * 5 <= lambda_month(bench, PRICES, STEADY)
 
 
-def test_an_idle_month_with_the_dial_on_costs_only_its_looks() -> None:
+def test_an_idle_month_with_the_dial_on_costs_only_its_looks_and_its_alarms() -> None:
     from tools.bench.cost import gathered_month
 
     month = gathered_month(BENCH, BULK, PRICES, IDLE, 15)
-    assert month.batches == 0 and month.total == month.gathering < 1.0
+    # the dial adds the gatherer's two alarms (its errors and its throttles)
+    assert month.batches == 0 and month.total == pytest.approx(month.gathering + ALARMS + 2 * 0.10)
+    assert month.gathering < 1.0
+
+
+def test_without_the_bulk_lane_the_dial_runs_every_batch_on_lambda() -> None:
+    from tools.bench.cost import gathered_month
+
+    month = gathered_month(BENCH, BULK, PRICES, STEADY, 15, bulk_enabled=False)
+    assert (month.choice.lane, month.choice.reason) == ("lambda", "the stack has no bulk lane")
+    assert month.total > gathered_month(BENCH, BULK, PRICES, STEADY, 15).total
 
 
 def test_the_stack_s_rule_runs_on_the_figures_annotate_cost_measured() -> None:

@@ -110,10 +110,12 @@ SUMMARY_GB_SECONDS = 1.0 * 2.0  # SummarizeBatch per batch: about a second at 2 
 # Detect, Classify, Tag and WriteResult read the image, WriteGroupTable its result; the JSON and the PNG written
 S3_GETS_PER_IMAGE, S3_PUTS_PER_IMAGE = 5, 2
 SQS_REQUESTS_PER_IMAGE = 3  # send, receive, delete
-# Dropped images: one execution per batch of the ingest queue's event source
-BATCH_SIZE = int(
-    TEMPLATE["Resources"]["IngestFunction"]["Properties"]["Events"]["DroppedImages"]["Properties"]["BatchSize"]
-)
+# Dropped images: Ingest's event source hands it a batch when BatchSize events wait or its batching window has passed
+# ("Lambda reads messages in batches ... until ... the batching window expires, the batch size is reached",
+# Lambda guide, "Using Lambda with Amazon SQS"), and each invocation starts one execution
+_DROPPED_IMAGES = TEMPLATE["Resources"]["IngestFunction"]["Properties"]["Events"]["DroppedImages"]["Properties"]
+BATCH_SIZE = int(_DROPPED_IMAGES["BatchSize"])
+BATCHING_WINDOW_S = int(_DROPPED_IMAGES["MaximumBatchingWindowInSeconds"])
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,54 @@ SCENARIOS = (
 )
 
 
+def dropped_images_per_execution(scenario: Scenario) -> float:
+    """The images one execution takes when they are dropped at the scenario's rate through the day: what arrives
+    within Ingest's batching window, at most its batch size (17,000 a day: about 4)."""
+    arriving = scenario.peak_images_per_day / (24 * 3600) * BATCHING_WINDOW_S
+    return max(1.0, min(float(BATCH_SIZE), arriving))
+
+
+def active_days(scenario: Scenario) -> float:
+    return scenario.images_per_month / scenario.peak_images_per_day if scenario.peak_images_per_day else 0.0
+
+
+# What the stack's CloudWatch holds, priced whether images come or not (alarms, dashboards), and the custom metrics
+# the functions publish (Powertools' EMF, one dimension), billed for the hours they are published
+CUSTOM_METRICS = (
+    "BatchesStarted",
+    "ImagesStarted",
+    "MessagesRejected",
+    "DuplicateEvents",
+    "ImagesGathered",
+    "CaptionTimeToFirstToken",
+    "CaptionTokensPerSecond",
+    "CaptionPromptTokens",
+    "CaptionCompletionTokens",
+    "CaptionPeakMemory",
+)
+
+
+def deployed_count(resource_type: str, overrides: dict[str, str] | None = None) -> int:
+    """How many resources of the type a deployment with ``overrides`` creates (each whose Condition holds)."""
+    return sum(
+        1
+        for resource in TEMPLATE["Resources"].values()
+        if resource["Type"] == resource_type
+        and (
+            "Condition" not in resource
+            or by_default(TEMPLATE, {"Fn::If": [resource["Condition"], True, False]}, overrides)
+        )
+    )
+
+
+def monitoring_month(prices: dict[str, Any], scenario: Scenario, overrides: dict[str, str] | None = None) -> float:
+    """The stack's alarms and dashboards for a month, and its custom metrics for the days images come."""
+    watch = prices["cloudwatch"]
+    standing = deployed_count("AWS::CloudWatch::Alarm", overrides) * watch["alarm_per_month"]
+    standing += deployed_count("AWS::CloudWatch::Dashboard", overrides) * watch["dashboard_per_month"]
+    return standing + len(CUSTOM_METRICS) * watch["custom_metric_per_month"] * min(1.0, active_days(scenario) / 30)
+
+
 def load_prices(path: Path | None = None) -> dict[str, Any]:
     text = path.read_text() if path else resources.files("tools.bench").joinpath("data/aws_prices.json").read_text()
     return json.loads(text)
@@ -140,11 +190,11 @@ def _seconds(function: BilledFunction, bench: dict[str, Any]) -> float:
     return bench["steps"][function.step]["pipeline_median_s"] if function.step else WRITE_RESULT_SECONDS
 
 
-def lambda_compute_per_image(bench: dict[str, Any], prices: dict[str, Any]) -> float:
+def lambda_compute_per_image(bench: dict[str, Any], prices: dict[str, Any], per_execution: float = BATCH_SIZE) -> float:
     """Each function's GB-seconds for one image at its architecture's price, and a share of the per-group and
-    per-batch functions' (billed at x86's)."""
+    per-batch functions' (billed at x86's), ``per_execution`` images sharing a batch's."""
     per_image = sum(f.gb * _seconds(f, bench) * f.gb_second_price(prices) for f in FUNCTIONS.values())
-    shared_gb_s = GROUP_TABLE_GB_SECONDS / IMAGES_PER_GROUP + SUMMARY_GB_SECONDS / BATCH_SIZE
+    shared_gb_s = GROUP_TABLE_GB_SECONDS / IMAGES_PER_GROUP + SUMMARY_GB_SECONDS / per_execution
     return per_image + shared_gb_s * prices["lambda"]["x86_gb_second"]
 
 
@@ -178,13 +228,15 @@ def with_lambda_cold_start(bench: dict[str, Any], lambda_detect: dict[str, Any])
     return updated
 
 
-def orchestration_per_image(bench: dict[str, Any], prices: dict[str, Any], express: bool = True) -> float:
-    """Step Functions per image: the Standard parent's transitions (its states per batch and a start per child),
-    and per group either an Express execution (a request and its duration: the group's images run side by side,
-    about one image's time) or, in a Standard child, every state's transition."""
+def orchestration_per_image(
+    bench: dict[str, Any], prices: dict[str, Any], express: bool = True, per_execution: float = BATCH_SIZE
+) -> float:
+    """Step Functions per image: the Standard parent's transitions (its states per batch of ``per_execution``
+    images and a start per child), and per group either an Express execution (a request and its duration: the
+    group's images run side by side, about one image's time) or, in a Standard child, every state's transition."""
     sfn = prices["step_functions"]
     transition = sfn["standard_per_1000_transitions"] / 1000
-    parent = (len(STATES_PER_BATCH) / BATCH_SIZE + 1 / IMAGES_PER_GROUP) * transition
+    parent = (len(STATES_PER_BATCH) / per_execution + 1 / IMAGES_PER_GROUP) * transition
     if express:
         seconds = bench["whole_image"]["pipeline_s"]
         per_group = sfn["express_per_million_requests"] / 1e6 + seconds * EXPRESS_MEMORY_GB * sfn["express_gb_second"]
@@ -193,29 +245,41 @@ def orchestration_per_image(bench: dict[str, Any], prices: dict[str, Any], expre
 
 
 def lambda_month_parts(
-    bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart: bool = False
+    bench: dict[str, Any],
+    prices: dict[str, Any],
+    scenario: Scenario,
+    snapstart: bool = False,
+    per_execution: float | None = None,
 ) -> dict[str, float]:
-    """Lambda, Step Functions (Express children), SQS and S3 for a month of ``scenario``, by part: as the template
-    deploys the functions, or with SnapStart on (EnableSnapStart=true)."""
+    """Lambda, Step Functions (Express children), SQS, S3 and the claims for a month of ``scenario``'s images, by
+    part: as the template deploys the functions, or with SnapStart on (EnableSnapStart=true). ``per_execution``:
+    the images of one execution (one message's); None: dropped images, each claimed, as Ingest's batching window
+    gathers them."""
     images = scenario.images_per_month
-    invocations = len(FUNCTIONS) + 1 / IMAGES_PER_GROUP + 2 / BATCH_SIZE  # + WriteGroupTable, ingest, summary
+    dropped = per_execution is None
+    per_execution = dropped_images_per_execution(scenario) if per_execution is None else per_execution
+    invocations = len(FUNCTIONS) + 1 / IMAGES_PER_GROUP + 2 / per_execution  # + WriteGroupTable, ingest, summary
     requests = images * invocations * prices["lambda"]["per_million_requests"] / 1e6
-    compute = images * lambda_compute_per_image(bench, prices)
+    compute = images * lambda_compute_per_image(bench, prices, per_execution)
     storage = (
         images
         * (S3_GETS_PER_IMAGE * prices["s3"]["get_per_1000"] + S3_PUTS_PER_IMAGE * prices["s3"]["put_per_1000"])
         / 1000
     )
+    claims = images * CLAIM_WRITES_PER_IMAGE * prices["dynamodb"]["write_per_million"] / 1e6 if dropped else 0.0
     return {
         "compute": compute + requests + _cold_starts(bench, prices, scenario, snapstart),
-        "orchestration": images * orchestration_per_image(bench, prices),
-        "queues_and_storage": images * SQS_REQUESTS_PER_IMAGE * prices["sqs"]["per_million_requests"] / 1e6 + storage,
+        "orchestration": images * orchestration_per_image(bench, prices, per_execution=per_execution),
+        "queues_and_storage": images * SQS_REQUESTS_PER_IMAGE * prices["sqs"]["per_million_requests"] / 1e6
+        + storage
+        + claims,
     }
 
 
 def lambda_month(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario, snapstart: bool = False) -> float:
-    """Lambda + Step Functions + SQS + S3 for a month of ``scenario``."""
-    return sum(lambda_month_parts(bench, prices, scenario, snapstart).values())
+    """Lambda + Step Functions + SQS + S3 + the claims for a month of ``scenario``'s dropped images, and the stack's
+    CloudWatch (its alarms, dashboard and custom metrics)."""
+    return sum(lambda_month_parts(bench, prices, scenario, snapstart).values()) + monitoring_month(prices, scenario)
 
 
 def orchestration_share(bench: dict[str, Any], prices: dict[str, Any], scenario: Scenario) -> float:
@@ -370,7 +434,7 @@ def lambda_lane(images: int, bench: dict[str, Any], prices: dict[str, Any]) -> L
     the pipeline's seconds; every environment those need starts cold once."""
     in_flight = GROUP_CONCURRENCY * IMAGES_PER_GROUP
     scenario = Scenario(f"{images} images", images, images, min(1.0, in_flight / images))
-    parts = lambda_month_parts(bench, prices, scenario)
+    parts = lambda_month_parts(bench, prices, scenario, per_execution=images)
     s3 = prices["s3"]
     requests = images * (S3_GETS_PER_IMAGE * s3["get_per_1000"] + S3_PUTS_PER_IMAGE * s3["put_per_1000"]) / 1000
     return LaneEstimate(
@@ -450,13 +514,17 @@ GATHER_SQS_REQUESTS_PER_IMAGE = 1 + 2 / 10
 CLAIM_WRITES_PER_IMAGE = 3
 
 
-def gathered_settings(bench: dict[str, Any], bulk: dict[str, Any], minutes: int) -> IngestSettings:
-    """The stack's ingest settings by default, with the dial at ``minutes`` and the rule's figures measured: a bulk
-    task's start (estimated) and model load (annotate bench), its seconds an image (annotate bench-bulk)."""
+def gathered_settings(
+    bench: dict[str, Any], bulk: dict[str, Any], minutes: int, bulk_enabled: bool = True
+) -> IngestSettings:
+    """The stack's ingest settings by default, with the dial at ``minutes`` (and the bulk lane, EnableBulk, as
+    given) and the rule's figures measured: a bulk task's start (estimated) and model load (annotate bench), its
+    seconds an image (annotate bench-bulk)."""
     from shared.settings import Settings
 
     return Settings(
         max_wait_minutes=minutes,
+        bulk_enabled=bulk_enabled,
         bulk_task_start_s=TASK_START_S + bulk_model_load_s(bench),
         bulk_seconds_per_image=bulk["seconds_per_image"]["worker"],
         bulk_images_per_group=BULK_IMAGES_PER_GROUP,
@@ -490,10 +558,11 @@ class GatheredMonth:
     choice: LaneChoice
     lane: LaneEstimate
     gathering: float
+    monitoring: float  # the stack's CloudWatch: alarms, dashboard, custom metrics
 
     @property
     def total(self) -> float:
-        return self.lane.total * self.batches + self.gathering
+        return self.lane.total * self.batches + self.gathering + self.monitoring
 
     @property
     def worst_wait_s(self) -> float:
@@ -501,16 +570,22 @@ class GatheredMonth:
 
 
 def gathered_month(
-    bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any], scenario: Scenario, minutes: int
+    bench: dict[str, Any],
+    bulk: dict[str, Any],
+    prices: dict[str, Any],
+    scenario: Scenario,
+    minutes: int,
+    bulk_enabled: bool = True,
 ) -> GatheredMonth:
     """Drops spread over each active day, gathered every ``minutes``: each batch in the lane
-    :func:`~shared.pipeline.batches.gathered_lane` picks (the deployed rule, on the measured figures)."""
+    :func:`~shared.pipeline.batches.gathered_lane` picks (the deployed rule, on the measured figures), with the bulk
+    lane deployed (EnableBulk=true) or not (the template's default: every batch on Lambda)."""
     from shared.pipeline.batches import gathered_lane
 
     images = scenario.images_per_month
     per_batch = math.ceil(scenario.peak_images_per_day * minutes / (24 * 60)) if images else 0
     batches = math.ceil(images / per_batch) if per_batch else 0
-    choice = gathered_lane(max(1, per_batch), gathered_settings(bench, bulk, minutes))
+    choice = gathered_lane(max(1, per_batch), gathered_settings(bench, bulk, minutes, bulk_enabled))
     if choice.lane == "bulk":
         lane = bulk_lane(per_batch, bench, bulk, prices, jobs=math.ceil(per_batch / choice.images_per_task))
     else:
@@ -536,7 +611,9 @@ def gathered_month(
     )
     clock_writes = batches * prices["dynamodb"]["write_per_million"] / per_million
     gathering = LOOKS_PER_MONTH * per_look + images * per_image + clock_writes
-    return GatheredMonth(minutes, per_batch, batches, choice, lane, gathering)
+    overrides = {"MaxWaitMinutes": str(minutes), "EnableBulk": "true" if bulk_enabled else "false"}
+    monitoring = monitoring_month(prices, scenario, overrides)
+    return GatheredMonth(minutes, per_batch, batches, choice, lane, gathering, monitoring)
 
 
 def gathered_line(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any]) -> str:
@@ -562,8 +639,9 @@ def gathered_line(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str,
 def gathered_table(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any]) -> str:
     """The dial at each setting for the study's loads: batch size, lane (and why), cost by part, longest wait."""
     lines = [
-        "| scenario | dial | images a batch | lane | batches | batches' cost | gathering | total | longest wait |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+        "| scenario | dial | images a batch | lane | batches | batches' cost | gathering | CloudWatch | total "
+        "| longest wait |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for scenario in SCENARIOS:
         for minutes in DIALS_MINUTES:
@@ -571,7 +649,8 @@ def gathered_table(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str
             lane = f"{month.choice.lane}: {month.choice.reason}" if month.batches else "none"
             lines.append(
                 f"| {scenario.name} | {minutes} min | {month.images_per_batch:,} | {lane} | {month.batches:,} | "
-                f"${month.lane.total * month.batches:,.2f} | ${month.gathering:,.2f} | ${month.total:,.2f} | "
+                f"${month.lane.total * month.batches:,.2f} | ${month.gathering:,.2f} | ${month.monitoring:,.2f} | "
+                f"${month.total:,.2f} | "
                 f"{month.worst_wait_s / 60:.0f} min |"
             )
     return "\n".join(lines) + "\n"
@@ -595,8 +674,11 @@ def cost_table(
             "Rekognition (labels + properties)": rekognition_month(prices, scenario),
         }
         for minutes in DIALS_MINUTES if bulk else ():
-            month = gathered_month(bench, bulk or {}, prices, scenario, minutes)
-            options[f"gathered, {minutes} min (MaxWaitMinutes={minutes})"] = month.total
+            with_bulk = gathered_month(bench, bulk or {}, prices, scenario, minutes)
+            options[f"gathered, {minutes} min (MaxWaitMinutes={minutes} EnableBulk=true)"] = with_bulk.total
+            if minutes == DIALS_MINUTES[0]:  # the dial without the bulk lane (the template's EnableBulk default)
+                on_lambda = gathered_month(bench, bulk or {}, prices, scenario, minutes, bulk_enabled=False)
+                options[f"gathered, {minutes} min, no bulk lane (MaxWaitMinutes={minutes})"] = on_lambda.total
         for option, monthly in options.items():
             per_1000 = monthly / scenario.images_per_month * 1000 if scenario.images_per_month else None
             rows.append(
@@ -647,12 +729,20 @@ def api_line(costs: dict[str, float]) -> str:
 
 def orchestration_line(bench: dict[str, Any], prices: dict[str, Any]) -> str:
     steady = SCENARIOS[1]
-    express, standard = orchestration_per_image(bench, prices), orchestration_per_image(bench, prices, express=False)
+    per_execution = dropped_images_per_execution(steady)
+    express = orchestration_per_image(bench, prices, per_execution=per_execution)
+    standard = orchestration_per_image(bench, prices, express=False, per_execution=per_execution)
+    watch = prices["cloudwatch"]
     return (
         f"Orchestration (Step Functions: the Standard parent and an Express child per {IMAGES_PER_GROUP} images) "
         f"costs ${express * 1000:.4f} per 1,000 images, {orchestration_share(bench, prices, steady):.1%} of the "
-        f"Lambda option at the steady load; a stack with variants runs Standard children: "
-        f"${standard * 1000:.4f} per 1,000 images."
+        f"Lambda option at the steady load, where Ingest's {BATCHING_WINDOW_S} s batching window gathers "
+        f"{per_execution:.1f} dropped images an execution; a stack with variants runs Standard children: "
+        f"${standard * 1000:.4f} per 1,000 images. The stack's options include its CloudWatch: "
+        f"{deployed_count('AWS::CloudWatch::Alarm')} alarms and {deployed_count('AWS::CloudWatch::Dashboard')} "
+        f"dashboard as deployed (${monitoring_month(prices, SCENARIOS[0]):.2f} a month, idle or not; the free "
+        f"tier's are the account's), and {len(CUSTOM_METRICS)} custom metrics at "
+        f"${watch['custom_metric_per_month']:.2f} a month on the days images come."
     )
 
 

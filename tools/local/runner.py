@@ -321,7 +321,8 @@ def services_in_process(invoke: Invoker, run_container: ContainerRunner, express
 
 
 def create_idempotency_table(name: str, region: str = REGION) -> None:
-    """Inside ``mock_aws``: the table Powertools Idempotency keeps ingest's claims in, as template.yaml makes it."""
+    """Inside ``mock_aws``: the table ingest's claims are kept in (shared/pipeline/claims.py), as template.yaml makes
+    it."""
     import boto3
 
     boto3.client("dynamodb", region_name=region).create_table(

@@ -20,6 +20,7 @@ Predictions starts with them.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import time
 import urllib.error
@@ -106,11 +107,19 @@ FindAnnotated = Callable[[Sequence[str], Sequence[str]], Sequence[Annotated]]
 
 @dataclass(frozen=True)
 class TaskImage:
-    """A task's image, read; or why it could not be."""
+    """A task's image as it was read (where it lives, its name and a digest of its bytes, not the bytes: a call of
+    thousands of tasks holds one image at a time), or why it could not be read."""
 
-    task_id: Any
-    source: Source | None = None
+    task: Any
+    uri: str = ""
+    kept: bool = False  # in storage (an s3:// location): its rows are found by this URI
+    name: str = ""
+    digest: str = ""  # the sha256 of its bytes
     error: str | None = None
+
+    @property
+    def task_id(self) -> Any:
+        return self.task.get("id") if isinstance(self.task, dict) else None
 
 
 def task_image(
@@ -191,23 +200,25 @@ def _download(url: str, authorization: str, max_bytes: int) -> bytes:
     return data
 
 
-def read_task_images(tasks: Sequence[Any], project: Project, settings: Settings, deadline: float) -> list[TaskImage]:
+def read_task_images(
+    tasks: Sequence[Any], project: Project, settings: Settings, deadline: float, authorization: Callable[[], str]
+) -> list[TaskImage]:
     """Each task's image, or why not; tasks past ``deadline`` are not read (their answer waits for the next call)."""
-    authorization = functools.cache(functools.partial(_authorization, settings))
     images = []
     for task in tasks:
-        task_id = task.get("id") if isinstance(task, dict) else None
         if time.monotonic() > deadline:
-            images.append(TaskImage(task_id, error="not reached within the call's time"))
+            images.append(TaskImage(task, error="not reached within the call's time"))
             continue
         try:
-            images.append(TaskImage(task_id, source=task_image(task, project, settings, authorization)))
+            source = task_image(task, project, settings, authorization)
+            digest = hashlib.sha256(source.data).hexdigest()
+            images.append(TaskImage(task, source.uri, source.kept, source.name, digest))
         except (ImageRejected, RequestRejected) as error:
-            images.append(TaskImage(task_id, error=str(error)))
+            images.append(TaskImage(task, error=str(error)))
     return images
 
 
-def annotated_before(source: Source, candidates: Sequence[Annotated], phrases: list[str]) -> Annotated | None:
+def annotated_before(image: TaskImage, candidates: Sequence[Annotated], phrases: list[str]) -> Annotated | None:
     """The latest of ``candidates`` that annotated this very image for these phrases: the same source, or a file
     of the same name whose bytes are the task's, still as it was when annotated (its image id holds its content)."""
     fitting = [
@@ -215,7 +226,7 @@ def annotated_before(source: Source, candidates: Sequence[Annotated], phrases: l
         for candidate in candidates
         if candidate.status == "succeeded"
         and sorted(split_phrases(candidate.prompt or "")) == sorted(phrases)
-        and (candidate.source_uri == source.uri or PurePosixPath(candidate.source_uri).name == source.name)
+        and (candidate.source_uri == image.uri or PurePosixPath(candidate.source_uri).name == image.name)
     ]
     for candidate in sorted(fitting, key=lambda candidate: str(candidate.processed_at), reverse=True):
         store = store_for(candidate.source_uri)
@@ -223,7 +234,8 @@ def annotated_before(source: Source, candidates: Sequence[Annotated], phrases: l
             unchanged = image_ref(candidate.source_uri, store.fingerprint(candidate.source_uri)).image_id
             if unchanged != candidate.image_id:
                 continue
-            if candidate.source_uri == source.uri or store.read_bytes(candidate.source_uri) == source.data:
+            same_source = candidate.source_uri == image.uri
+            if same_source or hashlib.sha256(store.read_bytes(candidate.source_uri)).hexdigest() == image.digest:
                 return candidate
         except (AnnotateError, OSError) as error:
             logger.info(
@@ -259,22 +271,28 @@ class _Predicting:
     find_annotated: FindAnnotated | None
     deadline: float
 
+    def __post_init__(self) -> None:
+        # Label Studio's token is exchanged once a call, not once a task
+        self.authorization = functools.cache(functools.partial(_authorization, self.calls.settings))
+
     async def answers(self, tasks: Sequence[Any]) -> list[Any]:
         settings = self.calls.settings
-        images = await run_in_threadpool(read_task_images, tasks, self.project, settings, self.deadline)
+        images = await run_in_threadpool(
+            read_task_images, tasks, self.project, settings, self.deadline, self.authorization
+        )
         earlier = await run_in_threadpool(self._annotated_before, images)
         answers: list[Any] = []
         longest_s, left = 0.0, 0
         for index, image in enumerate(images):
             answer: Any = []
-            if image.source is None:
+            if image.error is not None:
                 logger.warning("task not pre-annotated", extra={"task": image.task_id, "reason": image.error})
             elif index not in earlier and time.monotonic() + longest_s > self.deadline:
                 left += 1  # a model run would end past the call's time: the next call asks again
             else:
                 started = time.monotonic()
                 try:
-                    answer = await self.calls.run(functools.partial(self._predict, image.source, earlier.get(index)))
+                    answer = await self.calls.run(functools.partial(self._predict, image, earlier.get(index)))
                 except AnnotateError as error:  # the task's own (a model that cannot load fails each task)
                     logger.warning("task not pre-annotated", extra={"task": image.task_id, "reason": str(error)})
                 if index not in earlier:
@@ -294,22 +312,25 @@ class _Predicting:
     def _annotated_before(self, images: list[TaskImage]) -> dict[int, Annotated]:
         if self.request is None or self.find_annotated is None:
             return {}
-        sources = {index: image.source for index, image in enumerate(images) if image.source is not None}
-        uris = sorted({source.uri for source in sources.values() if source.kept})
-        names = sorted({source.name for source in sources.values() if source.name})
+        read = {index: image for index, image in enumerate(images) if image.error is None}
+        uris = sorted({image.uri for image in read.values() if image.kept})
+        names = sorted({image.name for image in read.values() if image.name})
         try:
             candidates = self.find_annotated(uris, names) if uris or names else []
         except AnnotateError as error:
             logger.warning("the rows could not be read: every task runs the models", extra={"reason": str(error)})
             return {}
         phrases = self.request.phrases
-        found = {index: annotated_before(source, candidates, phrases) for index, source in sources.items()}
+        found = {index: annotated_before(image, candidates, phrases) for index, image in read.items()}
         return {index: annotation for index, annotation in found.items() if annotation is not None}
 
-    def _predict(self, source: Source, earlier: Annotated | None) -> dict[str, Any]:
+    def _predict(self, image: TaskImage, earlier: Annotated | None) -> dict[str, Any]:
+        """The task's prediction: from its earlier annotation, or the models'. The image is read again only where
+        CLIP or the models need its pixels."""
         settings = self.calls.settings
-        choices: list[dict[str, Any]] = []
+        source, choices = None, []
         if self.project.image_choices or self.request is None:
+            source = task_image(image.task, self.project, settings, self.authorization)
             pixels = decode_image(source.data, max_pixels=settings.max_image_pixels).pixels
             choices = self._image_choices(pixels, source.uri)
             if self.request is None:
@@ -317,6 +338,7 @@ class _Predicting:
         if earlier is not None:
             size = (earlier.width or 1, earlier.height or 1)
             return prediction(self.project, earlier.image_id, size, earlier.boxes, earlier.caption, choices)
+        source = source or task_image(image.task, self.project, settings, self.authorization)
         options = AnnotationOptions.model_validate(self.request.model_dump() | {"record": True})
         annotation = annotate_one(source, options, settings, self.calls.dependencies_of, self.calls.record_rows)
         if annotation.status != "succeeded":

@@ -33,6 +33,6 @@ def test_it_finds_a_pass_that_died_after_starting_started_again_once_its_claims_
     assert "the fewest steps: drop drop-1; drop drop-3; ingest  dies_at=9" in said
 
 
-def test_a_console_folder_never_reaches_a_pass_and_an_image_s_event_does() -> None:
+def test_a_console_folder_dropped_beside_an_image_starts_nothing_and_loses_nothing() -> None:
     steps = [Step("folder", name="summer"), Step("drop", name="cat"), Step("ingest")]
     assert play(steps, Stack.from_template()) is None

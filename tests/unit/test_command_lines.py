@@ -53,3 +53,28 @@ def test_cost_prices_from_the_checkout_s_bench_wherever_it_is_run(
 def test_evaluate_says_what_is_wrong_with_its_truth_in_one_line(truth: str, tmp_path: Path) -> None:
     code, output = annotate("evaluate", "--truth", truth, "--data-dir", str(tmp_path))
     assert code == 2 and output.count("\n") == 1, output
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [("/nowhere/config.xml", "no such file"), ("/dev/zero", "not a regular file"), ("<View", "not XML")],
+)
+def test_a_label_config_that_cannot_be_read_is_said_in_one_line(
+    config: str, said: str, tmp_path: Path, results_with_rows: Path
+) -> None:
+    if config.startswith("<"):
+        (tmp_path / "config.xml").write_text(config)
+        config = str(tmp_path / "config.xml")
+    code, output = annotate(
+        "export",
+        "--format",
+        "labelstudio",
+        "--out",
+        str(tmp_path / "ls"),
+        "--data-dir",
+        str(results_with_rows),
+        "--label-config",
+        config,
+    )
+    assert code == 2 and said in output and output.count("\n") == 1, output
+    assert not (tmp_path / "ls").exists()

@@ -39,21 +39,6 @@ def _results_root(data_dir: Path, stack: str | None) -> str:
     return str(data_dir.resolve())
 
 
-def _read_text(path: Path, max_bytes: int = 10_000_000) -> str:
-    """A file the user names, read as text; one that is missing, a folder, endless or not text is said in a line."""
-    try:
-        with path.open("rb") as file:
-            data = file.read(max_bytes + 1)
-    except OSError as error:
-        raise fail(f"{path}: {error.strerror or error}") from None
-    if len(data) > max_bytes:
-        raise fail(f"{path}: over {max_bytes:,} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise fail(f"{path}: not UTF-8 text") from None
-
-
 def _refuse_file_as_folder(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise fail(f"--out {out_dir} is a file: name a folder to write into")
@@ -161,10 +146,11 @@ def export_command(
 ) -> None:
     """Write the annotations as a COCO or YOLO dataset (with the pictures) or as Label Studio pre-annotations."""
     from shared.errors import RequestRejected
-    from shared.serving.label_studio import read_label_config
+    from shared.serving.label_studio import MAX_LABEL_CONFIG_CHARS, read_label_config
     from shared.storage.objects import store_for
     from tools.results.annotations import batch_requests
     from tools.results.export import ExportFormat, export, label_studio_config
+    from tools.results.truth import read_text_file
 
     try:
         chosen = ExportFormat(export_format)
@@ -172,7 +158,10 @@ def export_command(
         raise fail(f"--format must be one of {[f.value for f in ExportFormat]}") from None
     if label_config is not None and chosen is not ExportFormat.LABEL_STUDIO:
         raise fail("--label-config is a Label Studio project's: give it with --format labelstudio")
-    config = _read_text(label_config) if label_config is not None else ""
+    try:
+        config = read_text_file(label_config, MAX_LABEL_CONFIG_CHARS * 4, "label config") if label_config else ""
+    except RequestRejected as error:
+        raise fail(f"--label-config {error}") from None
     try:
         project = read_label_config(config) if config else None
     except RequestRejected as error:

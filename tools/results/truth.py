@@ -59,7 +59,7 @@ def read_truth(path: Path) -> list[TruthImage]:
     """
     if path.is_dir() or path.suffix in {".yaml", ".yml"}:
         return _yolo_truth(path if path.is_dir() else path.parent)
-    text = _read(path, MAX_TRUTH_BYTES, "JSON")
+    text = read_text_file(path, MAX_TRUTH_BYTES, "JSON")
     try:
         document = json.loads(text, parse_constant=_no_constant)
     except ValueError as unreadable:
@@ -84,8 +84,12 @@ def _no_constant(name: str) -> Any:
     raise RequestRejected(f"it holds {name}, which is no number a box corner can be")
 
 
-def _read(path: Path, max_bytes: int, kind: str) -> str:
-    """The file's text, read only from a regular file of at most ``max_bytes``."""
+def read_text_file(path: Path, max_bytes: int, kind: str) -> str:
+    """A file a user names, read as text only from a regular file of at most ``max_bytes``.
+
+    Raises:
+        RequestRejected: missing, not a regular file (a folder, /dev/zero), too large, or not UTF-8 text.
+    """
     if not path.exists():
         raise RequestRejected(f"{path}: no such file")
     if not path.is_file():
@@ -136,7 +140,7 @@ def _yolo_truth(folder: Path) -> list[TruthImage]:
         RequestRejected: no data.yaml with names, or a label line that is not five numbers of a known class.
     """
     yaml_file = folder / "data.yaml"
-    document = _yaml_without_aliases(_read(yaml_file, MAX_YAML_BYTES, "YAML"), str(yaml_file))
+    document = _yaml_without_aliases(read_text_file(yaml_file, MAX_YAML_BYTES, "YAML"), str(yaml_file))
     names = document.get("names") if isinstance(document, dict) else None
     if isinstance(names, list):
         names = dict(enumerate(names))

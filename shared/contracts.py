@@ -270,8 +270,9 @@ class BatchInput(Frozen):
 
     @property
     def bulk_manifest_uri(self) -> str:
-        """The bulk lane's manifest: a JSON array of :class:`BulkJobRef`, which its Distributed Map reads."""
-        return f"{self.results_uri.rstrip('/')}/{MANIFESTS_PREFIX}/{self.batch_id}.bulk.json"
+        """The bulk lane's manifest of this round: a JSON array of :class:`BulkJobRef`, which its Distributed Map
+        reads (round 0's, every job; a later round's, jobs of the groups handed back)."""
+        return f"{self.results_uri.rstrip('/')}/{MANIFESTS_PREFIX}/{self.batch_id}.bulk.{self.round}.json"
 
 
 def batch_input_uri(results_uri: str, batch_id: str) -> str:
@@ -295,8 +296,8 @@ class GroupTask(Frozen):
     group: ImageGroup
 
 
-def bulk_job_uri(results_uri: str, batch_id: str, job: int) -> str:
-    return f"{results_uri.rstrip('/')}/{MANIFESTS_PREFIX}/{batch_id}.bulk/{job:06d}.json"
+def bulk_job_uri(results_uri: str, batch_id: str, job: int, round: int = 0) -> str:
+    return f"{results_uri.rstrip('/')}/{MANIFESTS_PREFIX}/{batch_id}.bulk.{round}/{job:06d}.json"
 
 
 class BulkJobRef(Frozen):

@@ -318,9 +318,10 @@ class Settings(BaseSettings):
         1000,
         ge=2,
         le=1_000_000,
-        description="Lambda invocations a batch may have in flight: the account's concurrency quota (1,000 by default;"
-        " a new account's may be 10), less what else runs there. A Lambda-lane batch's fan-out (images per group x"
-        " groups at once x 2, Classify and Tag side by side) stays within it (the template's LambdaConcurrency)",
+        description="Lambda invocations the batches share: the account's concurrency quota (1,000 by default; a new"
+        " account's may be 10), less what else runs there. A Lambda-lane batch's fan-out (images per group x groups at"
+        " once x 2, Classify and Tag side by side) stays within it, and within what the batches running leave where"
+        " the idempotency table holds the ledger (the template's LambdaConcurrency)",
     )
     group_concurrency: int = Field(
         40,
@@ -388,9 +389,9 @@ class Settings(BaseSettings):
         200,
         ge=1,
         le=100_000,
-        description="Fargate vCPUs a batch may take: the account's quota, Spot's and on-demand's each (a new account's"
-        " may be 6). The bulk lane and the Variants step run at most this many vCPUs of tasks at once (the template's"
-        " FargateVcpus)",
+        description="Fargate vCPUs the batches share: the account's quota, Spot's and on-demand's each (a new account's"
+        " may be 6). The bulk lane and the Variants step run at most this many vCPUs of tasks at once, less what the"
+        " batches running hold where the idempotency table holds the ledger (the template's FargateVcpus)",
     )
     bulk_task_cpu: int = Field(2048, ge=256, le=16384, description="CPU units of a bulk task (the template's BulkCpu)")
     variants_task_cpu: int = Field(

@@ -102,7 +102,7 @@ class PlannedBatch:
         batch, per_job = self.input, self.groups_per_job
         return [
             (
-                BulkJobRef(job_uri=bulk_job_uri(batch.results_uri, batch.batch_id, number)),
+                BulkJobRef(job_uri=bulk_job_uri(batch.results_uri, batch.batch_id, number, batch.round)),
                 BulkJob(
                     batch_id=batch.batch_id,
                     request=batch.request,
@@ -113,6 +113,16 @@ class PlannedBatch:
             )
             for number, start in enumerate(range(0, len(self.groups), per_job))
         ]
+
+    def write_bulk_jobs(self, store_for: StoreFor) -> None:
+        """Each bulk job's document, then the manifest the bulk lane's Distributed Map reads (a JSON array of their
+        locations): the Map starts no task before all of its jobs exist."""
+        jobs = self.bulk_jobs()
+        for ref, job in jobs:
+            store_for(ref.job_uri).write_bytes(ref.job_uri, job.model_dump_json().encode(), "application/json")
+        manifest = b"[" + b",".join(ref.model_dump_json().encode() for ref, _ in jobs) + b"]"
+        uri = self.input.bulk_manifest_uri
+        store_for(uri).write_bytes(uri, manifest, "application/json")
 
 
 @dataclass(frozen=True)
@@ -144,12 +154,15 @@ def choose_lane(message: PromptMessage, images: int, settings: IngestSettings) -
     return LaneChoice(message.lane, "the message asked for it")
 
 
-def gathered_lane(images: int, settings: IngestSettings, wait_s: float | None = None) -> LaneChoice:
+def gathered_lane(
+    images: int, settings: IngestSettings, wait_s: float | None = None, free_cpu: int | None = None
+) -> LaneChoice:
     """The cheapest lane that ends gathered images within the wait (``max_wait_minutes``): the bulk lane's Fargate
     Spot tasks from ``gathered_bulk_from_images`` images (where a task's start and model load costs less than Lambda
     would for them), each task taking at most what it annotates within the wait, as long as the tasks that needs
-    may run at once; Lambda otherwise, whose fan-out ends any batch in minutes. ``wait_s``: the wait, if not the
-    stack's (``annotate watch`` takes fractions of a minute)."""
+    may run at once (within ``free_cpu``, the Fargate CPU units other batches leave free, where known); Lambda
+    otherwise, whose fan-out ends any batch in minutes. ``wait_s``: the wait, if not the stack's (``annotate watch``
+    takes fractions of a minute)."""
     wait_s = settings.max_wait_minutes * 60 if wait_s is None else wait_s
     wait = f"{wait_s / 60:g} min"
     start_s, per_image_s = settings.bulk_task_start_s, settings.bulk_seconds_per_image
@@ -165,10 +178,13 @@ def gathered_lane(images: int, settings: IngestSettings, wait_s: float | None = 
     if per_task < 1:
         return LaneChoice("lambda", f"a bulk task's start and model load ({start_s:.0f} s) outlasts the wait")
     tasks, at_once = -(-images // per_task), bulk_tasks_at_once(settings)
+    if free_cpu is not None:
+        at_once = min(at_once, free_cpu // settings.bulk_task_cpu)
     if tasks > at_once:
         return LaneChoice(
             "lambda",
-            f"{images} images need {tasks} bulk tasks to end within {wait}; {at_once} may run at once",
+            f"{images} images need {tasks} bulk tasks to end within {wait}; {at_once} may run at once"
+            + (" beside the batches running" if free_cpu is not None else ""),
         )
     ends_s = start_s + -(-images // tasks) * per_image_s  # the images shared evenly between the tasks
     return LaneChoice(

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from shared.models.detection import Detector
     from shared.models.tagging import Tagger
     from shared.models.variants import Generator
+    from shared.pipeline.capacity import CapacityLedger
 
 
 class Step(StrEnum):
@@ -51,6 +52,7 @@ class Dependencies:
     tagger: Tagger | None = None
     captioner: Captioner | None = None
     generator: Generator | None = None
+    ledger: CapacityLedger | None = None  # the account's quotas (SummarizeBatch gives a batch's share back)
 
 
 def build_dependencies(step: Step, settings: Settings) -> Dependencies:
@@ -100,6 +102,10 @@ def build_dependencies(step: Step, settings: Settings) -> Dependencies:
         from shared.models.captioning import load_captioner
 
         return replace(common, captioner=load_captioner(settings.caption))
+    if step is Step.SUMMARIZE_BATCH and settings.idempotency_table:
+        from shared.pipeline.ingest import capacity_ledger
+
+        return replace(common, ledger=capacity_ledger(settings.ingest))
     if step is Step.VARIANTS:
         from shared.models.variants import load_generator
 

@@ -24,6 +24,7 @@ from shared.contracts import AnnotationRequest, BatchInput, PromptMessage, batch
 from shared.errors import RequestRejected, TransientError, validation_reason
 from shared.observability import MetricUnit, logger, metrics
 from shared.pipeline.batches import LaneChoice, PlannedBatch, plan_batches
+from shared.pipeline.capacity import CapacityLedger, give_back_share, take_share
 from shared.pipeline.claims import Claim, ClaimTable, Pass
 from shared.pipeline.tracing import tracer
 from shared.settings import IngestSettings
@@ -117,6 +118,7 @@ def start_batches(
     choice: LaneChoice | None = None,
     fingerprints: Mapping[str, str] | None = None,
     intend: Callable[[dict[str, list[str]]], None] | None = None,
+    ledger: CapacityLedger | None = None,
 ) -> list[str]:
     """Plan the message's batches (in ``choice``'s lane, if given), write each one's input and groups manifest beside
     the results, and start one execution each (one per message unless it names more than ``max_images_per_batch``
@@ -125,6 +127,8 @@ def start_batches(
     ``allowed_buckets`` is AWS mode: only ``s3://`` locations in those buckets are accepted (None: local mode).
     ``fingerprints``: what the images' content is known to be (an S3 event's ETag), not asked of S3 again.
     ``intend``: told, before anything starts, each execution's name and the images (URIs) it annotates.
+    ``ledger``: the account's quotas, each batch taking its share of what is free (None: each batch plans within
+    the whole quota, as locally, where nothing else runs).
     """
     if allowed_buckets is not None:
         refuse_outside_buckets(message.images, allowed_buckets)
@@ -136,15 +140,17 @@ def start_batches(
     names = [execution_name(batch.input.batch_id, f"{delivery}#{index}") for index, batch in enumerate(batches)]
     if intend is not None:
         intend({name: batch.image_uris() for name, batch in zip(names, batches, strict=True)})
-    started = []
-    for name, batch in zip(names, batches, strict=True):
-        groups_uri = batch.input.groups_uri
-        store_for(groups_uri).write_bytes(groups_uri, batch.groups_manifest(), "application/json")
-        if batch.input.lane == "bulk":
-            write_bulk_jobs(batch, store_for)
-        input_uri = batch_input_uri(settings.results_root, batch.input.batch_id)
-        store_for(input_uri).write_bytes(input_uri, batch.input.model_dump_json(indent=2).encode(), "application/json")
-        started.append(starter.start(batch.input, name))
+    if ledger is not None:
+        batches = [take_share(ledger, batch, settings) for batch in batches]
+    started: list[str] = []
+    try:
+        for name, batch in zip(names, batches, strict=True):
+            started.append(_start(name, batch, settings, starter, store_for))
+    except Exception:
+        if ledger is not None:  # what did not start holds nothing
+            for batch in batches[len(started) :]:
+                give_back_share(ledger, batch.input.batch_id)
+        raise
     logger.info(
         "batches started",
         extra={"delivery": delivery, "lane": batches[0].input.lane, "batches": len(started), "executions": started},
@@ -154,15 +160,17 @@ def start_batches(
     return started
 
 
-def write_bulk_jobs(batch: PlannedBatch, store_for: StoreFor) -> None:
-    """Each bulk job's document, then the manifest the bulk lane's Distributed Map reads (a JSON array of their
-    locations): the Map starts no task before all of its jobs exist."""
-    jobs = batch.bulk_jobs()
-    for ref, job in jobs:
-        store_for(ref.job_uri).write_bytes(ref.job_uri, job.model_dump_json().encode(), "application/json")
-    manifest = b"[" + b",".join(ref.model_dump_json().encode() for ref, _ in jobs) + b"]"
-    uri = batch.input.bulk_manifest_uri
-    store_for(uri).write_bytes(uri, manifest, "application/json")
+def _start(
+    name: str, batch: PlannedBatch, settings: IngestSettings, starter: WorkflowStarter, store_for: StoreFor
+) -> str:
+    """The batch's manifests and input written, then its execution started."""
+    groups_uri = batch.input.groups_uri
+    store_for(groups_uri).write_bytes(groups_uri, batch.groups_manifest(), "application/json")
+    if batch.input.lane == "bulk":
+        batch.write_bulk_jobs(store_for)
+    input_uri = batch_input_uri(settings.results_root, batch.input.batch_id)
+    store_for(input_uri).write_bytes(input_uri, batch.input.model_dump_json(indent=2).encode(), "application/json")
+    return starter.start(batch.input, name)
 
 
 @dataclass(frozen=True)
@@ -203,6 +211,7 @@ def ingest_sqs_batch(
     holder: Pass | None = None,
     dropped_lane: Callable[[int], LaneChoice] | None = None,
     claims: ClaimTable | None = None,
+    ledger: CapacityLedger | None = None,
 ) -> dict[str, Any]:
     """Handle one SQS batch: each prompt message starts its own batches; the S3 events are grouped into one, in the
     lane ``dropped_lane`` picks for their number (gathered images), or as a message with lane auto. A folder marker
@@ -210,19 +219,21 @@ def ingest_sqs_batch(
 
     ``allowed_buckets``: AWS mode, see :func:`start_batches`. ``holder``: this invocation as a pass (its claims on S3
     events are held until its deadline, see shared/pipeline/claims.py); ``claims``: the claims' table (default: the
-    settings' idempotency table; none in local mode).
+    settings' idempotency table; none in local mode); ``ledger``: the account's quotas (the same table's).
 
     Returns the partial batch response: the records that failed (a malformed message, a start that failed, an S3
     event another invocation is starting) come back to the queue, and after the queue's receive limit reach its
     dead-letter queue; the rest succeed.
     """
     dropped: dict[str, S3Object] = {}  # SQS message id -> the object its event names
+    if ledger is None and settings.idempotency_table:
+        ledger = capacity_ledger(settings)
 
     def handle(record: SQSRecord) -> None:
         try:
             parsed = parse_body(record.body)
             if isinstance(parsed, PromptMessage):
-                start_batches(parsed, record.message_id, settings, starter, store_for, allowed_buckets)
+                start_batches(parsed, record.message_id, settings, starter, store_for, allowed_buckets, ledger=ledger)
                 return
         except RequestRejected as error:
             logger.warning("message rejected", extra={"message_id": record.message_id, "reason": str(error)})
@@ -243,7 +254,9 @@ def ingest_sqs_batch(
         if claims is None and settings.idempotency_table:
             claims = claim_table(settings, starter)
         holder = holder or Pass(id=uuid.uuid4().hex, deadline=time.time() + 2 * PASS_MARGIN_S)
-        retry = _start_dropped(dropped, settings, starter, store_for, allowed_buckets, holder, claims, dropped_lane)
+        retry = _start_dropped(
+            dropped, settings, starter, store_for, allowed_buckets, holder, claims, dropped_lane, ledger
+        )
         response["batchItemFailures"] += [{"itemIdentifier": message_id} for message_id in retry]
     return response
 
@@ -251,6 +264,11 @@ def ingest_sqs_batch(
 def claim_table(settings: IngestSettings, starter: WorkflowStarter) -> ClaimTable:
     """The claims in the settings' idempotency table; an execution a dead pass named exists if ``starter`` says so."""
     return ClaimTable(dynamodb_client(), settings.idempotency_table, settings.idempotency_expiry_s, starter.exists)
+
+
+def capacity_ledger(settings: IngestSettings) -> CapacityLedger:
+    """The account's quotas, kept in the settings' idempotency table."""
+    return CapacityLedger(dynamodb_client(), settings.idempotency_table)
 
 
 def _start_dropped(
@@ -262,6 +280,7 @@ def _start_dropped(
     holder: Pass,
     claims: ClaimTable | None,
     dropped_lane: Callable[[int], LaneChoice] | None = None,
+    ledger: CapacityLedger | None = None,
 ) -> list[str]:
     """Start the dropped images no pass started before as one batch; returns the SQS message ids to retry."""
     request = AnnotationRequest(prompt=settings.ingest_prompt)
@@ -296,7 +315,7 @@ def _start_dropped(
         choice = dropped_lane(len(new)) if dropped_lane else None
         fingerprints = {event.uri: event.etag for event in new.values() if event.etag}
         executions = start_batches(
-            message, delivery, settings, starter, store_for, allowed_buckets, choice, fingerprints, intend
+            message, delivery, settings, starter, store_for, allowed_buckets, choice, fingerprints, intend, ledger
         )
     except Exception:
         logger.exception("starting the S3 batch failed", extra={"images": len(new)})

@@ -15,6 +15,7 @@ from pydantic import TypeAdapter
 
 from shared.contracts import (
     MAX_LISTED_GROUPS,
+    BatchInput,
     BatchSummary,
     BoxAttributes,
     BoxClasses,
@@ -46,6 +47,8 @@ from shared.errors import ImageRejected
 from shared.models.captioning import image_facts
 from shared.models.variants import variant_uris
 from shared.observability import MetricUnit, logger, metrics
+from shared.pipeline.batches import PlannedBatch
+from shared.pipeline.capacity import give_back_share, renew_share
 from shared.pipeline.crops import crop_boxes
 from shared.pipeline.dependencies import Dependencies
 from shared.storage.images import load_image
@@ -325,6 +328,11 @@ def summarize_batch(state: SummarizeInput, deps: Dependencies) -> BatchSummary:
         finished = {summary.group_id: summary for summary in map(GroupSummary.model_validate_json, documents)}
     unfinished = [group for group in groups if group.group_id not in finished]
     handed_back = hand_back(state, unfinished, deps) if unfinished else None
+    if deps.ledger is not None:  # the batch's share of the account's quotas: kept through the wait, or given back
+        if handed_back:
+            renew_share(deps.ledger, state.batch_id, handed_back.wait_seconds)
+        else:
+            give_back_share(deps.ledger, state.batch_id)
     rows = [] if handed_back else _unfinished_rows(state, unfinished)
     stem = f"{state.batch_id}-unfinished"
     if rows:
@@ -356,16 +364,22 @@ MAX_HAND_BACK_WAIT_S = 900
 
 
 def hand_back(state: SummarizeInput, unfinished: list[ImageGroup], deps: Dependencies) -> HandBack | None:
-    """The next round of a Lambda-lane batch with rounds left: its manifest (the ``unfinished`` groups) written, and
-    the parent's wait before it, doubling each round and jittered, so that batches throttled together do not come
-    back together. None when the batch has no round left, or runs in the bulk lane (its groups are too large for
-    a child, and its Fargate tasks have their own waits)."""
-    if state.lane != "lambda" or state.round >= state.hand_backs:
+    """The next round of a batch with rounds left: its manifest (the ``unfinished`` groups; in the bulk lane, as
+    jobs of them) written, and the parent's wait before it, doubling each round and jittered, so that batches
+    throttled together do not come back together. None when the batch has no round left."""
+    if state.round >= state.hand_backs:
         return None
     next_round = state.round + 1
-    uri = groups_manifest_uri(state.results_uri, state.batch_id, next_round)
-    manifest = b"[" + b",".join(group.model_dump_json().encode() for group in unfinished) + b"]"
-    deps.store_for(uri).write_bytes(uri, manifest, "application/json")
+    if state.lane == "bulk":
+        batch = BatchInput.model_validate(
+            state.model_dump(include=set(BatchInput.model_fields)) | {"round": next_round}
+        )
+        per_job = -(-state.groups // max(1, state.bulk_jobs))
+        PlannedBatch(input=batch, groups=unfinished, groups_per_job=per_job).write_bulk_jobs(deps.store_for)
+    else:
+        uri = groups_manifest_uri(state.results_uri, state.batch_id, next_round)
+        manifest = b"[" + b",".join(group.model_dump_json().encode() for group in unfinished) + b"]"
+        deps.store_for(uri).write_bytes(uri, manifest, "application/json")
     longest = min(MAX_HAND_BACK_WAIT_S, state.hand_back_wait_s * 2**state.round)
     wait = random.randint(-(-longest // 2), longest)
     handed_back = HandBack(round=next_round, groups=len(unfinished), wait_seconds=wait)

@@ -126,7 +126,7 @@ def test_annotate_run_in_the_bulk_lane_gives_the_lambda_lanes_documents_and_rows
     # WHEN `annotate run --lane bulk` annotates them: the same workflow file, its bulk Map's task run in-process
     _annotate_run(inputs, tmp_path, "bulk")
     # THEN the batch ran in the bulk lane, and every image has the Lambda lane's document and row
-    [manifest] = (tmp_path / "manifests").glob("b-*.bulk.json")
+    [manifest] = (tmp_path / "manifests").glob("b-*.bulk.0.json")
     assert TypeAdapter(list[BulkJobRef]).validate_json(manifest.read_bytes())
     assert _documents(tmp_path) == _documents(by_workflow) != {}
     assert run_local_query(ROWS, tmp_path).to_pylist() == run_local_query(ROWS, by_workflow).to_pylist()

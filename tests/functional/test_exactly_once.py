@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tools.cli import app
-from tools.local.exactly_once import Stack, Step, check_exactly_once, play
+from tools.local.exactly_once import Stack, Step, play
 
 
 def test_the_short_profile_finds_every_image_started_exactly_once() -> None:
@@ -23,14 +23,31 @@ def test_it_finds_a_pass_that_died_after_starting_started_again_once_its_claims_
     from shared.pipeline.ingest import StepFunctionsStarter
 
     monkeypatch.setattr(StepFunctionsStarter, "exists", lambda self, name: False)
-    # WHEN the checker runs the seeds that reach it
-    broken: list[str] = []
-    report = check_exactly_once(runs=1, steps_per_run=20, seed=9, say=broken.append)
-    # THEN it says which image started twice, with its seed and the fewest steps that do it
-    assert report.line == "exactly once: 1 runs, 20 steps, 1 broken"
-    [said] = broken
-    assert said.startswith("seed 9: broken at the end: started twice: ['incoming/drop-3.jpg']"), said
-    assert "the fewest steps: drop drop-1; drop drop-3; ingest  dies_at=9" in said
+    # WHEN the steps seed 50 of 30 shrank to are played: Ingest held after its StartExecution while 285 s pass and
+    # other passes run, then it dies before marking its claims
+    steps = [
+        Step("drop", name="drop-2"),
+        Step("both", name="ingest", dies_at=23, held_at=8, seconds=285, meanwhile=3),
+        Step("drop", name="drop-3"),
+    ]
+    # THEN the image is started twice
+    assert play(steps, Stack.from_template()) == (
+        "at the end: started twice: ['incoming/drop-2.jpg']; never: []; folders started: []"
+    )
+
+
+def test_it_finds_overlapping_batches_planned_past_the_accounts_invocations_when_they_do_not_share_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN batches that each plan within the whole quota, not within what the others leave
+    from shared.pipeline import ingest
+
+    monkeypatch.setattr(ingest, "take_share", lambda ledger, planned, settings: planned)
+    # WHEN the steps seed 32 of 20 shrank to are played: a gathered batch runs while Ingest starts another
+    steps = [Step("drop", name="drop-5"), Step("drop", name="drop-6"), Step("gather"), Step("drop", name="drop-7")]
+    broken = play(steps, Stack.from_template())
+    # THEN the second is found taking invocations the first holds
+    assert broken is not None and "of lambda-invocations while 8 of 8 are in use" in broken, broken
 
 
 def test_a_console_folder_dropped_beside_an_image_starts_nothing_and_loses_nothing() -> None:

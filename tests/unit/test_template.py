@@ -201,6 +201,8 @@ def _parameters_in(value: Any) -> set[str]:
     found = set().union(*(_parameters_in(item) for item in value.values())) if value else set()
     if value.get("Ref") in PARAMETERS:
         found.add(value["Ref"])
+    if str(value.get("Ref", "")).endswith(".Version"):  # a function's version: what its own description holds
+        found |= _parameters_in(VERSIONED[value["Ref"].removesuffix(".Version")]["VersionDescription"])
     if "Fn::If" in value:
         found |= _parameters_in(CONDITIONS[value["Fn::If"][0]])
     return found
@@ -233,6 +235,48 @@ def test_a_new_layer_or_parameter_value_publishes_a_new_version_and_the_old_one_
         assert not missing, f"{name}: a new value of {sorted(missing)} would publish no version"
         for layer in layer_ids(properties["Layers"]):
             assert RESOURCES[layer]["Properties"]["PublishLambdaVersion"] is True, (name, layer)
+
+
+def _longest(parameter: dict[str, Any]) -> str:
+    """The longest value CloudFormation accepts for a parameter that bounds its length."""
+    if "AllowedValues" in parameter:
+        return max(map(str, parameter["AllowedValues"]), key=len)
+    if "MaxValue" in parameter:
+        return str(parameter["MaxValue"])
+    assert "MaxLength" in parameter, "a parameter in a version's description must bound its length"
+    return "x" * int(parameter["MaxLength"])
+
+
+def _render(value: Any, parameters: dict[str, Any]) -> str:
+    """A description as its longest: each parameter at its longest, a function's or layer's version number at six
+    digits, the name part of a secret's ARN (its seventh field) as long as the ARN's bound leaves it."""
+    if isinstance(value, str):
+        return value
+    if "Fn::Sub" in value:
+        text, names = (value["Fn::Sub"], {}) if isinstance(value["Fn::Sub"], str) else value["Fn::Sub"]
+        values = {name: _render(item, parameters) for name, item in names.items()}
+        return re.sub(
+            r"\$\{(\w+)\}", lambda found: values.get(found.group(1)) or _longest(parameters[found.group(1)]), text
+        )
+    if "Fn::If" in value:
+        return max((_render(item, parameters) for item in value["Fn::If"][1:]), key=len)
+    if "Fn::Select" in value:
+        index, [separator, source] = value["Fn::Select"][0], value["Fn::Select"][1]["Fn::Split"]
+        if index == 7:  # a function's or a layer's version number
+            return "999999"
+        shortest_arn_prefix = len("arn:aws:secretsmanager:eu-west-1:123456789012:secret:")
+        assert index == 6 and separator == ":"
+        return "x" * (len(_longest(parameters[source["Ref"]])) - shortest_arn_prefix)
+    raise AssertionError(f"not rendered: {value}")
+
+
+def test_every_version_description_fits_lambdas_256_characters_at_its_parameters_longest() -> None:
+    # GIVEN each parameter at the longest value the template accepts (CloudFormation refuses a longer one before
+    # anything is created)
+    for name, properties in VERSIONED.items():
+        # THEN each version's description fits PublishVersion's limit ("Maximum length of 256")
+        described = _render(properties["VersionDescription"], template()["Parameters"])
+        assert len(described) <= 256, (name, len(described), described)
 
 
 def test_a_bulk_task_holds_the_workers_measured_peak_with_a_sixth_to_spare() -> None:

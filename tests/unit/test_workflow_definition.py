@@ -349,9 +349,9 @@ def test_every_catch_of_an_image_step_records_its_failure_under_a_failed_step() 
         ImageState.model_validate(write_path(full_state(), f"$.failures.{key}", dumped(FAILURE)))
 
 
-def manifest_key(document: dict[str, Any]) -> str:
-    """The key AnnotateGroups' ItemReader reads in the state ``document``."""
-    reader = STATES["AnnotateGroups"]["ItemReader"]["Parameters"]
+def manifest_key(document: dict[str, Any], state: str = "AnnotateGroups") -> str:
+    """The key the Map ``state``'s ItemReader reads in the state ``document``."""
+    reader = STATES[state]["ItemReader"]["Parameters"]
     key_format, paths = re.fullmatch(r"States\.Format\('(.+?)', (.+)\)", reader["Key.$"]).groups()
     for path in paths.split(", "):
         key_format = key_format.replace("{}", str(read_path(document, path, {})), 1)
@@ -366,19 +366,15 @@ def test_the_distributed_map_reads_the_groups_manifest_that_ingest_writes() -> N
 @pytest.mark.parametrize("lane", ["lambda", "bulk"])
 def test_the_batch_runs_in_the_lane_ingest_chose(lane: str) -> None:
     batch = dumped(BATCH.model_copy(update={"lane": lane}))
-    chosen = next((c["Next"] for c in STATES["ChooseLane"]["Choices"] if batch["lane"] == c["StringEquals"]), None)
-    assert (chosen or STATES["ChooseLane"]["Default"]) == {"lambda": "AnnotateGroups", "bulk": "AnnotateGroupsInBulk"}[
-        lane
-    ]
+    assert next_state("ChooseLane", batch) == {"lambda": "AnnotateGroups", "bulk": "AnnotateGroupsInBulk"}[lane]
 
 
 def test_the_bulk_lane_runs_each_job_of_the_bulk_manifest_spot_first_then_on_demand() -> None:
     bulk = STATES["AnnotateGroupsInBulk"]
-    reader = bulk["ItemReader"]["Parameters"]
-    key_format, path = re.fullmatch(r"States\.Format\('(.+)', (\$\.\w+)\)", reader["Key.$"]).groups()
-    key = key_format.replace("{}", read_path(dumped(BATCH), path, {}))
-    in_bucket = BATCH.model_copy(update={"results_uri": "s3://${ResultsBucket}"})
-    assert f"s3://{reader['Bucket']}/{key}" == in_bucket.bulk_manifest_uri
+    for round in (0, 2):  # ingest's jobs, and those of groups handed back
+        in_bucket = BATCH.model_copy(update={"results_uri": "s3://${ResultsBucket}", "round": round})
+        assert manifest_key(dumped(in_bucket), "AnnotateGroupsInBulk") == in_bucket.bulk_manifest_uri
+    assert bulk["ToleratedFailurePercentage"] == 100  # one failed job of two must not stop the other
     assert bulk["MaxConcurrencyPath"].removeprefix("$.") in BatchInput.model_fields
     assert bulk["ItemProcessor"]["ProcessorConfig"]["ExecutionType"] == "STANDARD"  # Express cannot wait (.sync)
     job = BulkJobRef(job_uri=bulk_job_uri(BATCH.results_uri, BATCH.batch_id, 0))
@@ -439,7 +435,8 @@ def test_the_batch_is_summarized_whether_or_not_the_map_failed(failed: bool) -> 
 
 
 def next_state(choice: str, document: dict[str, Any]) -> str:
-    """Where the Choice state ``choice`` goes from ``document`` (the IsPresent and IsNull rules it uses)."""
+    """Where the Choice state ``choice`` goes from ``document`` (the IsPresent, IsNull and StringEquals rules it
+    uses)."""
     for rule in STATES[choice]["Choices"]:
         try:
             value, present = read_path(document, rule["Variable"], {}), True
@@ -449,26 +446,36 @@ def next_state(choice: str, document: dict[str, Any]) -> str:
             return str(rule["Next"])
         if "IsNull" in rule and present and (value is None) is rule["IsNull"]:
             return str(rule["Next"])
+        if "StringEquals" in rule and present and value == rule["StringEquals"]:
+            return str(rule["Next"])
     return str(STATES[choice]["Default"])
 
 
+@pytest.mark.parametrize("lane", ["lambda", "bulk"])
 @pytest.mark.parametrize("failed", [False, True])
-def test_groups_handed_back_run_again_in_the_next_round_after_the_summary_s_wait(failed: bool) -> None:
+def test_groups_handed_back_run_again_in_the_next_round_after_the_summary_s_wait(failed: bool, lane: str) -> None:
     # GIVEN a round whose Map ended (failed or not) and whose summary hands two groups back to round 1
-    groups = STATES["AnnotateGroups"]
+    groups = STATES["AnnotateGroups" if lane == "lambda" else "AnnotateGroupsInBulk"]
     path, result = (groups["Catch"][0]["ResultPath"], dumped(FAILURE)) if failed else (groups["ResultPath"], {})
-    document = write_path(dumped(BATCH.model_copy(update={"hand_backs": 3})), path, result)
+    batch = BATCH.model_copy(update={"hand_backs": 3, "lane": lane})
+    document = write_path(dumped(batch), path, result)
     handed_back = SUMMARY.model_copy(update={"handed_back": HandBack(round=1, groups=2, wait_seconds=90)})
     ended = write_path(document, STATES["SummarizeBatch"]["ResultPath"], dumped(handed_back))
-    # THEN the parent waits the summary's seconds, then runs AnnotateGroups again on round 1's manifest, with the
+    # THEN the parent waits the summary's seconds, then runs its lane again on round 1's manifest, with the
     # batch's input as it was, but for its round (the earlier round's error and summary gone)
     assert next_state("BatchEnded", ended) == "WaitForCapacity"
     wait = STATES["WaitForCapacity"]
     assert read_path(ended, wait["SecondsPath"], {}) == 90 and wait["Next"] == "HandBackGroups"
     again = BatchInput.model_validate(state_input(STATES["HandBackGroups"], ended))
-    assert again == BATCH.model_copy(update={"hand_backs": 3, "round": 1})
-    assert STATES["HandBackGroups"]["Next"] == "AnnotateGroups"
-    assert manifest_key(dumped(again)) == groups_manifest_uri("s3://${ResultsBucket}", BATCH.batch_id, 1)
+    assert again == batch.model_copy(update={"round": 1})
+    assert STATES["HandBackGroups"]["Next"] == "ChooseLane"
+    in_bucket = again.model_copy(update={"results_uri": "s3://${ResultsBucket}"})
+    if lane == "lambda":
+        assert next_state("ChooseLane", dumped(again)) == "AnnotateGroups"
+        assert manifest_key(dumped(again)) == in_bucket.round_groups_uri
+    else:
+        assert next_state("ChooseLane", dumped(again)) == "AnnotateGroupsInBulk"
+        assert manifest_key(dumped(again), "AnnotateGroupsInBulk") == in_bucket.bulk_manifest_uri
 
 
 CHILD = STATES["AnnotateGroups"]["ItemProcessor"]["States"]

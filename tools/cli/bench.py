@@ -160,6 +160,9 @@ def chaos(
     function_memory: Annotated[
         int | None, typer.Option(min=128, max=10240, help="The account's largest function memory in MB (3008)")
     ] = None,
+    shared_budget: Annotated[
+        bool, typer.Option(help="Batches share the account's quotas (--no-shared-budget: each plans within the whole)")
+    ] = True,
 ) -> None:
     """Annotate generated images through the local workflow with AWS faults injected; account for every image.
 
@@ -186,6 +189,7 @@ def chaos(
         fargate_vcpus=fargate_vcpus,
         spot_shortage_s=spot_shortage,
         function_memory_mb=function_memory,
+        shared_budget=shared_budget,
     )
     # Each line whole, at any width: a program reads the last one
     out.print(faults.account(), highlight=False, soft_wrap=True)

@@ -42,6 +42,7 @@ from tools.local.step_functions import FargateRefused, FunctionTimedOut, LambdaS
 from tools.local.workflow import step_timeouts
 
 INPUT_BUCKET, RESULTS_BUCKET = "chaos-input", "chaos-results"
+LEDGER_TABLE = "chaos-quotas"  # the account's quotas the batches share (shared/pipeline/capacity.py)
 BUCKETS = (INPUT_BUCKET, RESULTS_BUCKET)
 MODEL_STEPS = frozenset({"detect", "classify", "tag", "caption"})
 # Hand-backs as the template deploys them (HandBacks), but the parent's first wait (HandBackWaitSeconds, 60 on AWS)
@@ -74,6 +75,7 @@ class Faults:
     fargate_vcpus: int | None = None  # the account's Fargate vCPUs: a task past them is not started (None: no quota)
     spot_shortage_s: float = 0.0  # Fargate Spot has no capacity for this long from the first Spot task
     function_memory_mb: int | None = None  # the account's largest function memory (None: Lambda's 10,240 MB)
+    shared_budget: bool = True  # the batches take their shares from one ledger (False: each plans within the whole)
 
     def account(self) -> str:
         quota = f"{self.lambda_concurrency:,}" if self.lambda_concurrency else "no quota"
@@ -90,6 +92,7 @@ class Faults:
         if self.batches > 1 or self.bulk_images:
             bulk = f" and a bulk one of {self.bulk_images} images" if self.bulk_images else ""
             line += f", {self.batches} batches at once{bulk}"
+            line += ", sharing its quotas" if self.shared_budget else ", each planning within the whole quotas"
         return line + f"; a hand-back waits {HAND_BACK_WAIT_S} s"
 
     def functions_over_memory(self) -> list[str]:
@@ -310,10 +313,10 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
     import boto3
 
     from shared.contracts import PromptMessage
-    from shared.pipeline.ingest import start_batches
+    from shared.pipeline.ingest import capacity_ledger, refresh_clients, start_batches
     from shared.settings import Profile, use_settings
     from shared.storage import objects as storage
-    from tools.local.runner import REGION, HandlerDispatcher, LocalStarter, local_workflow
+    from tools.local.runner import REGION, HandlerDispatcher, LocalStarter, create_idempotency_table, local_workflow
     from tools.models.tiny_models import build_named_models
 
     with tempfile.TemporaryDirectory(prefix="annotate-chaos-") as folder:
@@ -323,6 +326,7 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
             results_uri=f"s3://{RESULTS_BUCKET}",
             hand_backs=HAND_BACKS,
             hand_back_wait_s=HAND_BACK_WAIT_S,
+            idempotency_table=LEDGER_TABLE if faults.shared_budget else "",  # where SummarizeBatch gives shares back
         )
         account: dict[str, Any] = {"lambda_concurrency": faults.lambda_concurrency} if faults.lambda_concurrency else {}
         if faults.fargate_vcpus:
@@ -356,6 +360,11 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
                 s3.create_bucket(Bucket=bucket)
             for key, body in (images | with_variants | bulk).items():
                 s3.put_object(Bucket=INPUT_BUCKET, Key=key, Body=body)
+            ledger = None
+            if faults.shared_budget:
+                create_idempotency_table(LEDGER_TABLE)
+                refresh_clients()  # the ledger's DynamoDB client, moto's
+                ledger = capacity_ledger(settings.ingest)
             session = boto3.DEFAULT_SESSION
             assert session is not None
             storage.refresh_clients()  # the functions' S3 client is made anew, from the session that injects
@@ -379,7 +388,13 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
                 with ThreadPoolExecutor(len(messages)) as senders:  # overlapping batches share the account's quota
                     sent = [
                         senders.submit(
-                            start_batches, message, f"annotate-chaos-{n}", settings.ingest, starter, storage.store_for
+                            start_batches,
+                            message,
+                            f"annotate-chaos-{n}",
+                            settings.ingest,
+                            starter,
+                            storage.store_for,
+                            ledger=ledger,
                         )
                         for n, message in enumerate(messages)
                     ]

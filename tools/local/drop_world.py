@@ -1,6 +1,8 @@
 """One run's AWS for the exactly-once checker (tools/local/exactly_once.py): moto with the stack's resources as
 template.yaml makes them, a clock of its own, and the functions under test run as Lambda runs them — ended at any
-AWS call, held at one while others run, their batches kept by the poller when they fail."""
+AWS call, held at one while others run, their batches kept by the poller when they fail. The executions they start
+run until the checker ends them (each of its groups written, or one job or group failed), and SummarizeBatch's own
+code hands back or ends them; an account of a few Lambda invocations and Fargate vCPUs is what they share."""
 
 from __future__ import annotations
 
@@ -15,9 +17,24 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from tools.local.drop_executions import RESULTS_BUCKET, Broken, Executions
+
 REGION = "us-east-1"
-INPUT_BUCKET, RESULTS_BUCKET, TABLE = "once-input", "once-results", "once-claims"
+INPUT_BUCKET, TABLE = "once-input", "once-claims"
 DEFINITION = json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}})
+# A new account's quotas, small enough that overlapping batches meet them: 8 invocations for batches (Ingest keeps
+# one), 4 Fargate vCPUs (two bulk tasks); a bulk task of 3 images' worth ends within the minute's wait
+ACCOUNT: dict[str, Any] = {
+    "lambda_concurrency": 9,
+    "images_per_group": 2,
+    "fargate_vcpus": 4,
+    "bulk_task_cpu": 2048,
+    "bulk_task_start_s": 30,
+    "bulk_seconds_per_image": 10,
+    "gathered_bulk_from_images": 3,
+    "bulk_images_per_group": 1,
+    "hand_backs": 2,
+}
 
 
 class Killed(BaseException):
@@ -73,10 +90,6 @@ def _as_function(call: Callable[..., Any]) -> Callable[..., Any]:
             raise FunctionError(f"{type(error).__name__}: {error}") from error
 
     return run
-
-
-class Broken(AssertionError):
-    """An invariant broken: what, and after which step."""
 
 
 class World:
@@ -135,6 +148,7 @@ class World:
             )
             self.starter = ingest.StepFunctionsStarter(sfn, machine["stateMachineArn"])
             self.sfn, self.machine = sfn, machine["stateMachineArn"]
+            self.executions = Executions(self.s3, sfn, self.machine, self._ledger, self._settings)
             try:
                 yield self
             finally:
@@ -196,6 +210,14 @@ class World:
         self.sqs.send_message(QueueUrl=self.queue, MessageBody=body)
 
     def time_passes(self, seconds: int) -> None:
+        held = {
+            holder: holding.until
+            for quota in self.executions.quotas()
+            for holder, holding in self._ledger().holdings(quota).items()
+        }
+        for arn, batch in list(self.executions.running.items()):  # AWS ran it to its end within its bound (its lease)
+            if held.get(batch.batch_id, float("inf")) <= self.clock + seconds:
+                self.executions.end(arn)
         self.clock += seconds
         if seconds >= self.stack.visibility_s:  # every message received and not deleted is visible again
             for handle in sorted(self.handles):
@@ -244,6 +266,7 @@ class World:
             results_uri=f"s3://{RESULTS_BUCKET}",
             input_buckets=[INPUT_BUCKET],
             idempotency_table=TABLE,
+            **ACCOUNT,
         ).ingest
 
     def _pass(self) -> Any:
@@ -256,6 +279,11 @@ class World:
 
         settings = self._settings()
         return ClaimTable(self.dynamodb, TABLE, settings.idempotency_expiry_s, self.starter.exists, self.now, map)
+
+    def _ledger(self) -> Any:
+        from shared.pipeline.capacity import CapacityLedger
+
+        return CapacityLedger(self.dynamodb, TABLE, self.now)
 
     def ingest(self, invocation: _Invocation) -> None:
         """Lambda's poller receives a batch and invokes Ingest; what it reports done is deleted, nothing if it died."""
@@ -278,6 +306,7 @@ class World:
                 holder,
                 None,
                 self._claims(),
+                self._ledger(),
             )
         finally:
             self.local.invocation = None
@@ -311,6 +340,7 @@ class World:
                 holder,
                 [INPUT_BUCKET],
                 self._claims(),
+                self._ledger(),
             )
         finally:
             self.local.invocation = None
@@ -336,6 +366,12 @@ class World:
             self.time_passes(self.stack.visibility_s)
             self.run_function("ingest", _Invocation())
             self.run_function("gather", _Invocation())
+            self.executions.discover()
+            for arn in list(self.executions.running):
+                self.executions.end(arn)
+        for arn in list(self.executions.running):  # rounds handed back
+            while arn in self.executions.running:
+                self.executions.end(arn)
 
     def run_function(self, kind: str, invocation: _Invocation) -> None:
         """The function run as Lambda runs it: when it dies or fails (a function error, such as Powertools' "all
@@ -382,3 +418,13 @@ class World:
                 self.sqs.delete_message(QueueUrl=self.dead, ReceiptHandle=message["ReceiptHandle"])
         if readable:
             raise Broken(f"readable events in the dead-letter queue: {sorted(readable)}")
+        # A pass that died after taking its batch's share and before starting it leaves the share to its lease; an
+        # execution that ended holds nothing
+        leaked = {
+            f"{quota}: {holder}"
+            for quota in self.executions.quotas()
+            for holder in self._ledger().holdings(quota)
+            if holder in self.executions.ended
+        }
+        if leaked:
+            raise Broken(f"executions that ended still hold their share: {sorted(leaked)}")

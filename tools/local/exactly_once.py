@@ -13,13 +13,17 @@ gatherer, the claims, StartExecution — over moto, choosing at each step what A
   six others run, events delivered again meanwhile; then it goes on, or dies;
 - time passing: claims expire, a received message's visibility timeout ends and it is received again (counting
   toward the queue's maxReceiveCount of the template, past which SQS moves it to the dead-letter queue);
-- a malformed message.
+- a malformed message;
+- a running execution's round ending: every group written, or one bulk job (a task refused for quota, or failed on
+  Spot and on demand) or one Lambda group (throttled past its retries) not, which SummarizeBatch's code hands back
+  to a later round or turns into failure rows.
 
-After every pass it checks that a pass that ended holds no claim in progress; after every run (once whatever is left
-in the queue has been handled), that every image object dropped is in exactly one execution, no folder in any, and
-nothing readable in the dead-letter queue. A broken run is shrunk to the fewest steps that still break it, and
-printed with its seed. Not modelled yet: the bulk lane's Fargate tasks and the account's concurrency (issue 45's
-points 3 and 4).
+After every pass it checks that a pass that ended holds no claim in progress; after every step, that the executions
+running plan within the account's Lambda invocations and Fargate vCPUs (tools/local/drop_world.py's ACCOUNT: a
+batch started when nothing was free may run one group or task at once); after every run (once whatever is left in
+the queue has been handled and every execution ended), that every image object dropped is in exactly one execution,
+no folder in any, nothing readable in the dead-letter queue, and no execution that ended holds a share of the
+account. A broken run is shrunk to the fewest steps that still break it, and printed with its seed.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ class Step:
     seconds: int = 0
     meanwhile: int = 0  # passes that run while one is held
     again: bool = False  # every event delivered again while one is held
+    which: int = 0  # the running execution a round of ends (counted from the oldest, modulo how many run)
+    fails: bool = False  # that round's last job or group is not written
 
     def __str__(self) -> str:
         said = {
@@ -52,12 +58,15 @@ class Step:
             "seconds": self.seconds or None,
             "meanwhile": self.meanwhile or None,
             "again": self.again or None,
+            "which": self.which if self.kind == "end" else None,
+            "fails": self.fails or None,
         }
         return " ".join([self.kind, self.name, *(f"{k}={v}" for k, v in said.items() if v is not None)]).strip()
 
 
 # What a step may be, weighted by repetition
-KINDS = ("drop",) * 3 + ("folder",) + ("again",) * 2 + ("ingest",) * 2 + ("gather",) * 2 + ("both", "time", "malformed")
+KINDS: tuple[str, ...] = ("drop",) * 3 + ("folder",) + ("again",) * 2 + ("ingest",) * 2 + ("gather",) * 2
+KINDS += ("end",) * 2 + ("both", "time", "malformed")
 # A pass makes ten to thirty AWS calls: a death or a hold anywhere in them, most often before its last
 CALLS = 24
 
@@ -93,6 +102,8 @@ def draw_steps(chance: random.Random, count: int, most_deaths: int) -> list[Step
             )
         elif kind == "time":
             steps.append(Step(kind, seconds=chance.choice([60, 300, 1800])))
+        elif kind == "end":
+            steps.append(Step(kind, which=chance.randint(0, 3), fails=chance.random() < 0.3))
         else:
             steps.append(Step(kind))
     return steps
@@ -107,6 +118,7 @@ def play(steps: list[Step], stack: Stack) -> str | None:
                 world.steps = number
                 try:
                     _do(world, step)
+                    world.executions.discover()
                 except Broken as broken:
                     return f"after step {number} ({step}): {broken}"
             world.drain()
@@ -132,6 +144,9 @@ def _do(world: World, step: Step) -> None:
         world.time_passes(step.seconds)
     elif step.kind == "malformed":
         world.send("{not json")
+    elif step.kind == "end" and world.executions.running:
+        running = list(world.executions.running)
+        world.executions.end(running[step.which % len(running)], step.fails)
 
 
 def _two_at_once(world: World, step: Step) -> None:

@@ -151,16 +151,22 @@ def versions_replaced(template: dict[str, Any], before: dict[str, str], after: d
     CloudFormation decides it (a version's properties changed) and Lambda then publishes it. Raises
     :class:`PublishFailed` for a replaced version whose function's code and configuration did not change, as
     PublishVersion then publishes nothing and the update fails."""
-    replaced = []
     resources = template["Resources"]
-    for version in resources.values():
-        if version["Type"] != "AWS::Lambda::Version":
-            continue
-        if _with_parameters(template, version["Properties"], before) == _with_parameters(
-            template, version["Properties"], after
-        ):
-            continue
-        function = version["Properties"]["FunctionName"]["Ref"]
+    versions = {name: version for name, version in resources.items() if version["Type"] == "AWS::Lambda::Version"}
+    changed = {
+        name
+        for name, version in versions.items()
+        if _with_parameters(template, version["Properties"], before)
+        != _with_parameters(template, version["Properties"], after)
+    }
+    while True:  # a version whose description names a replaced version's number resolves anew: replaced too
+        naming = {name for name in versions if name not in changed and _refs(versions[name]["Properties"]) & changed}
+        if not naming:
+            break
+        changed |= naming
+    replaced = []
+    for name in changed:
+        function = versions[name]["Properties"]["FunctionName"]["Ref"]
         configuration = {k: v for k, v in resources[function]["Properties"].items() if k not in NOT_IN_A_VERSION}
         if _with_parameters(template, configuration, before) == _with_parameters(template, configuration, after):
             raise PublishFailed(
@@ -169,6 +175,16 @@ def versions_replaced(template: dict[str, Any], before: dict[str, str], after: d
             )
         replaced.append(function)
     return replaced
+
+
+def _refs(value: Any) -> set[str]:
+    """The logical ids ``value`` names with Ref."""
+    if isinstance(value, list):
+        return set().union(*map(_refs, value)) if value else set()
+    if not isinstance(value, dict):
+        return set()
+    found = set().union(*map(_refs, value.values())) if value else set()
+    return found | ({value["Ref"]} if isinstance(value.get("Ref"), str) else set())
 
 
 def publish_versions(

@@ -212,11 +212,23 @@ def _novalue_removes_list_items() -> Iterator[None]:
 
 @contextmanager
 def _layer_versions_ref_to_their_arn() -> Iterator[None]:
-    """CloudFormation's Ref of an AWS::Lambda::LayerVersion is the layer version's ARN; moto 5.2.5 answers the
-    object itself, which an Fn::Split of it (Detect's version description) cannot take."""
-    from moto.awslambda.models import LayerVersion
+    """CloudFormation's Ref of an AWS::Lambda::LayerVersion, or an AWS::Lambda::Version, is its ARN; moto 5.2.5
+    answers the object itself, which an Fn::Split of it (Detect's version description, the API's) cannot take."""
+    from moto.awslambda.models import LambdaVersion, LayerVersion, get_backend
 
-    with mock.patch.object(LayerVersion, "physical_resource_id", property(lambda layer: layer.arn), create=True):
+    def create_version(
+        cls: type[LambdaVersion], name: str, template: dict[str, Any], account_id: str, region_name: str, **_: Any
+    ) -> LambdaVersion:
+        function = get_backend(account_id, region_name).publish_version(template["Properties"]["FunctionName"])
+        made = LambdaVersion({"Version": function.version})  # type: ignore[abstract, union-attr]
+        made.arn = function.function_arn  # type: ignore[attr-defined, union-attr]  # the version's, qualified
+        return made
+
+    with (
+        mock.patch.object(LayerVersion, "physical_resource_id", property(lambda layer: layer.arn), create=True),
+        mock.patch.object(LambdaVersion, "create_from_cloudformation_json", classmethod(create_version)),
+        mock.patch.object(LambdaVersion, "physical_resource_id", property(lambda version: version.arn), create=True),
+    ):
         yield
 
 

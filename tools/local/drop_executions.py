@@ -1,0 +1,117 @@
+"""The executions of the exactly-once checker's world (tools/local/drop_world.py): what the batches Ingest and the
+gatherer start hold of the account while they run, checked as each starts, and each round's end as SummarizeBatch's
+own code makes it (groups written, or one job or group not; handed back, or ended)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+RESULTS_BUCKET = "once-results"
+
+
+class Broken(AssertionError):
+    """An invariant broken: what, and after which step."""
+
+
+class Executions:
+    """The executions started in ``machine``, those running and those ended; ``ledger`` and ``settings`` are the
+    world's (its clock, its account)."""
+
+    def __init__(self, s3: Any, sfn: Any, machine: str, ledger: Callable[[], Any], settings: Callable[[], Any]) -> None:
+        self.s3, self.sfn, self.machine, self.ledger, self.settings = s3, sfn, machine, ledger, settings
+        self.running: dict[str, Any] = {}  # execution ARN -> its BatchInput, in the round it runs
+        self.seen: set[str] = set()  # executions ever started
+        self.ended: set[str] = set()  # the batch ids of executions that ended
+
+    @staticmethod
+    def quotas() -> list[Any]:
+        from shared.pipeline.capacity import Quota
+
+        return list(Quota)
+
+    def _groups(self, batch: Any) -> list[Any]:
+        """The groups the batch's round runs: its groups manifest's, or its bulk jobs'."""
+        from shared.contracts import BulkJob, BulkJobRef, ImageGroup
+
+        if batch.lane == "bulk":
+            refs = [BulkJobRef.model_validate(ref) for ref in self._read_json(batch.bulk_manifest_uri)]
+            return [group for ref in refs for group in BulkJob.model_validate(self._read_json(ref.job_uri)).groups]
+        return [ImageGroup.model_validate(group) for group in self._read_json(batch.round_groups_uri)]
+
+    def _read_json(self, uri: str) -> Any:
+        _, key = uri.split(f"s3://{RESULTS_BUCKET}/", 1)
+        return json.loads(self.s3.get_object(Bucket=RESULTS_BUCKET, Key=key)["Body"].read())
+
+    def use(self, batch: Any) -> dict[Any, int]:
+        """What a running batch takes of each quota, as its input plans it."""
+        from shared.pipeline.capacity import unit_of
+
+        per_group = max(len(group.images) for group in self._groups(batch))
+        units = batch.bulk_concurrency if batch.lane == "bulk" else batch.group_concurrency
+        return {quota: amount * units for quota, amount in unit_of(batch, per_group, self.settings()).items()}
+
+    def least(self, batch: Any) -> bool:
+        """Whether a Lambda-lane batch runs one image at a time."""
+        return batch.group_concurrency == 1 and all(len(group.images) == 1 for group in self._groups(batch))
+
+    def discover(self) -> None:
+        """The executions started since the last step join the running ones; the account's quotas must hold them all,
+        but for a batch started when nothing was free, which runs one image or one bulk task at a time."""
+        from shared.contracts import BatchInput
+        from shared.pipeline.capacity import limits
+
+        listed = self.sfn.list_executions(stateMachineArn=self.machine)["executions"]
+        in_use = Counter[Any]()
+        for batch in self.running.values():
+            in_use.update(self.use(batch))
+        quota_limits = limits(self.settings())
+        for execution in sorted(listed, key=lambda e: e["startDate"]):
+            if execution["executionArn"] in self.seen:
+                continue
+            self.seen.add(execution["executionArn"])
+            batch = BatchInput.model_validate_json(
+                self.sfn.describe_execution(executionArn=execution["executionArn"])["input"]
+            )
+            use = self.use(batch)
+            least = batch.bulk_concurrency == 1 if batch.lane == "bulk" else self.least(batch)
+            for quota, amount in use.items():
+                if in_use[quota] + amount > quota_limits[quota] and not least:
+                    raise Broken(
+                        f"{batch.batch_id} ({batch.lane}) takes {amount} of {quota} while {in_use[quota]} of "
+                        f"{quota_limits[quota]} are in use"
+                    )
+            in_use.update(use)
+            self.running[execution["executionArn"]] = batch
+
+    def end(self, arn: str, fails: bool = False) -> None:
+        """The execution's round ends: each of its groups written (or, if it ``fails``, all but its last job's or
+        group's), then SummarizeBatch's code hands the rest back (the execution runs on) or ends it."""
+        from shared.contracts import GroupSummary, SummarizeInput
+        from shared.pipeline.dependencies import Dependencies
+        from shared.pipeline.steps import group_summary_uri, summarize_batch
+        from shared.settings import Settings
+        from shared.storage.objects import store_for
+
+        batch = self.running.pop(arn)
+        groups = self._groups(batch)
+        for group in groups[: -1 if fails else None]:
+            uri = group_summary_uri(batch.results_uri, batch.batch_id, group.group_id)
+            summary = GroupSummary(
+                batch_id=batch.batch_id,
+                group_id=group.group_id,
+                succeeded=len(group.images),
+                failed=0,
+                images_table_uri="",
+                detections_table_uri="",
+            )
+            store_for(uri).write_bytes(uri, summary.model_dump_json().encode(), "application/json")
+        deps = Dependencies(store_for=store_for, image_limits=Settings().image_limits, ledger=self.ledger())
+        state = SummarizeInput.model_validate(batch.model_dump())
+        handed_back = summarize_batch(state, deps).handed_back
+        if handed_back:
+            self.running[arn] = batch.model_copy(update={"round": handed_back.round})
+        else:
+            self.ended.add(batch.batch_id)

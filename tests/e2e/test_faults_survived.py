@@ -73,7 +73,7 @@ def test_annotate_chaos_prints_its_rates_and_ends_with_the_account(
     )
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
-    account = "account: Lambda concurrency no quota (a batch's fan-out planned within it); a hand-back waits 5 s"
+    account = "account: Lambda concurrency no quota; a hand-back waits 5 s"
     assert lines[0] == account
     assert lines[1].startswith("faults: Lambda throttle 30%")
     assert lines[-1].startswith("4 images, 4 rows, 0 lost, ") and lines[-1].endswith(", 0 recorded as failed")

@@ -79,7 +79,7 @@ class Faults:
 
     def account(self) -> str:
         quota = f"{self.lambda_concurrency:,}" if self.lambda_concurrency else "no quota"
-        line = f"account: Lambda concurrency {quota} (a batch's fan-out planned within it)"
+        line = f"account: Lambda concurrency {quota}"
         if self.snapstart_reinit_s:
             line += f", SnapStart versions inactive (re-initialising for {self.snapstart_reinit_s:g} s)"
         if self.fargate_vcpus:

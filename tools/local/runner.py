@@ -472,8 +472,9 @@ def local_workflow(
             partial(_run_container, dispatcher.gate, dispatcher.listener, dispatcher.stopping),
             express_limit=aws_limits,
         ),
-        # Locally the measurements are in the image rows; EMF is for CloudWatch and would flood the terminal.
-        mock.patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"}),
+        # Locally the measurements are in the image rows; EMF is for CloudWatch and would flood the terminal. The
+        # functions' clients resolve the region as in Lambda, from the environment: moto's region here.
+        mock.patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true", "AWS_DEFAULT_REGION": REGION}),
     ):
         client = boto3.client("stepfunctions", region_name=REGION)
         s3 = boto3.client("s3", region_name=REGION)

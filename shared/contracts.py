@@ -257,6 +257,15 @@ class BatchInput(Frozen):
         0, ge=0, le=MAX_HAND_BACKS, description="Lambda lane: how often groups that could not finish run again"
     )
     hand_back_wait_s: int = Field(60, ge=1, le=3600, description="The wait before the first hand-back's run")
+    execution: str = Field(
+        "", max_length=80, description="The execution's name, under which it holds its share of the account's quotas"
+    )
+
+    @property
+    def share_holder(self) -> str:
+        """Who holds the batch's share of the account's quotas: its execution (a batch started twice, as a message
+        sent twice, runs twice), or the batch where no name was given."""
+        return self.execution or self.batch_id
 
     @property
     def groups_uri(self) -> str:

@@ -168,14 +168,14 @@ def limits(settings: IngestSettings) -> dict[Quota, int]:
     return {Quota.LAMBDA: max(1, settings.lambda_concurrency - 1), Quota.FARGATE: settings.fargate_vcpus * 1024}
 
 
-def unit_of(batch: BatchInput, images_per_group: int, settings: IngestSettings) -> dict[Quota, int]:
-    """What one unit of the batch's concurrency takes of each quota: a group at once in the Lambda lane (its images'
-    Classify and Tag side by side, and a Variants task each where asked), a task at once in the bulk lane."""
+def unit_of(batch: BatchInput, images: int, settings: IngestSettings) -> dict[Quota, int]:
+    """What the batch takes of each quota for ``images`` running at once in the Lambda lane (each one's Classify and
+    Tag side by side, and a Variants task each where asked), or for a task in the bulk lane."""
     if batch.lane == "bulk":
         return {Quota.FARGATE: settings.bulk_task_cpu}
-    unit = {Quota.LAMBDA: images_per_group * INVOCATIONS_PER_IMAGE}
+    unit = {Quota.LAMBDA: images * INVOCATIONS_PER_IMAGE}
     if batch.request.variants is not None:
-        unit[Quota.FARGATE] = images_per_group * settings.variants_task_cpu
+        unit[Quota.FARGATE] = images * settings.variants_task_cpu
     return unit
 
 
@@ -189,21 +189,21 @@ def lease_s(batch: BatchInput, units: int, images_per_job: int, settings: Ingest
 
 
 def take_share(ledger: CapacityLedger, planned: PlannedBatch, settings: IngestSettings) -> PlannedBatch:
-    """``planned`` within what its quotas have free, its share held in the ledger under its batch id: fewer bulk
+    """``planned`` within what its quotas have free, its share held in the ledger by its execution: fewer bulk
     tasks at once; in the Lambda lane fewer groups at once, then smaller groups. At least one task, or one image at
     a time: a batch whose images are claimed must start (SQS's receive limit would end them in the dead-letter
     queue), and what it then runs past the quota is throttled and handed back."""
     batch = planned.input
     bulk = batch.lane == "bulk"
     size = max(len(group.images) for group in planned.groups)
-    per_unit = unit_of(batch, 1 if not bulk else size, settings)  # a bulk task, or an image of the Lambda lane
+    per_unit = unit_of(batch, 1, settings)  # a bulk task, or an image of the Lambda lane
     wanted = batch.bulk_concurrency if bulk else batch.group_concurrency * size
     quota_limits = limits(settings)
     images_per_job = size * max(1, planned.groups_per_job)
+    lease = lease_s(batch, batch.bulk_concurrency if bulk else batch.group_concurrency, images_per_job, settings)
     units = wanted
     for quota, amount in per_unit.items():
-        lease = lease_s(batch, batch.bulk_concurrency if bulk else batch.group_concurrency, images_per_job, settings)
-        granted = ledger.take(quota, batch.batch_id, amount * wanted, amount, quota_limits[quota], lease)
+        granted = ledger.take(quota, batch.share_holder, amount * wanted, amount, quota_limits[quota], lease)
         units = min(units, granted // amount)
     units = max(1, units)
     if bulk:
@@ -217,7 +217,7 @@ def take_share(ledger: CapacityLedger, planned: PlannedBatch, settings: IngestSe
         at_once = batch.bulk_concurrency if bulk else batch.group_concurrency
         held = units if bulk else at_once * max(len(group.images) for group in planned.groups)
         for quota, amount in per_unit.items():
-            ledger.hold(quota, batch.batch_id, amount * held, lease_s(batch, at_once, images_per_job, settings))
+            ledger.hold(quota, batch.share_holder, amount * held, lease_s(batch, at_once, images_per_job, settings))
     return planned
 
 
@@ -232,12 +232,12 @@ def regrouped(planned: PlannedBatch, size: int) -> PlannedBatch:
     return replace(planned, input=planned.input.model_copy(update=update), groups=groups)
 
 
-def give_back_share(ledger: CapacityLedger, batch_id: str) -> None:
+def give_back_share(ledger: CapacityLedger, holder: str) -> None:
     for quota in Quota:
-        ledger.give_back(quota, batch_id)
+        ledger.give_back(quota, holder)
 
 
-def renew_share(ledger: CapacityLedger, batch_id: str, wait_s: float) -> None:
-    """The batch's share kept while it waits ``wait_s`` for its next round, and that round's lease after."""
+def renew_share(ledger: CapacityLedger, holder: str, wait_s: float) -> None:
+    """A batch's share kept while it waits ``wait_s`` for its next round, and that round's lease after."""
     for quota in Quota:
-        ledger.renew(quota, batch_id, wait_s)
+        ledger.renew(quota, holder, wait_s)

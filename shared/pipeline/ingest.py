@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType
@@ -138,6 +138,10 @@ def start_batches(
     if not batches:
         raise RequestRejected("the message's locations hold no images: " + ", ".join(message.images[:5]))
     names = [execution_name(batch.input.batch_id, f"{delivery}#{index}") for index, batch in enumerate(batches)]
+    batches = [
+        replace(batch, input=batch.input.model_copy(update={"execution": name}))
+        for name, batch in zip(names, batches, strict=True)
+    ]
     if intend is not None:
         intend({name: batch.image_uris() for name, batch in zip(names, batches, strict=True)})
     if ledger is not None:
@@ -149,7 +153,7 @@ def start_batches(
     except Exception:
         if ledger is not None:  # what did not start holds nothing
             for batch in batches[len(started) :]:
-                give_back_share(ledger, batch.input.batch_id)
+                give_back_share(ledger, batch.input.share_holder)
         raise
     logger.info(
         "batches started",

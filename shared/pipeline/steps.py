@@ -330,9 +330,9 @@ def summarize_batch(state: SummarizeInput, deps: Dependencies) -> BatchSummary:
     handed_back = hand_back(state, unfinished, deps) if unfinished else None
     if deps.ledger is not None:  # the batch's share of the account's quotas: kept through the wait, or given back
         if handed_back:
-            renew_share(deps.ledger, state.batch_id, handed_back.wait_seconds)
+            renew_share(deps.ledger, state.share_holder, handed_back.wait_seconds)
         else:
-            give_back_share(deps.ledger, state.batch_id)
+            give_back_share(deps.ledger, state.share_holder)
     rows = [] if handed_back else _unfinished_rows(state, unfinished)
     stem = f"{state.batch_id}-unfinished"
     if rows:

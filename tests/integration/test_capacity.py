@@ -100,7 +100,7 @@ def test_an_overlapping_gathered_batch_takes_the_lambda_lane_while_the_first_hol
     assert second.lane == "lambda" and "beside the batches running" in second.lane_reason
     assert later.group_concurrency * 10 * 2 <= 100 and later.images == 15
     ledger = CapacityLedger(boto3.client("dynamodb", region_name="us-east-1"), TABLE)
-    assert {holder: held.amount for holder, held in ledger.holdings(Quota.FARGATE).items()} == {running.batch_id: 4096}
+    assert {holder: held.amount for holder, held in ledger.holdings(Quota.FARGATE).items()} == {running.execution: 4096}
 
 
 def test_nothing_is_gathered_while_the_batches_running_hold_every_invocation(aws: dict[str, Any]) -> None:
@@ -115,7 +115,7 @@ def test_nothing_is_gathered_while_the_batches_running_hold_every_invocation(aws
     report = look(aws, settings, NOON + timedelta(minutes=15))
     # THEN they wait in the queue, until the batch gives its share back
     assert report.gathered == 0 and "leave room" in report.due and queued(aws) == 3
-    CapacityLedger(boto3.client("dynamodb", region_name="us-east-1"), TABLE).give_back(Quota.LAMBDA, running.batch_id)
+    CapacityLedger(boto3.client("dynamodb", region_name="us-east-1"), TABLE).give_back(Quota.LAMBDA, running.execution)
     assert look(aws, settings, NOON + timedelta(minutes=30)).gathered == 3 and queued(aws) == 0
 
 

@@ -56,6 +56,23 @@ def bench(
     out.print(f"whole image: {report['whole_image']['speedup']}x the reference; written to {out_dir}/")
 
 
+@commands.command("bench-photo")
+def bench_photo(
+    images: Annotated[list[Path] | None, typer.Argument(help="Samples to make phone photos of (default: two)")] = None,
+    repeats: Annotated[int, typer.Option(min=1, max=20, help="Alternating runs per image and size")] = 3,
+    out_dir: Annotated[Path, typer.Option(help="Where photo.json and photo.md go")] = Path("bench"),
+) -> None:
+    """Time a phone's 12 MP photo through the Lambda lane's steps beside the sample's own size, each stage apart."""
+    from tools.bench.photo import run_photo_bench
+
+    quiet_logs(False)
+    samples = images or [SAMPLES / "chelsea-the-cat.jpg", SAMPLES / "coffee.webp"]
+    if missing := [str(path) for path in samples if not path.is_file()]:
+        raise fail(f"not files: {', '.join(missing)}")
+    run_photo_bench(samples, repeats, out_dir, progress=lambda text: err.print(f"[dim]{text}[/dim]"))
+    out.print((out_dir / "photo.md").read_text(), highlight=False, soft_wrap=True)
+
+
 @commands.command("bench-ingest")
 def bench_ingest(
     objects: Annotated[int, typer.Option(help="Objects under the prefix ingest plans")] = 100_000,

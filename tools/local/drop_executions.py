@@ -24,7 +24,7 @@ class Executions:
         self.s3, self.sfn, self.machine, self.ledger, self.settings = s3, sfn, machine, ledger, settings
         self.running: dict[str, Any] = {}  # execution ARN -> its BatchInput, in the round it runs
         self.seen: set[str] = set()  # executions ever started
-        self.ended: set[str] = set()  # the batch ids of executions that ended
+        self.ended: set[str] = set()  # who held the shares of executions that ended
 
     @staticmethod
     def quotas() -> list[Any]:
@@ -58,33 +58,25 @@ class Executions:
         return batch.group_concurrency == 1 and all(len(group.images) == 1 for group in self._groups(batch))
 
     def discover(self) -> None:
-        """The executions started since the last step join the running ones; the account's quotas must hold them all,
-        but for a batch started when nothing was free, which runs one image or one bulk task at a time."""
+        """The executions started since the last step join the running ones, whose plans the account's quotas must
+        hold: all of them but those that run one image or one bulk task at a time (what a batch started when nothing
+        was free runs, past the quota; which of two overlapping batches took first, the checker cannot see)."""
         from shared.contracts import BatchInput
         from shared.pipeline.capacity import limits
 
-        listed = self.sfn.list_executions(stateMachineArn=self.machine)["executions"]
+        for execution in self.sfn.list_executions(stateMachineArn=self.machine)["executions"]:
+            if execution["executionArn"] not in self.seen:
+                self.seen.add(execution["executionArn"])
+                described = self.sfn.describe_execution(executionArn=execution["executionArn"])
+                self.running[execution["executionArn"]] = BatchInput.model_validate_json(described["input"])
         in_use = Counter[Any]()
         for batch in self.running.values():
-            in_use.update(self.use(batch))
-        quota_limits = limits(self.settings())
-        for execution in sorted(listed, key=lambda e: e["startDate"]):
-            if execution["executionArn"] in self.seen:
-                continue
-            self.seen.add(execution["executionArn"])
-            batch = BatchInput.model_validate_json(
-                self.sfn.describe_execution(executionArn=execution["executionArn"])["input"]
-            )
-            use = self.use(batch)
-            least = batch.bulk_concurrency == 1 if batch.lane == "bulk" else self.least(batch)
-            for quota, amount in use.items():
-                if in_use[quota] + amount > quota_limits[quota] and not least:
-                    raise Broken(
-                        f"{batch.batch_id} ({batch.lane}) takes {amount} of {quota} while {in_use[quota]} of "
-                        f"{quota_limits[quota]} are in use"
-                    )
-            in_use.update(use)
-            self.running[execution["executionArn"]] = batch
+            if not (batch.bulk_concurrency == 1 if batch.lane == "bulk" else self.least(batch)):
+                in_use.update(self.use(batch))
+        for quota, limit in limits(self.settings()).items():
+            if in_use[quota] > limit:
+                planned = sorted(f"{b.batch_id} ({b.lane}): {self.use(b)}" for b in self.running.values())
+                raise Broken(f"the batches running plan {in_use[quota]} of {quota}, past {limit}: {planned}")
 
     def end(self, arn: str, fails: bool = False) -> None:
         """The execution's round ends: each of its groups written (or, if it ``fails``, all but its last job's or
@@ -114,4 +106,4 @@ class Executions:
         if handed_back:
             self.running[arn] = batch.model_copy(update={"round": handed_back.round})
         else:
-            self.ended.add(batch.batch_id)
+            self.ended.add(batch.share_holder)

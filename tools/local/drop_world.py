@@ -216,7 +216,7 @@ class World:
             for holder, holding in self._ledger().holdings(quota).items()
         }
         for arn, batch in list(self.executions.running.items()):  # AWS ran it to its end within its bound (its lease)
-            if held.get(batch.batch_id, float("inf")) <= self.clock + seconds:
+            if held.get(batch.share_holder, float("inf")) <= self.clock + seconds:
                 self.executions.end(arn)
         self.clock += seconds
         if seconds >= self.stack.visibility_s:  # every message received and not deleted is visible again

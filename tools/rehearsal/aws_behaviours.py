@@ -165,7 +165,7 @@ def versions_replaced(template: dict[str, Any], before: dict[str, str], after: d
             break
         changed |= naming
     replaced = []
-    for name in changed:
+    for name in (name for name in versions if name in changed):  # in the template's order
         function = versions[name]["Properties"]["FunctionName"]["Ref"]
         configuration = {k: v for k, v in resources[function]["Properties"].items() if k not in NOT_IN_A_VERSION}
         if _with_parameters(template, configuration, before) == _with_parameters(template, configuration, after):

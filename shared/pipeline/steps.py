@@ -41,7 +41,6 @@ from shared.contracts import (
     TagOutput,
     VariantsOutput,
     WriteGroupTableInput,
-    groups_manifest_uri,
 )
 from shared.errors import ImageRejected
 from shared.models.captioning import image_facts
@@ -370,16 +369,14 @@ def hand_back(state: SummarizeInput, unfinished: list[ImageGroup], deps: Depende
     if state.round >= state.hand_backs:
         return None
     next_round = state.round + 1
+    batch = BatchInput.model_validate(state.model_dump(include=set(BatchInput.model_fields)) | {"round": next_round})
+    planned = PlannedBatch(input=batch, groups=unfinished, groups_per_job=-(-state.groups // max(1, state.bulk_jobs)))
     if state.lane == "bulk":
-        batch = BatchInput.model_validate(
-            state.model_dump(include=set(BatchInput.model_fields)) | {"round": next_round}
-        )
-        per_job = -(-state.groups // max(1, state.bulk_jobs))
-        PlannedBatch(input=batch, groups=unfinished, groups_per_job=per_job).write_bulk_jobs(deps.store_for)
+        planned.write_bulk_jobs(deps.store_for)
     else:
-        uri = groups_manifest_uri(state.results_uri, state.batch_id, next_round)
-        manifest = b"[" + b",".join(group.model_dump_json().encode() for group in unfinished) + b"]"
-        deps.store_for(uri).write_bytes(uri, manifest, "application/json")
+        deps.store_for(batch.round_groups_uri).write_bytes(
+            batch.round_groups_uri, planned.groups_manifest(), "application/json"
+        )
     longest = min(MAX_HAND_BACK_WAIT_S, state.hand_back_wait_s * 2**state.round)
     wait = random.randint(-(-longest // 2), longest)
     handed_back = HandBack(round=next_round, groups=len(unfinished), wait_seconds=wait)

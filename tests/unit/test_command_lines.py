@@ -78,3 +78,11 @@ def test_a_label_config_that_cannot_be_read_is_said_in_one_line(
     )
     assert code == 2 and said in output and output.count("\n") == 1, output
     assert not (tmp_path / "ls").exists()
+
+
+def test_bench_photo_says_in_one_line_that_a_sample_is_no_image(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.jpg"
+    notes.write_text("not a photo")
+    code, output = annotate("bench-photo", str(notes), "--out-dir", str(tmp_path / "out"))
+    assert code == 2 and "notes.jpg is not an image Pillow reads" in output and output.count("\n") == 1, output
+    assert not (tmp_path / "out").exists()

@@ -16,7 +16,6 @@ import io
 import json
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 from PIL import Image, ImageOps
 
-from tools.bench.models import FULL_SIZE_RANDOM
+from tools.bench.models import FULL_SIZE_RANDOM, _timed
 
 PHONE_PORTRAIT = (3000, 4000)  # 12 MP, as it is shown
 PHONE_QUALITY = 90
@@ -55,12 +54,6 @@ def phone_photo(sample: Path, folder: Path) -> Path:
     return path
 
 
-def _seconds(call: Callable[[], Any]) -> float:
-    started = time.perf_counter()
-    call()
-    return time.perf_counter() - started
-
-
 def _stages(path: Path, settings: Any, results: str) -> dict[str, float]:
     """One run of ``path``: each step whole, as the Lambda lane runs it, and the stages that are not models."""
     from shared.contracts import AnnotationRequest, DescribeInput, Description, ImageRef, ImageState, ImageTask
@@ -80,28 +73,28 @@ def _stages(path: Path, settings: Any, results: str) -> dict[str, float]:
     deps = {step: build_dependencies(step, settings) for step in steps_used}  # loaded once a process, then cached
     times: dict[str, float] = {}
     outputs: dict[str, Any] = {}
-    times["read"] = _seconds(lambda: outputs.update(data=store_for(uri).read_bytes(uri)))
+    times["read"] = _timed(lambda: outputs.update(data=store_for(uri).read_bytes(uri)))
     times["source MB"] = len(outputs["data"]) / 1e6
     opened = Image.open(io.BytesIO(outputs["data"]))
-    times["decode"] = _seconds(opened.load)
-    times["orient and RGB"] = _seconds(lambda: outputs.update(upright=ImageOps.exif_transpose(opened).convert("RGB")))
+    times["decode"] = _timed(opened.load)
+    times["orient and RGB"] = _timed(lambda: outputs.update(upright=ImageOps.exif_transpose(opened).convert("RGB")))
     upright = outputs["upright"]
-    times["Detect step"] = _seconds(lambda: outputs.update(detection=steps.detect(task, deps[Step.DETECT])))
+    times["Detect step"] = _timed(lambda: outputs.update(detection=steps.detect(task, deps[Step.DETECT])))
     detection = outputs["detection"]
     described = DescribeInput(task=task, detections=detection.detections)
-    times["Classify step"] = _seconds(lambda: outputs.update(classify=steps.classify(described, deps[Step.CLASSIFY])))
-    times["Tag step"] = _seconds(lambda: outputs.update(tag=steps.tag(described, deps[Step.TAG])))
+    times["Classify step"] = _timed(lambda: outputs.update(classify=steps.classify(described, deps[Step.CLASSIFY])))
+    times["Tag step"] = _timed(lambda: outputs.update(tag=steps.tag(described, deps[Step.TAG])))
     state = ImageState(
         task=task, detection=detection, description=Description(classify=outputs["classify"], tag=outputs["tag"])
     )
-    times["Caption step"] = _seconds(lambda: outputs.update(caption=steps.caption(state, deps[Step.CAPTION])))
+    times["Caption step"] = _timed(lambda: outputs.update(caption=steps.caption(state, deps[Step.CAPTION])))
     state = state.model_copy(update={"caption": outputs["caption"]})
-    times["WriteResult step"] = _seconds(lambda: steps.write_result_document(state, deps[Step.WRITE_RESULT]))
+    times["WriteResult step"] = _timed(lambda: steps.write_result_document(state, deps[Step.WRITE_RESULT]))
     detections, _ = steps.describe_detections(detection.detections, state.description)
-    times["draw and encode png (WriteResult's picture)"] = _seconds(lambda: draw_detections(upright, detections))
+    times["draw and encode png (WriteResult's picture)"] = _timed(lambda: draw_detections(upright, detections))
     for name, options in ENCODINGS.items():
         buffer = io.BytesIO()
-        times[f"encode {name}"] = _seconds(partial(upright.save, buffer, **options))
+        times[f"encode {name}"] = _timed(partial(upright.save, buffer, **options))
         times[f"{name} MB"] = len(buffer.getvalue()) / 1e6
     times["boxes"] = len(detection.detections)
     return times

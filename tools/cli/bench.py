@@ -63,12 +63,20 @@ def bench_photo(
     out_dir: Annotated[Path, typer.Option(help="Where photo.json and photo.md go")] = Path("bench"),
 ) -> None:
     """Time a phone's 12 MP photo through the Lambda lane's steps beside the sample's own size, each stage apart."""
+    from PIL import Image
+
     from tools.bench.photo import run_photo_bench
 
     quiet_logs(False)
     samples = images or [SAMPLES / "chelsea-the-cat.jpg", SAMPLES / "coffee.webp"]
     if missing := [str(path) for path in samples if not path.is_file()]:
         raise fail(f"not files: {', '.join(missing)}")
+    for path in samples:
+        try:
+            with Image.open(path) as opened:
+                opened.verify()
+        except Exception as error:  # Pillow's ways of saying it is no image it reads
+            raise fail(f"{path} is not an image Pillow reads: {error}") from None
     run_photo_bench(samples, repeats, out_dir, progress=lambda text: err.print(f"[dim]{text}[/dim]"))
     out.print((out_dir / "photo.md").read_text(), highlight=False, soft_wrap=True)
 

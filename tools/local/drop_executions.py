@@ -37,11 +37,11 @@ class Executions:
         from shared.contracts import BulkJob, BulkJobRef, ImageGroup
 
         if batch.lane == "bulk":
-            refs = [BulkJobRef.model_validate(ref) for ref in self._read_json(batch.bulk_manifest_uri)]
-            return [group for ref in refs for group in BulkJob.model_validate(self._read_json(ref.job_uri)).groups]
-        return [ImageGroup.model_validate(group) for group in self._read_json(batch.round_groups_uri)]
+            refs = [BulkJobRef.model_validate(ref) for ref in self.read_json(batch.bulk_manifest_uri)]
+            return [group for ref in refs for group in BulkJob.model_validate(self.read_json(ref.job_uri)).groups]
+        return [ImageGroup.model_validate(group) for group in self.read_json(batch.round_groups_uri)]
 
-    def _read_json(self, uri: str) -> Any:
+    def read_json(self, uri: str) -> Any:
         _, key = uri.split(f"s3://{RESULTS_BUCKET}/", 1)
         return json.loads(self.s3.get_object(Bucket=RESULTS_BUCKET, Key=key)["Body"].read())
 
@@ -54,7 +54,9 @@ class Executions:
         return {quota: amount * units for quota, amount in unit_of(batch, per_group, self.settings()).items()}
 
     def least(self, batch: Any) -> bool:
-        """Whether a Lambda-lane batch runs one image at a time."""
+        """Whether the batch runs one bulk task, or one image, at a time."""
+        if batch.lane == "bulk":
+            return bool(batch.bulk_concurrency == 1)
         return batch.group_concurrency == 1 and all(len(group.images) == 1 for group in self._groups(batch))
 
     def discover(self) -> None:
@@ -71,7 +73,7 @@ class Executions:
                 self.running[execution["executionArn"]] = BatchInput.model_validate_json(described["input"])
         in_use = Counter[Any]()
         for batch in self.running.values():
-            if not (batch.bulk_concurrency == 1 if batch.lane == "bulk" else self.least(batch)):
+            if not self.least(batch):
                 in_use.update(self.use(batch))
         for quota, limit in limits(self.settings()).items():
             if in_use[quota] > limit:

@@ -388,8 +388,7 @@ class World:
             batch = BatchInput.model_validate_json(
                 self.sfn.describe_execution(executionArn=execution["executionArn"])["input"]
             )
-            _, key = batch.groups_uri.split(f"s3://{RESULTS_BUCKET}/", 1)
-            groups = json.loads(self.s3.get_object(Bucket=RESULTS_BUCKET, Key=key)["Body"].read())
+            groups = self.executions.read_json(batch.groups_uri)
             found.update(
                 image["source_uri"].split(f"s3://{INPUT_BUCKET}/", 1)[1]
                 for group in groups

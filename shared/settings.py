@@ -21,7 +21,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, mode
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
-from shared.contracts import MAX_HAND_BACKS, MAX_IMAGES_PER_GROUP
+from shared.contracts import MAX_HAND_BACKS, MAX_IMAGES_PER_GROUP, PictureFormat
 from shared.detector_geometry import resized_size
 
 ExportRuntime = Literal["onnxruntime", "openvino"]  # what runs an exported graph (Detect's, Classify's)
@@ -266,8 +266,12 @@ class Settings(BaseSettings):
         0,
         ge=0,
         le=65_536,
-        description="Longest side of an annotated picture in pixels, downscaled to it; 0 keeps the image's own size "
-        "(a 12 MP photo's PNG is about 17 MB, most of what is stored: annotate cost prices both)",
+        description="Longest side of an annotated picture in pixels, downscaled to it; 0 keeps the image's own size",
+    )
+    picture_format: PictureFormat = Field(
+        PictureFormat.JPEG,
+        description="How the annotated picture is encoded: jpeg (quality 90), webp (quality 80) or png (lossless; "
+        "a phone photo's takes seconds and several times the bytes: docs/performance.md)",
     )
     tagger_models: list[str] | None = Field(
         None, description="open_clip models to try in order (hub id, local folder, s3:// prefix, tiny:clip)"

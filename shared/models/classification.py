@@ -16,6 +16,7 @@ from shared.contracts import ClassScore
 from shared.errors import ModelUnavailable
 from shared.models.cache import cached_per_settings
 from shared.models.onnx_runtime import (
+    as_rgb,
     center_crop,
     exported_session,
     find_export,
@@ -77,10 +78,10 @@ class ClassifierExport(BaseModel):
     def preprocess(self, crops: list[Image.Image]) -> np.ndarray:
         resample = Image.Resampling.BICUBIC if self.bicubic else Image.Resampling.BILINEAR
         if self.resize_short_side == self.crop_size:
-            sized = [crop.convert("RGB").resize((self.crop_size, self.crop_size), resample) for crop in crops]
+            sized = [as_rgb(crop).resize((self.crop_size, self.crop_size), resample) for crop in crops]
         else:
             sized = [
-                center_crop(resize_short_side(crop.convert("RGB"), self.resize_short_side, resample), self.crop_size)
+                center_crop(resize_short_side(as_rgb(crop), self.resize_short_side, resample), self.crop_size)
                 for crop in crops
             ]
         return normalized(sized, self.image_mean, self.image_std)

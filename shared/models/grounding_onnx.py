@@ -22,7 +22,7 @@ from shared.detector_geometry import ImageSize, resized_size, smallest_holding
 from shared.errors import ImageRejected, ModelUnavailable, RequestRejected
 from shared.models.cache import cached_per_settings
 from shared.models.detection import Detector, phrase_detections, phrase_spans
-from shared.models.onnx_runtime import exported_session, find_export, normalized, openvino_graph_file
+from shared.models.onnx_runtime import as_rgb, exported_session, find_export, normalized, openvino_graph_file
 from shared.observability import logger
 from shared.settings import DetectionSettings, ExportRuntime
 
@@ -179,7 +179,7 @@ class OnnxGroundingDino:
                 f"{image.width}x{image.height} is too thin to detect in: at the detector's resolution its short side is"
                 f" under one pixel (the long side may be at most about {2 * manifest.longest_edge} times the short)"
             )
-        resized = image.convert("RGB").resize((width, height), Image.Resampling.BILINEAR)
+        resized = as_rgb(image).resize((width, height), Image.Resampling.BILINEAR)
         pixels = np.zeros((1, 3, *size), np.float32)
         pixels[:, :, :height, :width] = normalized([resized], manifest.image_mean, manifest.image_std)
         mask = np.zeros((1, *size), np.int64)

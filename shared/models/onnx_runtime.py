@@ -217,6 +217,11 @@ class OpenVinoSession:
         self.compiled.release_memory()
 
 
+def as_rgb(image: Image.Image) -> Image.Image:
+    """``image`` in RGB: itself where it is (Pillow's convert copies even then: 0.03 s at 12 MP)."""
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
 def resize_short_side(image: Image.Image, short_side: int, resample: Image.Resampling) -> Image.Image:
     """``image`` with its short side ``short_side`` and its aspect kept (the long side rounded down)."""
     width, height = image.size
@@ -235,7 +240,7 @@ def center_crop(image: Image.Image, size: int) -> Image.Image:
 
 def normalized(images: list[Image.Image], mean: list[float], std: list[float]) -> np.ndarray:
     """A (N, 3, H, W) float32 batch of same-sized RGB images, scaled to [0, 1] and normalized."""
-    pixels = np.stack([np.asarray(image.convert("RGB"), np.float32) for image in images]) / 255.0
+    pixels = np.stack([np.asarray(as_rgb(image), np.float32) for image in images]) / 255.0
     return ((pixels - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)).transpose(0, 3, 1, 2)
 
 

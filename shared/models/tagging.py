@@ -16,7 +16,15 @@ from pydantic import BaseModel, ConfigDict
 from shared.contracts import AttributeScore
 from shared.errors import ModelUnavailable
 from shared.models.cache import cached_per_settings
-from shared.models.onnx_runtime import center_crop, find_export, normalized, ort_session, resize_short_side, softmax
+from shared.models.onnx_runtime import (
+    as_rgb,
+    center_crop,
+    find_export,
+    normalized,
+    ort_session,
+    resize_short_side,
+    softmax,
+)
 from shared.observability import logger
 from shared.settings import DescriptionSettings
 
@@ -54,9 +62,7 @@ class ClipExport(BaseModel):
     def preprocess(self, crops: list[Image.Image]) -> np.ndarray:
         """open_clip's transform: bicubic resize of the short side, center crop, normalize."""
         sized = [
-            center_crop(
-                resize_short_side(crop.convert("RGB"), self.image_size, Image.Resampling.BICUBIC), self.image_size
-            )
+            center_crop(resize_short_side(as_rgb(crop), self.image_size, Image.Resampling.BICUBIC), self.image_size)
             for crop in crops
         ]
         return normalized(sized, self.image_mean, self.image_std)

@@ -84,7 +84,7 @@ class _ReadAhead:
 
 def _done(task: ImageTask, store_for: StoreFor) -> ImageResult | None:
     """The image's result document, when an earlier try of the job wrote it."""
-    document, _ = steps.result_uris(task)
+    document = steps.result_document_uri(task)
     try:
         return ImageResult.model_validate_json(store_for(document).read_bytes(document))
     except (ImageRejected, ValidationError):

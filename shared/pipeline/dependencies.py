@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from shared.contracts import MadeBy
+from shared.contracts import MadeBy, PictureFormat
 from shared.settings import ImageLimits, Settings, get_settings
 from shared.storage.objects import StoreFor, store_for
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from shared.models.tagging import Tagger
     from shared.models.variants import Generator
     from shared.pipeline.capacity import CapacityLedger
+    from shared.storage.images import LoadedImage
 
 
 class Step(StrEnum):
@@ -39,13 +40,16 @@ class Step(StrEnum):
 
 @dataclass(frozen=True)
 class Dependencies:
-    """The store that holds each URI, the image limits, crop margin and pictures' size, and the step's model (only
-    its own)."""
+    """The store that holds each URI, the image limits, crop margin and pictures' size and format, and the step's
+    model (only its own). ``decoded``: where one process runs an image's steps one after another (the one-image
+    path), the images its steps decoded, so that each is decoded once."""
 
     store_for: StoreFor
     image_limits: ImageLimits
     crop_margin: float = 0.1
     picture_max_side: int = 0
+    picture_format: PictureFormat = PictureFormat.JPEG
+    decoded: dict[str, LoadedImage] | None = None
     made_by: MadeBy = field(default_factory=MadeBy)
     detector: Detector | None = None
     classifier: Classifier | None = None
@@ -62,6 +66,7 @@ def build_dependencies(step: Step, settings: Settings) -> Dependencies:
         image_limits=settings.image_limits,
         crop_margin=settings.crop_margin,
         picture_max_side=settings.picture_max_side,
+        picture_format=settings.picture_format,
     )
     if step is Step.DETECT:
         from shared.models.grounding_onnx import load_detector

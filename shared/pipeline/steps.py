@@ -35,6 +35,7 @@ from shared.contracts import (
     ImageState,
     ImageTask,
     MadeBy,
+    PictureFormat,
     Status,
     StepFailure,
     SummarizeInput,
@@ -50,7 +51,7 @@ from shared.pipeline.batches import PlannedBatch
 from shared.pipeline.capacity import give_back_share, renew_share
 from shared.pipeline.crops import crop_boxes
 from shared.pipeline.dependencies import Dependencies
-from shared.storage.images import load_image
+from shared.storage.images import LoadedImage, load_image
 from shared.storage.objects import BATCHES_PREFIX, PICTURES_PREFIX, RESULTS_PREFIX, join_uri
 from shared.storage.render import draw_detections
 
@@ -64,11 +65,23 @@ def _port(port: P | None, name: str) -> P:
     return port
 
 
-def result_uris(task: ImageTask) -> tuple[str, str]:
-    """Where the image's result document and annotated picture go."""
-    document = join_uri(task.results_uri, RESULTS_PREFIX, task.batch_id, task.image.image_id)
-    picture = join_uri(task.results_uri, PICTURES_PREFIX, task.batch_id, task.image.image_id)
-    return f"{document}.json", f"{picture}.png"
+def result_document_uri(task: ImageTask) -> str:
+    """Where the image's result document goes."""
+    return join_uri(task.results_uri, RESULTS_PREFIX, task.batch_id, task.image.image_id) + ".json"
+
+
+def picture_uri(task: ImageTask, picture_format: PictureFormat) -> str:
+    """Where the image's annotated picture goes."""
+    return join_uri(task.results_uri, PICTURES_PREFIX, task.batch_id, task.image.image_id) + picture_format.suffix
+
+
+def _image(uri: str, deps: Dependencies) -> LoadedImage:
+    """The image at ``uri``, read and decoded; once per image where one process runs its steps (``deps.decoded``)."""
+    if deps.decoded is None:
+        return load_image(uri, deps.store_for, deps.image_limits)
+    if uri not in deps.decoded:
+        deps.decoded[uri] = load_image(uri, deps.store_for, deps.image_limits)
+    return deps.decoded[uri]
 
 
 def _elapsed_ms(started: float) -> float:
@@ -78,7 +91,7 @@ def _elapsed_ms(started: float) -> float:
 def detect(task: ImageTask, deps: Dependencies) -> DetectOutput:
     """Decode the image and find the request's phrases in it."""
     started = time.perf_counter()
-    image = load_image(task.image.source_uri, deps.store_for, deps.image_limits)
+    image = _image(task.image.source_uri, deps)
     detections = _port(deps.detector, "detector").detect(
         image.pixels, task.request.phrases, task.request.box_threshold, task.request.text_threshold
     )
@@ -94,7 +107,7 @@ def detect(task: ImageTask, deps: Dependencies) -> DetectOutput:
 def box_crops(task: DescribeInput, deps: Dependencies) -> list[Image.Image | str]:
     """The crops Classify and Tag both describe: one read and decode of the image, then each box with its margin
     (or why the box has no crop)."""
-    image = load_image(task.task.image.source_uri, deps.store_for, deps.image_limits)
+    image = _image(task.task.image.source_uri, deps)
     return crop_boxes(image.pixels, [d.box for d in task.detections], deps.crop_margin)
 
 
@@ -180,11 +193,7 @@ def caption(state: ImageState, deps: Dependencies) -> CaptionOutput:
     detections, _ = describe_detections(state.detection.detections, state.description)
     facts = image_facts(state.task.request, state.detection.width, state.detection.height, detections)
     captioner = _port(deps.captioner, "captioner")
-    image = (
-        load_image(state.task.image.source_uri, deps.store_for, deps.image_limits).pixels
-        if captioner.multimodal
-        else None
-    )
+    image = _image(state.task.image.source_uri, deps).pixels if captioner.multimodal else None
     output = captioner.caption(facts, image, as_json=state.task.request.caption_format == "json")
     output = output.model_copy(update={"ms": _elapsed_ms(started)})
     for name, unit, value in (
@@ -208,7 +217,7 @@ def write_result(state: ImageState, deps: Dependencies) -> ImageOutcome:
 def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
     """``write_result``'s document, as written (the one-image path keeps it rather than read it back)."""
     task = state.task
-    json_uri, png_uri = result_uris(task)
+    json_uri = result_document_uri(task)
     detections, failures = describe_detections(state.detection.detections if state.detection else [], state.description)
     failures = state.failures | failures
     if not failures and state.detection is None:
@@ -221,10 +230,10 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
         failures |= {FailedStep.VARIANTS: failure} if failure else {}
     annotated_uri = None
     if state.detection is not None:
-        image = load_image(task.image.source_uri, deps.store_for, deps.image_limits)
-        picture = draw_detections(image.pixels, detections, deps.picture_max_side)
-        deps.store_for(png_uri).write_bytes(png_uri, picture, "image/png")
-        annotated_uri = png_uri
+        image = _image(task.image.source_uri, deps)
+        picture = draw_detections(image.pixels, detections, deps.picture_max_side, deps.picture_format)
+        annotated_uri = picture_uri(task, deps.picture_format)
+        deps.store_for(annotated_uri).write_bytes(annotated_uri, picture, deps.picture_format.media_type)
     result = ImageResult(
         image_id=task.image.image_id,
         source_uri=task.image.source_uri,

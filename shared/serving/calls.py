@@ -22,6 +22,7 @@ from shared.contracts import (
     ImageOutcome,
     ImageResult,
     ImageTask,
+    PictureFormat,
     VariantsRequest,
     WriteGroupTableInput,
 )
@@ -33,6 +34,7 @@ from shared.pipeline.one_image import annotate_image
 from shared.settings import Settings
 from shared.storage.images import decode_image
 from shared.storage.objects import MemoryStore, ObjectStore, is_s3, join_uri, split_s3, store_for
+from shared.storage.render import encode_picture
 
 UPLOADS_PREFIX = "uploads"  # under the results root: uploaded pictures whose results were recorded
 NOT_KEPT_ROOT = "memory://not-kept"  # where an unrecorded call's result document and picture live, in memory
@@ -42,7 +44,7 @@ API_GROUP_ID = "g-000000"
 class AnnotationOptions(AnnotationRequest):
     """The prompt message's request fields, and what the caller wants back."""
 
-    picture: bool = Field(False, description="Add the annotated picture (PNG, base64) to the answer")
+    picture: bool = Field(False, description="Add the annotated picture (base64) to the answer")
     record: bool = Field(
         False, description="Also keep the result where the workflow keeps results, with its table rows"
     )
@@ -66,11 +68,13 @@ class AnnotationCall(AnnotationOptions):
 class Annotation(ImageResult):
     """The image's result document, as the workflow writes it, and the annotated picture when asked for."""
 
-    picture_png: str | None = Field(
+    picture_base64: str | None = Field(
         None,
-        description="The annotated picture, PNG in base64 (picture=true); downscaled (picture_scale) where its PNG"
-        " would pass api_max_picture_bytes, so that an answer fits a Lambda function URL's 6 MB",
+        description="The annotated picture in base64 (picture=true), as it is stored (picture_format); downscaled"
+        " (picture_scale) where it would pass api_max_picture_bytes, so that an answer fits a Lambda function URL's"
+        " 6 MB",
     )
+    picture_media_type: str | None = Field(None, description="The picture's media type, e.g. image/jpeg")
     picture_scale: float | None = Field(
         None, description="The picture's size over the image's (1.0: full size); boxes are in the image's pixels"
     )
@@ -185,35 +189,36 @@ def annotate_one(
                 outcomes=[outcome],
             )
         )
-    picture, scale = None, None
+    picture, scale, media_type = None, None, None
     if options.picture and result.annotated_uri:
-        png, scale = fitted_png(
+        fitted, scale, picture_format = fitted_picture(
             store_of(result.annotated_uri).read_bytes(result.annotated_uri),
             settings.api_max_picture_bytes,
             result.width or 1,
         )
-        picture = base64.b64encode(png).decode()
+        picture, media_type = base64.b64encode(fitted).decode(), picture_format.media_type
     unkept = (
         {} if options.record else {"result_uri": None, "annotated_uri": None}
     )  # memory:// means nothing to a caller
-    return Annotation(**(result.model_dump() | unkept), picture_png=picture, picture_scale=scale)
+    return Annotation(
+        **(result.model_dump() | unkept), picture_base64=picture, picture_media_type=media_type, picture_scale=scale
+    )
 
 
-def fitted_png(png: bytes, max_bytes: int, image_width: int) -> tuple[bytes, float]:
-    """``png`` as it is when it has at most ``max_bytes``, else downscaled until it has: a PNG's size follows its
-    pixels, so each try scales by the square root of the ratio, a tenth under it. Returns the PNG and its width over
-    the image's (the stored picture may be smaller already: ``picture_max_side``)."""
-    scale, fitted = 1.0, png
-    with Image.open(io.BytesIO(png)) as picture:
+def fitted_picture(stored: bytes, max_bytes: int, image_width: int) -> tuple[bytes, float, PictureFormat]:
+    """The ``stored`` picture as it is when it has at most ``max_bytes``, else downscaled, in its own format, until
+    it has: its size follows its pixels, so each try scales by the square root of the ratio, a tenth under it.
+    Returns the picture, its width over the image's (the stored picture may be smaller already:
+    ``picture_max_side``), and its format."""
+    scale, fitted = 1.0, stored
+    with Image.open(io.BytesIO(stored)) as picture:
         picture.load()
-        width = picture.width
+        width, picture_format = picture.width, PictureFormat(picture.format.lower())  # type: ignore[union-attr]
         while len(fitted) > max_bytes:
             scale *= 0.9 * (max_bytes / len(fitted)) ** 0.5
             size = (max(1, round(picture.width * scale)), max(1, round(picture.height * scale)))
-            buffer = io.BytesIO()
-            picture.resize(size, Image.Resampling.LANCZOS).save(buffer, format="PNG")
-            fitted, width = buffer.getvalue(), size[0]
-    return fitted, round(width / image_width, 4)
+            fitted, width = encode_picture(picture.resize(size, Image.Resampling.LANCZOS), picture_format), size[0]
+    return fitted, round(width / image_width, 4), picture_format
 
 
 def rows_in_process(dependencies_of: DependenciesOf) -> RecordRows:

@@ -76,3 +76,44 @@ def test_variants_are_not_made_in_one_process(tiny_settings: Settings) -> None:
     )
     with pytest.raises(ValueError, match="Fargate task"):
         annotate_image(task, dependencies_of)
+
+
+def test_a_phone_photo_gets_the_same_boxes_decoded_once_with_a_jpeg_picture_as_decoded_per_step_with_a_png(
+    tmp_path: Path, tiny_settings: Settings
+) -> None:
+    import numpy as np
+    from PIL import Image
+
+    from shared.contracts import DescribeInput, Description, ImageState, PictureFormat
+    from shared.pipeline import steps
+    from shared.pipeline.dependencies import Step, build_dependencies
+    from tools.bench.photo import phone_photo
+
+    # GIVEN a phone's 12 MP portrait (EXIF orientation 6), and the tiny models
+    photo = phone_photo(SAMPLES / "chelsea-the-cat.jpg", tmp_path)
+    settings = use_settings(tiny_settings.model_copy(update={"data_dir": tmp_path / "data"}))
+    task = ImageTask(
+        batch_id="b-" + "0" * 20,
+        request=AnnotationRequest(prompt="dog. cat.", caption=False),
+        image=ImageRef(image_id="0" * 16, source_uri=str(photo)),
+        results_uri=settings.results_root,
+    )
+    # WHEN its steps run as the Lambda lane runs them, each decoding it again, with the PNG picture written before
+    deps = {step: build_dependencies(step, settings) for step in (Step.DETECT, Step.CLASSIFY, Step.TAG)}
+    detection = steps.detect(task, deps[Step.DETECT])
+    described = DescribeInput(task=task, detections=detection.detections)
+    description = Description(
+        classify=steps.classify(described, deps[Step.CLASSIFY]), tag=steps.tag(described, deps[Step.TAG])
+    )
+    as_png = build_dependencies(Step.WRITE_RESULT, settings.model_copy(update={"picture_format": PictureFormat.PNG}))
+    per_step = steps.write_result_document(ImageState(task=task, detection=detection, description=description), as_png)
+    # AND in one process, decoded once, with the JPEG picture written by default
+    once = annotate_image(task, dependencies_of)
+
+    # THEN the rows' boxes, classes and attributes are the same, on the photo shown upright
+    assert per_step.detections and (per_step.width, per_step.height) == (3000, 4000)
+    assert once.detections == per_step.detections
+    # AND the pictures are the same drawing, the JPEG within a few levels of the PNG
+    assert once.annotated_uri and per_step.annotated_uri and once.annotated_uri.endswith(".jpg")
+    jpeg, png = (np.asarray(Image.open(uri), np.int16) for uri in (once.annotated_uri, per_step.annotated_uri))
+    assert jpeg.shape == png.shape == (4000, 3000, 3) and np.abs(jpeg - png).mean() < 2.0

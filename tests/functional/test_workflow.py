@@ -11,10 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from shared.contracts import Box, Detection, ImageResult, PromptMessage
+from shared.contracts import AnnotationRequest, Box, Detection, ImageRef, ImageResult, ImageTask, PromptMessage
 from shared.errors import ModelUnavailable
 from shared.pipeline.batches import plan_batches
 from shared.pipeline.dependencies import use_dependencies
+from shared.pipeline.one_image import annotate_image
 from shared.settings import Settings
 from tests.fakes import FakeDetector, FakeModels
 from tools.local.runner import ExecutionResult, local_workflow
@@ -80,7 +81,7 @@ def test_the_steps_results_are_merged_into_one_row_per_image(workflow, fakes: Fa
         ("cat", "kind of cat", ["black", "solid"]),
     ]
     assert document.caption is not None and document.caption.caption == "Found 1 dog, 1 cat."
-    assert fakes.store.objects[document.annotated_uri].startswith(b"\x89PNG")
+    assert document.annotated_uri.endswith(".jpg") and fakes.store.objects[document.annotated_uri][:2] == b"\xff\xd8"
     # Each step's time for this image, in the document and in the row
     assert all(ms is not None and ms > 0 for ms in (document.detect_ms, document.classify_ms, document.tag_ms))
     assert document.caption.ms is not None and document.caption.ms > 0
@@ -99,6 +100,26 @@ def test_the_steps_results_are_merged_into_one_row_per_image(workflow, fakes: Fa
     assert len(table_rows(fakes, "detections")) == 4
     # Fetches: Detect, Classify, Tag and WriteResult read the image once each; the caption needs no pixels.
     assert fakes.store.reads["s3://in/a.jpg"] == 4
+
+
+def test_one_process_reads_and_decodes_an_image_once_and_writes_what_the_workflow_writes(workflow, fakes) -> None:
+    # GIVEN an image annotated by the workflow, each step reading and decoding it again
+    _, documents = run_batch(workflow, fakes)
+    by_workflow = documents["s3://in/a.jpg"]
+    fakes.store.reads.clear()
+    # WHEN one process annotates it with the same request (the bulk lane, the API, local mode)
+    task = ImageTask(
+        batch_id=by_workflow.batch_id,
+        request=AnnotationRequest(prompt="dog. cat."),
+        image=ImageRef(image_id=by_workflow.image_id, source_uri=by_workflow.source_uri),
+        results_uri="s3://elsewhere",
+    )
+    by_one = annotate_image(task, fakes.dependencies)
+    # THEN it read the image once, for all its steps, and wrote the workflow's document and picture
+    assert fakes.store.reads["s3://in/a.jpg"] == 1
+    assert by_one.detections == by_workflow.detections
+    assert by_one.caption and by_workflow.caption and by_one.caption.caption == by_workflow.caption.caption
+    assert fakes.store.objects[by_one.annotated_uri or ""] == fakes.store.objects[by_workflow.annotated_uri or ""]
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,7 @@ def http(base_url: str) -> Iterator[httpx.Client]:
         yield session
 
 
-def _png(b64: str) -> Image.Image:
+def _picture(b64: str) -> Image.Image:
     return Image.open(io.BytesIO(base64.b64decode(b64)))
 
 
@@ -93,7 +93,7 @@ def test_the_openai_client_generates_and_edits_pictures_as_b64_json(client: open
     )
     assert len(generated.data) == 2 and len(edited.data) == 1
     for picture in [*generated.data, *edited.data]:
-        assert picture.b64_json and _png(picture.b64_json).size == (128, 128)
+        assert picture.b64_json and _picture(picture.b64_json).size == (128, 128)
     assert generated.data[0].b64_json != generated.data[1].b64_json  # two seeds, two pictures
 
 
@@ -127,8 +127,9 @@ def test_an_annotation_by_upload_or_json_is_the_one_image_path_s_result(
         assert answer["caption"]["caption"] == expected.caption.caption  # type: ignore[union-attr]
         assert answer["result_uri"] is None  # nothing was kept
     assert expected.detections, "the tiny detector finds boxes in the sample"
-    assert uploaded.json()["picture_png"] is None
-    assert _png(as_json.json()["picture_png"]).size == (expected.width, expected.height)
+    assert uploaded.json()["picture_base64"] is None
+    assert _picture(as_json.json()["picture_base64"]).size == (expected.width, expected.height)
+    assert as_json.json()["picture_media_type"] == "image/jpeg"
 
 
 def test_a_recorded_annotation_is_kept_where_the_workflow_keeps_results_and_query_finds_it(
@@ -332,7 +333,7 @@ def test_a_stream_that_fails_once_started_ends_with_an_error_event_and_frees_the
         assert httpx.get(f"{url}/health").json()["calls_held"] == 0
 
 
-def test_a_twelve_megapixel_photo_s_picture_fits_lambda_s_6_mb_and_a_7_mb_upload_is_refused_in_openai_s_shape(
+def test_a_twelve_megapixel_photo_s_whole_picture_fits_lambda_s_6_mb_and_a_7_mb_upload_is_refused_in_openai_s_shape(
     api_settings: Settings, models: DependenciesOf
 ) -> None:
     # GIVEN the server with the body limit it has by default, and a 4000x3000 photo
@@ -355,12 +356,11 @@ def test_a_twelve_megapixel_photo_s_picture_fits_lambda_s_6_mb_and_a_7_mb_upload
             f"{url}/v1/annotations", files={"image": ("big.png", b"\x89PNG" + bytes(7_000_000))}, timeout=60
         )
 
-    # THEN the answer, picture and all, is under Lambda's 6 MB, its picture downscaled as it says
+    # THEN the answer, picture and all, is under Lambda's 6 MB, its picture whole (a JPEG: its PNG is 20 MB)
     assert answer.status_code == 200, answer.text
     assert len(answer.content) < 6 * 2**20
-    picture = _png(answer.json()["picture_png"])
-    scale = answer.json()["picture_scale"]
-    assert 0 < scale < 1 and abs(picture.width - 4000 * scale) <= 1 and abs(picture.height - 3000 * scale) <= 1
+    picture = _picture(answer.json()["picture_base64"])
+    assert (picture.format, picture.size, answer.json()["picture_scale"]) == ("JPEG", (4000, 3000), 1.0)
     # AND the 7 MB body gets the app's 413 in OpenAI's shape
     assert too_large.status_code == 413
     assert too_large.json()["error"]["code"] == "body_too_large"

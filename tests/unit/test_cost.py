@@ -320,13 +320,40 @@ def test_without_the_bulk_lane_the_dial_runs_every_batch_on_lambda() -> None:
     assert month.total > gathered_month(BENCH, BULK, PRICES, STEADY, 15).total
 
 
-def test_the_stack_s_rule_runs_on_the_figures_annotate_cost_measured() -> None:
+def _checkout_s_reports() -> tuple[dict, dict, dict]:
+    """The bench, bulk and photo reports as annotate cost reads them from the checkout's bench/."""
+    from tools.bench.cost import with_lambda_cold_start
+
+    bench, bulk, photo, lambda_detect = (
+        json.loads((REPO / "bench" / name).read_text())
+        for name in ("bench.json", "bulk.json", "photo.json", "lambda-detect.json")
+    )
+    return with_lambda_cold_start(bench, lambda_detect), bulk, photo
+
+
+def test_the_stack_s_rule_runs_on_the_figures_annotate_cost_measured_at_a_phone_photo_s_size() -> None:
     from shared.settings import Settings
     from tools.bench.cost import gathered_bulk_from_images, gathered_settings
+    from tools.bench.photo import at_photo_size
 
-    bench = json.loads((REPO / "bench" / "bench.json").read_text())
-    bulk = json.loads((REPO / "bench" / "bulk.json").read_text())
+    bench, bulk = at_photo_size(*_checkout_s_reports())
+    assert bulk is not None
     measured, deployed = gathered_settings(bench, bulk, 15), Settings()
     assert deployed.bulk_task_start_s == pytest.approx(measured.bulk_task_start_s, abs=1.0)
     assert deployed.bulk_seconds_per_image == pytest.approx(measured.bulk_seconds_per_image, abs=0.01)
     assert deployed.gathered_bulk_from_images == gathered_bulk_from_images(bench, bulk, PRICES)
+
+
+def test_cost_md_s_million_and_dial_are_the_bench_reports_recomputed_at_the_sample_s_and_a_phone_photo_s_size() -> None:
+    from tools.bench.photo import PHOTO, sizes_table
+
+    bench, bulk, photo = _checkout_s_reports()
+    table, figures = sizes_table(bench, bulk, photo, PRICES)
+    at_bench, at_photo = figures["the bench's images"], figures[PHOTO]
+    # the table annotate cost wrote is this one, recomputed from the reports
+    assert table in (REPO / "bench" / "cost.md").read_text()
+    # a phone's photo costs more seconds than the bench's images, in each lane
+    assert at_photo["bulk worker, seconds an image"] > at_bench["bulk worker, seconds an image"]
+    assert at_photo["Lambda lane, compute per 1,000 images"] > at_bench["Lambda lane, compute per 1,000 images"]
+    million = "a million images, bulk lane on Fargate Spot"
+    assert at_photo[million] > at_bench[million]

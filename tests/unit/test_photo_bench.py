@@ -8,7 +8,7 @@ from PIL import Image
 
 from shared.storage.images import decode_image
 from tests.conftest import SAMPLES
-from tools.bench.photo import EXIF_ORIENTATION, markdown_report, phone_photo
+from tools.bench.photo import ADDED, EXIF_ORIENTATION, PHOTO, markdown_report, phone_photo
 
 
 def test_a_phone_photo_is_12_mp_on_its_side_with_the_orientation_that_shows_it_upright(tmp_path: Path) -> None:
@@ -25,13 +25,41 @@ def test_a_phone_photo_is_12_mp_on_its_side_with_the_orientation_that_shows_it_u
     assert all(abs(a - b) < 40 for a, b in zip(found, expected, strict=True)), (found, expected)
 
 
-def test_the_report_has_a_row_per_stage_and_a_column_per_size() -> None:
+def test_the_report_has_a_row_per_stage_and_a_column_per_size_and_what_the_photo_adds() -> None:
     report = {
         "sizes": {
-            "sample": {"width_height": [451, 300], "median": {"decode": 0.002, "png MB": 0.28}},
-            "12 MP phone photo": {"width_height": [3000, 4000], "median": {"decode": 0.05, "png MB": 17.1}},
-        }
+            "sample": {"width_height": [451, 300], "median": {"decode": 0.002, "png MB": 0.28, "a share": 0.004}},
+            PHOTO: {"width_height": [3000, 4000], "median": {"decode": 0.05, "png MB": 17.1, "a share": 0.03}},
+        },
+        ADDED: {"decode": 0.047, "png MB": 16.8, "a share": 0.026},
     }
     lines = markdown_report(report).splitlines()
-    assert lines[0] == "| stage | sample (451x300) | 12 MP phone photo (3000x4000) |"
-    assert lines[2:] == ["| decode | 0.002 s | 0.050 s |", "| png MB | 0.28 | 17.1 |"]
+    assert lines[0] == f"| stage | sample (451x300) | 12 MP phone photo (3000x4000) | {ADDED} |"
+    assert lines[2:] == [
+        "| decode | 0.002 s | 0.050 s | 0.047 s |",
+        "| png MB | 0.28 | 17.1 | 16.8 |",
+        "| a share | 0% | 3% | 3% |",
+    ]
+
+
+def test_a_photo_s_seconds_are_the_bench_s_plus_what_the_photo_added_side_by_side() -> None:
+    from tools.bench.photo import ONE_PROCESS, STEP_ROWS, WRITE_RESULT, at_photo_size
+
+    def measured(seconds: float) -> dict[str, float]:
+        return {row: seconds for row in STEP_ROWS.values()} | {WRITE_RESULT: seconds, ONE_PROCESS: 4 * seconds}
+
+    # the medians' difference (0.5 s a step) is not what is added: the median of the pairs' differences is
+    photo = {"measured_at": "2026-12-05T00:00:00+00:00", "sizes": {"sample": {"median": measured(1.0)}}}
+    photo["sizes"][PHOTO] = {"median": measured(1.5)}
+    photo[ADDED] = measured(0.25)
+    bench = {"steps": {step: {"pipeline_median_s": 2.0} for step in STEP_ROWS}, "whole_image": {"pipeline_s": 9.0}}
+    bulk = {"seconds_per_image": {"worker": 5.0, "one_at_a_time": 5.1}}
+    sized, sized_bulk = at_photo_size(bench, bulk, photo)
+    # each step 0.25 s more, WriteResult as measured at the photo's size, one process 1 s more
+    assert {step: figures["pipeline_median_s"] for step, figures in sized["steps"].items()} == dict.fromkeys(
+        STEP_ROWS, 2.25
+    )
+    assert (sized["write_result_s"], sized["whole_image"]["pipeline_s"]) == (1.5, 10.0)
+    assert sized_bulk == {"seconds_per_image": {"worker": 6.0, "one_at_a_time": 5.1}}
+    # the reports given are left as they were
+    assert bench["steps"]["detect"]["pipeline_median_s"] == 2.0 and bulk["seconds_per_image"]["worker"] == 5.0

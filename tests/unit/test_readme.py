@@ -17,6 +17,7 @@ GENERATED = {
     "bench/lambda-detect.md": "docs/deploy.md",
     "bench/api.md": "docs/api.md",
     "bench/bulk.md": "docs/performance.md",
+    "bench/photo.md": "docs/performance.md",
 }
 
 

@@ -104,7 +104,7 @@ DETECT_RUNTIME = by_default(
     TEMPLATE["Resources"]["DetectFunction"]["Properties"]["Environment"]["Variables"]["ANNOTATE_DETECTOR_RUNTIME"],
 )
 IMAGES_PER_GROUP = images_per_group(TEMPLATE)
-WRITE_RESULT_SECONDS = 0.3  # drawing and writing one result; not benchmarked
+WRITE_RESULT_SECONDS = 0.3  # drawing and writing one result, where bench-photo did not measure it
 GROUP_TABLE_GB_SECONDS = 1.0 * 1.0  # WriteGroupTable per group: about a second at 1 GB; not benchmarked
 SUMMARY_GB_SECONDS = 1.0 * 2.0  # SummarizeBatch per batch: about a second at 2 GB; not benchmarked
 # Detect, Classify, Tag and WriteResult read the image, WriteGroupTable its result; the JSON and the PNG written
@@ -187,7 +187,9 @@ def load_prices(path: Path | None = None) -> dict[str, Any]:
 
 
 def _seconds(function: BilledFunction, bench: dict[str, Any]) -> float:
-    return bench["steps"][function.step]["pipeline_median_s"] if function.step else WRITE_RESULT_SECONDS
+    if function.step:
+        return float(bench["steps"][function.step]["pipeline_median_s"])
+    return float(bench.get("write_result_s", WRITE_RESULT_SECONDS))  # measured at a photo's size (bench-photo)
 
 
 def lambda_compute_per_image(bench: dict[str, Any], prices: dict[str, Any], per_execution: float = BATCH_SIZE) -> float:
@@ -754,6 +756,11 @@ def markdown_table(rows: list[dict[str, Any]], prices: dict[str, Any], bench: di
     if bench is not None:
         lines.append("\n" + orchestration_line(bench, prices))
     lines.append(f"\nPrices: {prices['region']}, {prices['date']} ({prices['source']}).")
+    if bench is not None and "measured_at_size" in bench:
+        lines.append(
+            f"\nSeconds: {bench['measured_at_size']}: each step's seconds on the bench's images plus what the photo"
+            " adds to them, measured side by side (its decode, the detector's resize, the annotated picture)."
+        )
     return "\n".join(lines) + "\n"
 
 

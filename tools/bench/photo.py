@@ -1,12 +1,13 @@
-"""`annotate bench-photo`: the photos people drop, a phone's 12 MP JPEG, through the Lambda lane's steps as they run
-there, each stage's seconds apart from the models'.
+"""`annotate bench-photo`: the photos people drop, a phone's 12 MP JPEG, through the pipeline's steps as each lane
+runs them, each stage's seconds apart from the models'.
 
 Each step of the Lambda lane is its own function, so each reads and decodes the image again (Detect, Classify, Tag
-and WriteResult: four decodes of 12 MP), and WriteResult draws the boxes and encodes the annotated picture. The
-bench times each step whole and, side by side in the same alternation, the stages that are not models: the read,
-the decode, the orientation (EXIF) and RGB conversion, the drawing, and the picture's encoding as PNG (what
-WriteResult writes), JPEG and WebP. Each size (the sample as it is, and as a phone stores it) runs on the same
-models: the full-size architectures with random weights, and the tiny packaged caption GGUF.
+and WriteResult: four decodes), and WriteResult draws the boxes and encodes the annotated picture; one process (the
+bulk lane, the API, local mode) decodes it once for all its steps. The bench times each step whole, the image whole
+in one process, and, side by side in the same alternation, the stages that are not models: the read, the decode,
+the orientation (EXIF) and RGB conversion, the detector's resize, the drawing, and the picture's encoding in each
+PictureFormat. Each size (the sample as it is, and as a phone stores it) runs on the same models: the full-size
+architectures with random weights, and the tiny packaged caption GGUF.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import io
 import json
 import statistics
 import tempfile
+import time
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,11 +33,19 @@ PHONE_PORTRAIT = (3000, 4000)  # 12 MP, as it is shown
 PHONE_QUALITY = 90
 SENSOR_GRAIN = 8.0  # standard deviation, in 8-bit levels
 EXIF_ORIENTATION, ROTATE_90_CLOCKWISE_TO_SHOW = 0x0112, 6
-ENCODINGS: dict[str, dict[str, Any]] = {
-    "png": {"format": "PNG", "optimize": False},  # WriteResult's picture
-    "jpeg q90": {"format": "JPEG", "quality": 90},
-    "webp q80": {"format": "WEBP", "quality": 80, "method": 4},
-}
+PHOTO = "12 MP phone photo"
+STEP_ROWS = {"detect": "Detect step", "classify": "Classify step", "tag": "Tag step", "caption": "Caption step"}
+WRITE_RESULT = "WriteResult step (PictureFormat=jpeg, as deployed)"
+ONE_PROCESS = "one process: the bulk lane, the API, local (one decode)"
+DRAWN = "draw and encode the picture (jpeg)"
+# What a one-process image spends outside the models: one read and decode, the detector's resize, the picture. The
+# crops Classify and Tag cut, and the document's write, are left in the models' share (a few milliseconds).
+NOT_A_MODEL_STAGES = ("read", "decode", "orient and RGB", "detector's resize and normalize", DRAWN)
+NOT_A_MODEL = "not a model, one process"
+NOT_A_MODEL_SHARE = "not a model, share of one process"
+# Per stage, the median of (the photo's seconds - its sample's) over the runs of each sample in each repeat: a
+# difference of medians would carry the machine's drift between the runs (it came out negative for one process).
+ADDED = "the photo adds (median of pairs)"
 
 
 def phone_photo(sample: Path, folder: Path) -> Path:
@@ -55,12 +67,16 @@ def phone_photo(sample: Path, folder: Path) -> Path:
 
 
 def _stages(path: Path, settings: Any, results: str) -> dict[str, float]:
-    """One run of ``path``: each step whole, as the Lambda lane runs it, and the stages that are not models."""
+    """One run of ``path``: each step whole, as the Lambda lane runs it; the whole image in one process, as the bulk
+    lane, the API and local mode run it; and the stages that are not models."""
     from shared.contracts import AnnotationRequest, DescribeInput, Description, ImageRef, ImageState, ImageTask
+    from shared.contracts import PictureFormat as Format
+    from shared.models.grounding_onnx import OnnxGroundingDino
     from shared.pipeline import steps
     from shared.pipeline.dependencies import Step, build_dependencies
+    from shared.pipeline.one_image import annotate_image
     from shared.storage.objects import local_uri, store_for
-    from shared.storage.render import draw_detections
+    from shared.storage.render import draw_detections, encode_picture
 
     uri = local_uri(path)
     task = ImageTask(
@@ -71,6 +87,8 @@ def _stages(path: Path, settings: Any, results: str) -> dict[str, float]:
     )
     steps_used = (Step.DETECT, Step.CLASSIFY, Step.TAG, Step.CAPTION, Step.WRITE_RESULT)
     deps = {step: build_dependencies(step, settings) for step in steps_used}  # loaded once a process, then cached
+    detector = deps[Step.DETECT].detector
+    assert isinstance(detector, OnnxGroundingDino)
     times: dict[str, float] = {}
     outputs: dict[str, Any] = {}
     times["read"] = _timed(lambda: outputs.update(data=store_for(uri).read_bytes(uri)))
@@ -79,6 +97,7 @@ def _stages(path: Path, settings: Any, results: str) -> dict[str, float]:
     times["decode"] = _timed(opened.load)
     times["orient and RGB"] = _timed(lambda: outputs.update(upright=ImageOps.exif_transpose(opened).convert("RGB")))
     upright = outputs["upright"]
+    times["detector's resize and normalize"] = _timed(partial(detector.image_inputs, upright))
     times["Detect step"] = _timed(lambda: outputs.update(detection=steps.detect(task, deps[Step.DETECT])))
     detection = outputs["detection"]
     described = DescribeInput(task=task, detections=detection.detections)
@@ -89,13 +108,19 @@ def _stages(path: Path, settings: Any, results: str) -> dict[str, float]:
     )
     times["Caption step"] = _timed(lambda: outputs.update(caption=steps.caption(state, deps[Step.CAPTION])))
     state = state.model_copy(update={"caption": outputs["caption"]})
-    times["WriteResult step"] = _timed(lambda: steps.write_result_document(state, deps[Step.WRITE_RESULT]))
+    times[WRITE_RESULT] = _timed(lambda: steps.write_result_document(state, deps[Step.WRITE_RESULT]))
+    as_png = replace(deps[Step.WRITE_RESULT], picture_format=Format.PNG)
+    times["WriteResult step, PictureFormat=png"] = _timed(lambda: steps.write_result_document(state, as_png))
+    times[ONE_PROCESS] = _timed(lambda: annotate_image(task, deps.__getitem__))
     detections, _ = steps.describe_detections(detection.detections, state.description)
-    times["draw and encode png (WriteResult's picture)"] = _timed(lambda: draw_detections(upright, detections))
-    for name, options in ENCODINGS.items():
-        buffer = io.BytesIO()
-        times[f"encode {name}"] = _timed(partial(upright.save, buffer, **options))
-        times[f"{name} MB"] = len(buffer.getvalue()) / 1e6
+    times[DRAWN] = _timed(lambda: draw_detections(upright, detections))
+    for picture_format in Format:
+        started = time.perf_counter()
+        encoded = encode_picture(upright, picture_format)
+        times[f"encode {picture_format}"] = time.perf_counter() - started
+        times[f"{picture_format} MB"] = len(encoded) / 1e6
+    times[NOT_A_MODEL] = sum(times[stage] for stage in NOT_A_MODEL_STAGES)
+    times[NOT_A_MODEL_SHARE] = times[NOT_A_MODEL] / times[ONE_PROCESS]
     times["boxes"] = len(detection.detections)
     return times
 
@@ -108,9 +133,14 @@ def run_photo_bench(samples: list[Path], repeats: int, out_dir: Path, progress: 
     settings = Settings(profile=Profile.TINY, max_detections=8, detector_load_all_sizes=True, **FULL_SIZE_RANDOM)
     progress("building the models (once per machine: random weights, ONNX exports)")
     build_named_models(settings, variants=False)
-    report: dict[str, Any] = {"samples": [str(path) for path in samples], "repeats": repeats, "sizes": {}}
+    report: dict[str, Any] = {
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "samples": [str(path) for path in samples],
+        "repeats": repeats,
+        "sizes": {},
+    }
     with tempfile.TemporaryDirectory(prefix="annotate-photo-") as folder:
-        photos = {"sample": samples, "12 MP phone photo": [phone_photo(path, Path(folder)) for path in samples]}
+        photos = {"sample": samples, PHOTO: [phone_photo(path, Path(folder)) for path in samples]}
         results = Path(folder, "results").as_uri()
         runs: dict[str, list[dict[str, float]]] = {size: [] for size in photos}
         _stages(samples[0], settings, results)  # every model loaded and warm
@@ -124,23 +154,88 @@ def run_photo_bench(samples: list[Path], repeats: int, out_dir: Path, progress: 
                 shown = ImageOps.exif_transpose(first).size
             medians = {name: statistics.median(run[name] for run in measured) for name in measured[0]}
             report["sizes"][size] = {"width_height": list(shown), "median": medians}
+        pairs = list(zip(runs["sample"], runs[PHOTO], strict=True))  # the same sample, in the same repeat
+        report[ADDED] = {
+            name: statistics.median(photo[name] - sample[name] for sample, photo in pairs) for name in runs[PHOTO][0]
+        }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "photo.json").write_text(json.dumps(report, indent=2) + "\n")
     (out_dir / "photo.md").write_text(markdown_report(report))
     return report
 
 
-MODEL_STEPS = ("Detect step", "Classify step", "Tag step", "Caption step")
-
-
 def markdown_report(report: dict[str, Any]) -> str:
-    """Each stage's median seconds, per size, side by side."""
+    """Each stage's median seconds, per size, side by side, and what the photo adds to it."""
     sizes = report["sizes"]
     names = list(next(iter(sizes.values()))["median"])
     header = "| stage | " + " | ".join(f"{size} ({'x'.join(map(str, s['width_height']))})" for size, s in sizes.items())
-    lines = [header + " |", "|---|" + "---:|" * len(sizes)]
+    lines = [header + f" | {ADDED} |", "|---|" + "---:|" * (len(sizes) + 1)]
     for name in names:
-        unit = "" if name.endswith("MB") or name == "boxes" else " s"
-        cells = [f"{s['median'][name]:.3f}{unit}" if unit else f"{s['median'][name]:g}" for s in sizes.values()]
+        cells = [_cell(name, s["median"][name]) for s in sizes.values()] + [_cell(name, report[ADDED][name])]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _cell(name: str, value: float) -> str:
+    if name.endswith("share"):
+        return f"{value:.0%}"
+    return f"{value:g}" if name.endswith("MB") or name == "boxes" else f"{value:.3f} s"
+
+
+def at_photo_size(
+    bench: dict[str, Any], bulk: dict[str, Any] | None, photo: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``bench`` and ``bulk`` as a phone's 12 MP photo would have them measured: each step's seconds plus what
+    bench-photo measured the photo adding to its sample's, side by side in one run (the models see the same input
+    size either way: what the photo adds is its decode, the detector's resize and the picture); WriteResult's own
+    seconds as measured at the photo's size; the whole image in one process (the always-on task, the bulk worker)
+    plus what the photo adds there, decoded once."""
+    added, phone = photo[ADDED], photo["sizes"][PHOTO]["median"]
+    in_one_process = added[ONE_PROCESS]
+    sized = {**bench, "steps": {step: dict(figures) for step, figures in bench["steps"].items()}}
+    for step, row in STEP_ROWS.items():
+        sized["steps"][step]["pipeline_median_s"] += added[row]
+    sized["write_result_s"] = phone[WRITE_RESULT]
+    sized["whole_image"] = {**bench["whole_image"], "pipeline_s": bench["whole_image"]["pipeline_s"] + in_one_process}
+    sized["measured_at_size"] = f"a {PHOTO}'s ({photo['measured_at'][:10]}, annotate bench-photo)"
+    if bulk is None:
+        return sized, None
+    worker = bulk["seconds_per_image"]["worker"] + in_one_process
+    return sized, {**bulk, "seconds_per_image": {**bulk["seconds_per_image"], "worker": worker}}
+
+
+PHOTO_LINE = (
+    "The cost goals at the seconds of the images the bench runs (0.1 MP samples) and of the photos people drop (12 MP,"
+    " as a phone stores them), side by side: every figure above is at the photo's."
+)
+
+
+def sizes_table(
+    bench: dict[str, Any], bulk: dict[str, Any], photo: dict[str, Any], prices: dict[str, Any]
+) -> tuple[str, dict[str, dict[str, float]]]:
+    """The figures the cost goals are judged by, at the bench's images' seconds and at a 12 MP photo's, side by side:
+    the markdown table and its figures by size."""
+    from tools.bench.cost import SCENARIOS, bulk_lane, fargate_month, gathered_month, lambda_compute_per_image
+
+    steady = SCENARIOS[1]
+    sized = {"the bench's images": (bench, bulk), PHOTO: at_photo_size(bench, bulk, photo)}
+    figures: dict[str, dict[str, float]] = {}
+    for size, (priced, priced_bulk) in sized.items():
+        assert priced_bulk is not None
+        dial, always_on = gathered_month(priced, priced_bulk, prices, steady, 15), fargate_month(priced, prices, steady)
+        figures[size] = {
+            "bulk worker, seconds an image": priced_bulk["seconds_per_image"]["worker"],
+            "Lambda lane, compute per 1,000 images": lambda_compute_per_image(priced, prices) * 1000,
+            "a million images, bulk lane on Fargate Spot": bulk_lane(1_000_000, priced, priced_bulk, prices).total,
+            f"{steady.name}, dial at 15 min, a month": dial.total,
+            f"{steady.name}, Fargate always-on, a month": always_on,
+            "dial at 15 min over always-on": dial.total / always_on,
+        }
+    lines = ["| figure | " + " | ".join(sized) + " |", "|---|" + "---:|" * len(sized)]
+    for name in figures[PHOTO]:
+        cells = [
+            f"{row[name]:.2f}" if "seconds" in name or "over" in name else f"${row[name]:,.2f}"
+            for row in figures.values()
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n", figures

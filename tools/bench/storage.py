@@ -15,6 +15,7 @@ from typing import Any
 
 from PIL import Image
 
+from shared.contracts import PictureFormat
 from tools.bench.cost import (
     ATHENA_BYTES_PER_IMAGE,
     HOURS_PER_MONTH,
@@ -72,9 +73,11 @@ class BytesPerImage:
         return self.picture + self.document + self.tables
 
 
-def measured_bytes_per_image(samples: list[Path], megapixels: float = PHOTO_MEGAPIXELS) -> BytesPerImage:
+def measured_bytes_per_image(
+    samples: list[Path], megapixels: float = PHOTO_MEGAPIXELS, picture_format: PictureFormat = PictureFormat.JPEG
+) -> BytesPerImage:
     """The samples' mean bytes per pixel, for a photo of ``megapixels``: each file's own, and its annotated picture's
-    as WriteResult draws it (a box with its caption across the middle)."""
+    as WriteResult draws it in ``picture_format`` (a box with its caption across the middle)."""
     from shared.contracts import AttributeScore, Box, Detection
     from shared.storage.render import draw_detections
 
@@ -88,7 +91,7 @@ def measured_bytes_per_image(samples: list[Path], megapixels: float = PHOTO_MEGA
         attributes = [AttributeScore(name="color", value="orange", score=0.9)]
         drawn = Detection(label="cat", score=0.9, box=box, class_label="tabby", attributes=attributes)
         source.append(len(data) / (width * height))
-        picture.append(len(draw_detections(pixels, [drawn])) / (width * height))
+        picture.append(len(draw_detections(pixels, [drawn], picture_format=picture_format)) / (width * height))
     per_photo = megapixels * 1e6
     return BytesPerImage(source=per_photo * sum(source) / len(source), picture=per_photo * sum(picture) / len(picture))
 

@@ -62,7 +62,7 @@ def bench_photo(
     repeats: Annotated[int, typer.Option(min=1, max=20, help="Alternating runs per image and size")] = 3,
     out_dir: Annotated[Path, typer.Option(help="Where photo.json and photo.md go")] = Path("bench"),
 ) -> None:
-    """Time a phone's 12 MP photo through the Lambda lane's steps beside the sample's own size, each stage apart."""
+    """Time a phone's 12 MP photo through each lane's steps beside the sample's own size, each stage apart."""
     from PIL import Image
 
     from tools.bench.photo import run_photo_bench
@@ -277,6 +277,7 @@ def cost(
         with_lambda_cold_start,
         write_chart,
     )
+    from tools.bench.photo import PHOTO_LINE, at_photo_size, sizes_table
     from tools.bench.storage import measured_bytes_per_image, network_table, storage_table
 
     if not bench_file.exists():
@@ -286,12 +287,17 @@ def cost(
     lambda_detect = bench_file.with_name("lambda-detect.json")  # annotate bench-lambda-detect's, where it ran
     api_bench = bench_file.with_name("api.json")  # annotate bench-api's
     bulk_bench = bench_file.with_name("bulk.json")  # annotate bench-bulk's
+    photo_bench = bench_file.with_name("photo.json")  # annotate bench-photo's: priced at a 12 MP photo's seconds
     try:
         prices = load_prices(prices_file)
         bench = json.loads(bench_file.read_text())
         if lambda_detect.is_file():
             bench = with_lambda_cold_start(bench, json.loads(lambda_detect.read_text()))
         bulk = json.loads(bulk_bench.read_text()) if bulk_bench.is_file() else None
+        photo = json.loads(photo_bench.read_text()) if photo_bench.is_file() else None
+        bench_at_its_size, bulk_at_its_size = bench, bulk
+        if photo:
+            bench, bulk = at_photo_size(bench, bulk, photo)
         rows = cost_table(bench, prices, bulk)
         report = markdown_table(rows, prices, bench)
         if api_bench.is_file():
@@ -302,6 +308,8 @@ def cost(
             report += "\n" + bulk_line(bench, bulk, prices) + "\n\n" + lanes_table(bench, bulk, prices)
             report += "\n" + network_table(bench, bulk, prices, per_image)
             report += "\n" + gathered_line(bench, bulk, prices) + "\n\n" + gathered_table(bench, bulk, prices)
+        if photo and bulk_at_its_size:
+            report += "\n" + PHOTO_LINE + "\n\n" + sizes_table(bench_at_its_size, bulk_at_its_size, photo, prices)[0]
     except (KeyError, TypeError, ValueError) as error:
         raise fail(f"{bench_file} or the prices file is not what annotate bench writes: {error!r}") from None
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -639,7 +639,7 @@ def _the_api_answers_through_its_url(services: Any, stack: DeployedStack, report
         headers=headers,
         caller=caller,
     )
-    report.check(status == 200 and b'"picture_png":"' in body, f"the API's upload: {status} {body[:300]!r}")
+    report.check(status == 200 and b'"picture_base64":"' in body, f"the API's upload: {status} {body[:300]!r}")
     _answers_fit_the_url(url, stack, headers, caller, report)
     chat = {"messages": [{"role": "user", "content": "Name a cat."}], "max_tokens": 8, "stream": True}
     status, body = url.call("POST", "/v1/chat/completions", json=chat, headers=headers, caller=caller)
@@ -657,8 +657,8 @@ def _the_api_answers_through_its_url(services: Any, stack: DeployedStack, report
 def _answers_fit_the_url(
     url: _FunctionUrl, stack: DeployedStack, headers: dict[str, str], caller: list[Statement] | None, report: Report
 ) -> None:
-    """Lambda's 6 MB each way (aws_behaviours): a 12-megapixel photo's annotated picture comes back downscaled to
-    fit; a body over the app's bound gets the app's 413 in OpenAI's shape, one over Lambda's the URL's own."""
+    """Lambda's 6 MB each way (aws_behaviours): a 12-megapixel photo's annotated picture comes back whole, within it
+    (a JPEG); a body over the app's bound gets the app's 413 in OpenAI's shape, one over Lambda's the URL's own."""
     import io
 
     import boto3
@@ -674,7 +674,7 @@ def _answers_fit_the_url(
     asked = {"prompt": "cat.", "caption": False, "picture": True, "image": f"s3://{bucket}/incoming/large.jpg"}
     status, body = url.call("POST", "/v1/annotations", json=asked, headers=headers, caller=caller)
     scale = json.loads(body).get("picture_scale") if status == 200 else None
-    report.check(status == 200 and scale is not None, f"a 4000x3000 photo's picture: {status} {body[:300]!r}")
+    report.check(status == 200 and scale == 1.0, f"a 4000x3000 photo's picture: {status} {body[:300]!r}")
     for size, expected in ((4_600_000, b'"body_too_large"'), (7_000_000, b"Request must be smaller")):
         upload = {"image": ("big.png", b"\x89PNG" + bytes(size), "image/png")}
         status, body = url.call("POST", "/v1/annotations", files=upload, headers=headers, caller=caller)

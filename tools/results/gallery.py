@@ -5,7 +5,7 @@ presigned URLs that expire."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from jinja2 import Environment
 
@@ -124,5 +124,6 @@ def _picture(image: AnnotatedImage, out_dir: Path, store_for: StoreFor, presign:
         return None
     folder = out_dir / PICTURES_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{image.image_id}.png").write_bytes(data)
-    return f"{PICTURES_FOLDER}/{image.image_id}.png"
+    name = image.image_id + PurePosixPath(uri).suffix  # .jpg, .webp or .png: PictureFormat
+    (folder / name).write_bytes(data)
+    return f"{PICTURES_FOLDER}/{name}"

@@ -417,10 +417,14 @@ class Settings(BaseSettings):
         " load (every Detect size compiled)",
     )
     bulk_seconds_per_image: float = Field(
-        4.72, gt=0, le=600, description="A bulk task's seconds per image (annotate bench-bulk's worker)"
+        5.03,
+        gt=0,
+        le=600,
+        description="A bulk task's seconds per image: annotate bench-bulk's worker and what a 12 MP photo adds to it"
+        " (annotate bench-photo), as annotate cost prices it",
     )
     gathered_bulk_from_images: int = Field(
-        3,
+        2,
         ge=1,
         le=1_000_000,
         description="Gathered images run in the bulk lane from this many: where one task's start and model load costs"

@@ -140,9 +140,10 @@ def small_disk(tmp_path: Path) -> Path:
 def test_a_full_disk_is_said_in_one_line_leaves_no_partial_file_and_every_image_is_accounted_for(
     tmp_path: Path, small_disk: Path, tiny_settings: Settings
 ) -> None:
-    # GIVEN twelve large photos and a data folder on a 20 MB disk (their annotated pictures need more)
+    # GIVEN twelve large photos and a data folder on a 20 MB disk (their annotated pictures need more: a JPEG of
+    # noise keeps about a byte a pixel)
     folder = tmp_path / "photos"
-    _photos(folder, 12, size=(1600, 1200))
+    _photos(folder, 12, size=(2400, 1800))
 
     # WHEN they are annotated there
     process = _run_in_process(folder, small_disk / "data")

@@ -107,7 +107,7 @@ IMAGES_PER_GROUP = images_per_group(TEMPLATE)
 WRITE_RESULT_SECONDS = 0.3  # drawing and writing one result, where bench-photo did not measure it
 GROUP_TABLE_GB_SECONDS = 1.0 * 1.0  # WriteGroupTable per group: about a second at 1 GB; not benchmarked
 SUMMARY_GB_SECONDS = 1.0 * 2.0  # SummarizeBatch per batch: about a second at 2 GB; not benchmarked
-# Detect, Classify, Tag and WriteResult read the image, WriteGroupTable its result; the JSON and the PNG written
+# Detect, Classify, Tag and WriteResult read the image, WriteGroupTable its result; the JSON and the picture written
 S3_GETS_PER_IMAGE, S3_PUTS_PER_IMAGE = 5, 2
 SQS_REQUESTS_PER_IMAGE = 3  # send, receive, delete
 # Dropped images: Ingest's event source hands it a batch when BatchSize events wait or its batching window has passed
@@ -326,7 +326,7 @@ GROUP_CONCURRENCY = template_default("GroupConcurrency")
 TASK_START_S = 60.0
 MODEL_STEPS = ("detect", "classify", "tag", "caption")
 # Per image: the image read once (its steps share the bytes) and a check for its result (a retried job's skip; the
-# table write reads nothing back); its JSON and PNG written. Per group (BulkImagesPerGroup images in the bulk lane,
+# table write reads nothing back); its JSON and picture written. Per group (BulkImagesPerGroup images in the bulk lane,
 # ImagesPerGroup in the Lambda lane's): its two table files and its summary.
 BULK_S3_GETS_PER_IMAGE, BULK_S3_PUTS_PER_IMAGE, S3_PUTS_PER_GROUP = 2, 2, 3
 # Both tables' Parquet per image, an upper bound: a 3-image group's files (51 kB) hold mostly Parquet's own overhead.
@@ -483,6 +483,11 @@ def lanes_table(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, A
     return "\n".join(lines) + "\n"
 
 
+def _photo_added(bulk: dict[str, Any]) -> str:
+    added = bulk.get("added_by_photo_s")
+    return "" if added is None else f"; {added:.2f} s of it what a 12 MP photo adds, annotate bench-photo"
+
+
 def bulk_line(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any]) -> str:
     """The bulk lane's compute per 1,000 images against the Lambda lane's, and the figures behind it."""
     images = 1_000_000
@@ -496,8 +501,9 @@ def bulk_line(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any
         f"${per_1000['spot']:.3f} per 1,000 images on Fargate Spot, ${per_1000['od']:.3f} on-demand, against "
         f"${lambda_per_1000:.3f} in the Lambda lane ({lambda_per_1000 / per_1000['spot']:.0f}x); from "
         f"{bulk['seconds_per_image']['worker']:.2f} s an image (annotate bench-bulk, {bulk['cores']} cores, "
-        f"{bulk['measured_at'][:10]}), and each task's start ({TASK_START_S:.0f} s, estimated) and model load "
-        f"({bulk_model_load_s(bench):.1f} s, measured, every size of Detect compiled) over its {per_job} images. "
+        f"{bulk['measured_at'][:10]}{_photo_added(bulk)}), and each task's start ({TASK_START_S:.0f} s, estimated) "
+        f"and model load ({bulk_model_load_s(bench):.1f} s, measured, every size of Detect compiled) over its "
+        f"{per_job} images. "
         f"A million images: ${spot.total:.2f} all told on Spot. Spot prices: {prices['fargate_spot']['date']} "
         f"({prices['fargate_spot']['source']})."
     )

@@ -39,7 +39,8 @@ WRITE_RESULT = "WriteResult step (PictureFormat=jpeg, as deployed)"
 ONE_PROCESS = "one process: the bulk lane, the API, local (one decode)"
 DRAWN = "draw and encode the picture (jpeg)"
 # What a one-process image spends outside the models: one read and decode, the detector's resize, the picture. The
-# crops Classify and Tag cut, and the document's write, are left in the models' share (a few milliseconds).
+# resize of the crops Classify and Tag describe is each model's own preprocessing, left in its step (what a photo
+# adds to those steps is about that resize: docs/performance.md).
 NOT_A_MODEL_STAGES = ("read", "decode", "orient and RGB", "detector's resize and normalize", DRAWN)
 NOT_A_MODEL = "not a model, one process"
 NOT_A_MODEL_SHARE = "not a model, share of one process"
@@ -177,7 +178,7 @@ def markdown_report(report: dict[str, Any]) -> str:
 
 
 def _cell(name: str, value: float) -> str:
-    if name.endswith("share"):
+    if "share" in name:
         return f"{value:.0%}"
     return f"{value:g}" if name.endswith("MB") or name == "boxes" else f"{value:.3f} s"
 
@@ -200,8 +201,9 @@ def at_photo_size(
     sized["measured_at_size"] = f"a {PHOTO}'s ({photo['measured_at'][:10]}, annotate bench-photo)"
     if bulk is None:
         return sized, None
-    worker = bulk["seconds_per_image"]["worker"] + in_one_process
-    return sized, {**bulk, "seconds_per_image": {**bulk["seconds_per_image"], "worker": worker}}
+    worker = round(bulk["seconds_per_image"]["worker"] + in_one_process, 3)
+    seconds = {**bulk["seconds_per_image"], "worker": worker}
+    return sized, {**bulk, "seconds_per_image": seconds, "added_by_photo_s": round(in_one_process, 3)}
 
 
 PHOTO_LINE = (

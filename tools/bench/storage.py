@@ -122,8 +122,9 @@ def storage_table(per_image: BytesPerImage, prices: dict[str, Any]) -> str:
     """Each scenario's storage a month, by part, against the pictures kept for good."""
     lines = [
         f"Storage (every option writes the same results; a {PHOTO_MEGAPIXELS:g} MP photo: {per_image.source / 1e6:.1f} "
-        f"MB dropped, a {per_image.picture / 1e6:.1f} MB annotated PNG, {per_image.document / 1e3:.0f} kB document, "
-        f"{per_image.tables / 1e3:.0f} kB of table rows; the samples' bytes per pixel, an upper bound), at "
+        f"MB dropped, a {per_image.picture / 1e6:.1f} MB annotated picture (a JPEG, PictureFormat's default), "
+        f"{per_image.document / 1e3:.0f} kB document, {per_image.tables / 1e3:.0f} kB of table rows; the samples' "
+        "bytes per pixel, an upper bound), at "
         f"${prices['s3']['standard_gb_month']} a GB-month:",
         "",
         f"| scenario | dropped images ({INPUT_RETENTION_DAYS} days) | pictures ({PICTURE_RETENTION_DAYS} days and "

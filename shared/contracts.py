@@ -224,7 +224,6 @@ class ImageRef(Frozen):
 # A Lambda lane group's images run side by side in an inline Map, which runs at most 40 at once; a bulk lane group
 # (a run of a task's images and one table write) keeps the same bound
 MAX_IMAGES_PER_GROUP = 40
-MANIFESTS_PREFIX = "manifests"  # under the results root: each batch's input and groups manifest
 MAX_LISTED_GROUPS = 100
 MAX_HAND_BACKS = 10
 
@@ -238,8 +237,8 @@ class ImageGroup(Frozen):
 
 
 class BatchInput(Frozen):
-    """One workflow execution's input. Its images are in the groups manifest (``groups_uri``), a JSON array of
-    :class:`ImageGroup` that the Distributed Map reads, so the input stays small however many images there are."""
+    """One workflow execution's input. Its images are in its groups manifest (shared/storage/layout.py), a JSON array
+    of :class:`ImageGroup` that the Distributed Map reads, so the input stays small however many images there are."""
 
     batch_id: str = Field(pattern=r"^b-[0-9a-f]{20}$", description="Hash of the inputs' content and request")
     request: AnnotationRequest
@@ -267,33 +266,6 @@ class BatchInput(Frozen):
         sent twice, runs twice), or the batch where no name was given."""
         return self.execution or self.batch_id
 
-    @property
-    def groups_uri(self) -> str:
-        """Every group of the batch (round 0's manifest)."""
-        return groups_manifest_uri(self.results_uri, self.batch_id)
-
-    @property
-    def round_groups_uri(self) -> str:
-        """The groups this round runs: all of them, then those handed back."""
-        return groups_manifest_uri(self.results_uri, self.batch_id, self.round)
-
-    @property
-    def bulk_manifest_uri(self) -> str:
-        """The bulk lane's manifest of this round: a JSON array of :class:`BulkJobRef`, which its Distributed Map
-        reads (round 0's, every job; a later round's, jobs of the groups handed back)."""
-        return f"{self.results_uri.rstrip('/')}/{MANIFESTS_PREFIX}/{self.batch_id}.bulk.{self.round}.json"
-
-
-def batch_input_uri(results_uri: str, batch_id: str) -> str:
-    """Where ingest keeps a batch's input (what ``annotate status`` reads)."""
-    return f"{results_uri.rstrip('/')}/{MANIFESTS_PREFIX}/{batch_id}.json"
-
-
-def groups_manifest_uri(results_uri: str, batch_id: str, round: int = 0) -> str:
-    """Where a round's groups manifest is: round 0's holds every group of the batch, a later round's those handed back
-    to it. The ASL's ItemReader names the same key (a test keeps them equal)."""
-    return f"{results_uri.rstrip('/')}/{MANIFESTS_PREFIX}/{batch_id}.groups.{round}.json"
-
 
 class GroupTask(Frozen):
     """A child workflow's input: its group and what the whole batch shares (the Distributed Map's ItemSelector)."""
@@ -303,10 +275,6 @@ class GroupTask(Frozen):
     results_uri: str
     planned_at: datetime
     group: ImageGroup
-
-
-def bulk_job_uri(results_uri: str, batch_id: str, job: int, round: int = 0) -> str:
-    return f"{results_uri.rstrip('/')}/{MANIFESTS_PREFIX}/{batch_id}.bulk.{round}/{job:06d}.json"
 
 
 class BulkJobRef(Frozen):

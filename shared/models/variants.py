@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
@@ -12,43 +11,19 @@ from typing import Any, Protocol
 
 from PIL import Image
 
-from shared.contracts import ImageTask, VariantsRequest
+from shared.contracts import VariantsRequest
 from shared.models.cache import cached_per_settings
 from shared.models.sources import resolve_model_dir, resolve_model_file
 from shared.observability import logger
 from shared.settings import VariantsSettings
-from shared.storage.objects import PICTURES_PREFIX, RESULTS_PREFIX, join_uri
-
-
-def requested_variants(task: ImageTask) -> VariantsRequest:
-    """The variants the task's request asks for.
-
-    Raises:
-        ValueError: it asks for none (the Variants task runs only for requests that do).
-    """
-    if task.request.variants is None:
-        raise ValueError("the image's request asks for no variants")
-    return task.request.variants
-
-
-def variant_uris(task: ImageTask) -> tuple[str, list[str]]:
-    """Where the task's variants document and pictures go: beside the image's own result document and picture."""
-    document = join_uri(task.results_uri, RESULTS_PREFIX, task.batch_id, task.image.image_id)
-    picture = join_uri(task.results_uri, PICTURES_PREFIX, task.batch_id, task.image.image_id)
-    count = requested_variants(task).count
-    return f"{document}.variants.json", [f"{picture}.variant-{index}.png" for index in range(count)]
-
-
-def first_seed(task: ImageTask) -> int:
-    """The request's seed, or one derived from the image, so that the same task gives the same pictures."""
-    seed = requested_variants(task).seed
-    return seed if seed is not None else int(hashlib.sha256(task.image.image_id.encode()).hexdigest()[:7], 16)
 
 
 class Generator(Protocol):
     model_name: str
 
-    def generate(self, task: ImageTask, init_image: Image.Image | None) -> list[tuple[Image.Image, int, float]]: ...
+    def render(
+        self, request: VariantsRequest, init_image: Image.Image | None, seed: int
+    ) -> list[tuple[Image.Image, int, float]]: ...
 
 
 @dataclass
@@ -56,10 +31,6 @@ class SdGenerator:
     engine: Any
     model_name: str
     _lock: threading.Lock
-
-    def generate(self, task: ImageTask, init_image: Image.Image | None) -> list[tuple[Image.Image, int, float]]:
-        """(picture, seed, seconds) per variant."""
-        return self.render(requested_variants(task), init_image, first_seed(task))
 
     def render(
         self, request: VariantsRequest, init_image: Image.Image | None, seed: int

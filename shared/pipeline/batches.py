@@ -17,10 +17,10 @@ from shared.contracts import (
     ImageRef,
     Lane,
     PromptMessage,
-    bulk_job_uri,
 )
 from shared.errors import RequestRejected
 from shared.settings import IngestSettings
+from shared.storage import layout
 from shared.storage.objects import StoreFor, is_s3, local_path, local_uri
 
 
@@ -102,7 +102,7 @@ class PlannedBatch:
         batch, per_job = self.input, self.groups_per_job
         return [
             (
-                BulkJobRef(job_uri=bulk_job_uri(batch.results_uri, batch.batch_id, number, batch.round)),
+                BulkJobRef(job_uri=layout.bulk_job(batch.results_uri, batch.batch_id, number, batch.round)),
                 BulkJob(
                     batch_id=batch.batch_id,
                     request=batch.request,
@@ -121,7 +121,7 @@ class PlannedBatch:
         for ref, job in jobs:
             store_for(ref.job_uri).write_bytes(ref.job_uri, job.model_dump_json().encode(), "application/json")
         manifest = b"[" + b",".join(ref.model_dump_json().encode() for ref, _ in jobs) + b"]"
-        uri = self.input.bulk_manifest_uri
+        uri = layout.bulk_manifest(self.input)
         store_for(uri).write_bytes(uri, manifest, "application/json")
 
 

@@ -36,6 +36,7 @@ from shared.pipeline import steps
 from shared.pipeline.dependencies import Dependencies, Step, dependencies_of
 from shared.pipeline.one_image import annotate_image
 from shared.settings import get_settings
+from shared.storage import layout
 from shared.storage.objects import ObjectStore, StoreFor
 
 DependenciesOf = Callable[[Step], Dependencies]
@@ -84,7 +85,7 @@ class _ReadAhead:
 
 def _done(task: ImageTask, store_for: StoreFor) -> ImageResult | None:
     """The image's result document, when an earlier try of the job wrote it."""
-    document = steps.result_document_uri(task)
+    document = layout.result_document(task.results_uri, task.batch_id, task.image.image_id)
     try:
         return ImageResult.model_validate_json(store_for(document).read_bytes(document))
     except (ImageRejected, ValidationError):

@@ -20,7 +20,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel
 from pydantic import ValidationError
 
-from shared.contracts import AnnotationRequest, BatchInput, PromptMessage, batch_input_uri
+from shared.contracts import AnnotationRequest, BatchInput, PromptMessage
 from shared.errors import RequestRejected, TransientError, validation_reason
 from shared.observability import MetricUnit, logger, metrics
 from shared.pipeline.batches import LaneChoice, PlannedBatch, plan_batches
@@ -28,7 +28,8 @@ from shared.pipeline.capacity import CapacityLedger, give_back_share, take_share
 from shared.pipeline.claims import Claim, ClaimTable, Pass
 from shared.pipeline.tracing import tracer
 from shared.settings import IngestSettings
-from shared.storage.objects import StoreFor, is_s3, join_uri, split_s3
+from shared.storage import layout
+from shared.storage.objects import StoreFor, is_s3, split_s3
 
 MAX_MESSAGE_BYTES = 256 * 1024  # SQS's own limit; a local file may not exceed it either
 
@@ -71,7 +72,7 @@ def parse_body(body: str) -> PromptMessage | S3EventNotificationEventBridgeModel
 def dead_letter(body: str, reason: str, source: str, results_root: str, store_for: StoreFor) -> str:
     """Keep a rejected message with its reason (the local dead-letter place); returns where it went."""
     digest = hashlib.sha256(body.encode(errors="replace")).hexdigest()[:16]
-    uri = join_uri(results_root, "dead-letter", f"{digest}.json")
+    uri = layout.dead_letter(results_root, digest)
     record = {"source": source, "reason": reason, "body": body}
     store_for(uri).write_bytes(uri, json.dumps(record, indent=2).encode(), "application/json")
     logger.warning("message dead-lettered", extra={"source": source, "reason": reason, "dead_letter_uri": uri})
@@ -168,11 +169,11 @@ def _start(
     name: str, batch: PlannedBatch, settings: IngestSettings, starter: WorkflowStarter, store_for: StoreFor
 ) -> str:
     """The batch's manifests and input written, then its execution started."""
-    groups_uri = batch.input.groups_uri
+    groups_uri = layout.all_groups(batch.input)
     store_for(groups_uri).write_bytes(groups_uri, batch.groups_manifest(), "application/json")
     if batch.input.lane == "bulk":
         batch.write_bulk_jobs(store_for)
-    input_uri = batch_input_uri(settings.results_root, batch.input.batch_id)
+    input_uri = layout.batch_input(settings.results_root, batch.input.batch_id)
     store_for(input_uri).write_bytes(input_uri, batch.input.model_dump_json(indent=2).encode(), "application/json")
     return starter.start(batch.input, name)
 

@@ -35,7 +35,6 @@ from shared.contracts import (
     ImageState,
     ImageTask,
     MadeBy,
-    PictureFormat,
     Status,
     StepFailure,
     SummarizeInput,
@@ -45,14 +44,13 @@ from shared.contracts import (
 )
 from shared.errors import ImageRejected
 from shared.models.captioning import image_facts
-from shared.models.variants import variant_uris
 from shared.observability import MetricUnit, logger, metrics
 from shared.pipeline.batches import PlannedBatch
 from shared.pipeline.capacity import give_back_share, renew_share
 from shared.pipeline.crops import crop_boxes
 from shared.pipeline.dependencies import Dependencies
+from shared.storage import layout
 from shared.storage.images import LoadedImage, load_image
-from shared.storage.objects import BATCHES_PREFIX, PICTURES_PREFIX, RESULTS_PREFIX, join_uri
 from shared.storage.render import draw_detections
 
 T = TypeVar("T")
@@ -63,16 +61,6 @@ def _port(port: P | None, name: str) -> P:
     if port is None:
         raise TypeError(f"this function's dependencies have no {name}")
     return port
-
-
-def result_document_uri(task: ImageTask) -> str:
-    """Where the image's result document goes."""
-    return join_uri(task.results_uri, RESULTS_PREFIX, task.batch_id, task.image.image_id) + ".json"
-
-
-def picture_uri(task: ImageTask, picture_format: PictureFormat) -> str:
-    """Where the image's annotated picture goes."""
-    return join_uri(task.results_uri, PICTURES_PREFIX, task.batch_id, task.image.image_id) + picture_format.suffix
 
 
 def _image(uri: str, deps: Dependencies) -> LoadedImage:
@@ -217,7 +205,7 @@ def write_result(state: ImageState, deps: Dependencies) -> ImageOutcome:
 def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
     """``write_result``'s document, as written (the one-image path keeps it rather than read it back)."""
     task = state.task
-    json_uri = result_document_uri(task)
+    json_uri = layout.result_document(task.results_uri, task.batch_id, task.image.image_id)
     detections, failures = describe_detections(state.detection.detections if state.detection else [], state.description)
     failures = state.failures | failures
     if not failures and state.detection is None:
@@ -232,7 +220,7 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
     if state.detection is not None:
         image = _image(task.image.source_uri, deps)
         picture = draw_detections(image.pixels, detections, deps.picture_max_side, deps.picture_format)
-        annotated_uri = picture_uri(task, deps.picture_format)
+        annotated_uri = layout.picture(task.results_uri, task.batch_id, task.image.image_id, deps.picture_format)
         deps.store_for(annotated_uri).write_bytes(annotated_uri, picture, deps.picture_format.media_type)
     result = ImageResult(
         image_id=task.image.image_id,
@@ -278,7 +266,7 @@ def _branch_ms(output: ClassifyOutput | TagOutput | BranchFailure) -> float | No
 
 def _variants_document(state: ImageState, deps: Dependencies) -> tuple[VariantsOutput | None, StepFailure | None]:
     """The document the Variants task wrote for this image, or why there is none."""
-    document_uri, _ = variant_uris(state.task)
+    document_uri = layout.variants_document(state.task.results_uri, state.task.batch_id, state.task.image.image_id)
     try:
         return VariantsOutput.model_validate_json(deps.store_for(document_uri).read_bytes(document_uri)), None
     except ImageRejected:
@@ -307,16 +295,12 @@ def write_group_table(
         images_table_uri=uris["images"],
         detections_table_uri=uris["detections"],
     )
-    uri = group_summary_uri(state.results_uri, state.batch_id, state.group_id)
+    uri = layout.group_summary(state.results_uri, state.batch_id, state.group_id)
     deps.store_for(uri).write_bytes(uri, summary.model_dump_json().encode(), "application/json")
     logger.info(
         "group tables written", extra=summary.model_dump(include={"batch_id", "group_id", "succeeded", "failed"})
     )
     return summary
-
-
-def group_summary_uri(results_uri: str, batch_id: str, group_id: str) -> str:
-    return join_uri(results_uri, BATCHES_PREFIX, batch_id, "groups", f"{group_id}.json")
 
 
 def summarize_batch(state: SummarizeInput, deps: Dependencies) -> BatchSummary:
@@ -327,9 +311,9 @@ def summarize_batch(state: SummarizeInput, deps: Dependencies) -> BatchSummary:
 
     from shared.storage.tables import table_file_uris, write_table_files
 
-    groups_uri = state.groups_uri
+    groups_uri = layout.all_groups(state)
     groups = TypeAdapter(list[ImageGroup]).validate_json(deps.store_for(groups_uri).read_bytes(groups_uri))
-    summaries_root = join_uri(state.results_uri, BATCHES_PREFIX, state.batch_id, "groups")
+    summaries_root = layout.group_summaries(state.results_uri, state.batch_id)
     summary_uris = list(deps.store_for(summaries_root).list_uris(summaries_root))
     with ThreadPoolExecutor(max_workers=16) as pool:  # one GET each: S3 answers them side by side
         documents = pool.map(lambda uri: deps.store_for(uri).read_bytes(uri), summary_uris)
@@ -349,7 +333,7 @@ def summarize_batch(state: SummarizeInput, deps: Dependencies) -> BatchSummary:
     elif not handed_back:  # a rerun that finished every group: the earlier run's failure rows are no longer true
         for uri in table_file_uris(state.results_uri, stem, state.planned_at).values():
             deps.store_for(uri).delete(uri)
-    uri = join_uri(state.results_uri, BATCHES_PREFIX, state.batch_id, "summary.json")
+    uri = layout.batch_summary(state.results_uri, state.batch_id)
     summary = BatchSummary(
         batch_id=state.batch_id,
         images=state.images,
@@ -383,9 +367,8 @@ def hand_back(state: SummarizeInput, unfinished: list[ImageGroup], deps: Depende
     if state.lane == "bulk":
         planned.write_bulk_jobs(deps.store_for)
     else:
-        deps.store_for(batch.round_groups_uri).write_bytes(
-            batch.round_groups_uri, planned.groups_manifest(), "application/json"
-        )
+        round_groups = layout.round_groups(batch)
+        deps.store_for(round_groups).write_bytes(round_groups, planned.groups_manifest(), "application/json")
     longest = min(MAX_HAND_BACK_WAIT_S, state.hand_back_wait_s * 2**state.round)
     wait = random.randint(-(-longest // 2), longest)
     handed_back = HandBack(round=next_round, groups=len(unfinished), wait_seconds=wait)

@@ -9,6 +9,7 @@ reports States.TaskFailed, and the workflow's Catch records it for the image).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import sys
 import time
@@ -16,13 +17,30 @@ import time
 from PIL import Image, ImageOps
 from pydantic import ValidationError
 
-from shared.contracts import ImageTask, Variant, VariantsOutput
+from shared.contracts import ImageTask, Variant, VariantsOutput, VariantsRequest
 from shared.errors import AnnotateError, validation_reason
-from shared.models.variants import requested_variants, variant_uris
 from shared.observability import logger
 from shared.pipeline.dependencies import Dependencies, Step, dependencies_of
 from shared.settings import get_settings
+from shared.storage import layout
 from shared.storage.images import load_image
+
+
+def requested_variants(task: ImageTask) -> VariantsRequest:
+    """The variants the task's request asks for.
+
+    Raises:
+        ValueError: it asks for none (the Variants task runs only for requests that do).
+    """
+    if task.request.variants is None:
+        raise ValueError("the image's request asks for no variants")
+    return task.request.variants
+
+
+def first_seed(task: ImageTask) -> int:
+    """The request's seed, or one derived from the image, so that the same task gives the same pictures."""
+    seed = requested_variants(task).seed
+    return seed if seed is not None else int(hashlib.sha256(task.image.image_id.encode()).hexdigest()[:7], 16)
 
 
 def run_variant_job(task: ImageTask, deps: Dependencies) -> VariantsOutput:
@@ -36,15 +54,17 @@ def run_variant_job(task: ImageTask, deps: Dependencies) -> VariantsOutput:
         init_image = ImageOps.fit(source, (size, size), method=Image.Resampling.LANCZOS)
     if deps.generator is None:
         raise TypeError("the Variants task's dependencies have no generator")
-    document_uri, picture_uris = variant_uris(task)
+    root, batch_id, image_id = task.results_uri, task.batch_id, task.image.image_id
     variants = []
-    for (picture, seed, seconds), uri in zip(deps.generator.generate(task, init_image), picture_uris, strict=True):
+    for index, (picture, seed, seconds) in enumerate(deps.generator.render(request, init_image, first_seed(task))):
+        uri = layout.variant_picture(root, batch_id, image_id, index)
         buffer = io.BytesIO()
         picture.save(buffer, format="PNG")
         deps.store_for(uri).write_bytes(uri, buffer.getvalue(), "image/png")
         variants.append(Variant(uri=uri, seed=seed, seconds=seconds))
     elapsed_ms = round((time.perf_counter() - started) * 1000, 1)
     output = VariantsOutput(model=deps.generator.model_name, mode=request.mode, images=variants, ms=elapsed_ms)
+    document_uri = layout.variants_document(root, batch_id, image_id)
     deps.store_for(document_uri).write_bytes(
         document_uri, output.model_dump_json(indent=2).encode(), "application/json"
     )

@@ -32,11 +32,11 @@ from shared.pipeline.batches import batch_id, image_ref
 from shared.pipeline.dependencies import Dependencies, Step
 from shared.pipeline.one_image import annotate_image
 from shared.settings import Settings
+from shared.storage import layout
 from shared.storage.images import decode_image
-from shared.storage.objects import MemoryStore, ObjectStore, is_s3, join_uri, split_s3, store_for
+from shared.storage.objects import MemoryStore, ObjectStore, is_s3, split_s3, store_for
 from shared.storage.render import encode_picture
 
-UPLOADS_PREFIX = "uploads"  # under the results root: uploaded pictures whose results were recorded
 NOT_KEPT_ROOT = "memory://not-kept"  # where an unrecorded call's result document and picture live, in memory
 API_GROUP_ID = "g-000000"
 
@@ -133,9 +133,9 @@ def _upload_uri(results_root: str, source: Source, source_format: str) -> str:
     reviewed elsewhere find it by that name)."""
     digest = source.uri.removeprefix("sha256:")
     if source.name:
-        return join_uri(results_root, UPLOADS_PREFIX, digest, source.name)
+        return layout.upload(results_root, f"{digest}/{source.name}")
     extension = {"JPEG": "jpg", "MPO": "jpg"}.get(source_format, source_format.lower())
-    return join_uri(results_root, UPLOADS_PREFIX, f"{digest}.{extension}")
+    return layout.upload(results_root, f"{digest}.{extension}")
 
 
 def annotate_one(

@@ -28,12 +28,6 @@ class ObjectStore(Protocol):
 # one in tests) instead of reaching for a global.
 StoreFor = Callable[[str], ObjectStore]
 
-RESULTS_PREFIX = "results"  # under the results root: per image result documents (and its variants')
-# Under the results root: per image its annotated picture and variants. Apart from the documents, so that the
-# template's lifecycle rule can expire them (PictureRetentionDays): they are most of what is stored.
-PICTURES_PREFIX = "pictures"
-BATCHES_PREFIX = "batches"  # under the results root: per batch, its groups' summaries and its own
-
 
 def is_s3(uri: str) -> bool:
     return uri.startswith("s3://")

@@ -13,9 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shared.contracts import DEFAULT_ATTRIBUTES, CaptionOutput, Detection, ImageResult
-from shared.storage.objects import StoreFor, join_uri
-
-TABLES_PREFIX = "tables"
+from shared.storage import layout
+from shared.storage.objects import StoreFor
 
 CLASS_SCORE_STRUCT = pa.struct([("label", pa.string()), ("score", pa.float64())])
 ATTRIBUTE_STRUCT = pa.struct([("name", pa.string()), ("value", pa.string()), ("score", pa.float64())])
@@ -208,7 +207,7 @@ def detections_table(results: list[ImageResult]) -> pa.Table:
 def table_file_uris(results_root: str, file_stem: str, day: datetime) -> dict[str, str]:
     """Where a group's (or a batch's unfinished groups') rows go in each table: one file per day and name."""
     partition = f"{PARTITION_COLUMN}={day:%Y-%m-%d}"
-    return {name: join_uri(results_root, TABLES_PREFIX, name, partition, f"{file_stem}.parquet") for name in SCHEMAS}
+    return {name: layout.table_file(results_root, name, partition, file_stem) for name in SCHEMAS}
 
 
 def write_table_files(

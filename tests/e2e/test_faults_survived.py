@@ -13,9 +13,10 @@ from PIL import Image
 from pydantic import TypeAdapter
 from typer.testing import CliRunner
 
-from shared.contracts import ImageGroup, PromptMessage, groups_manifest_uri
+from shared.contracts import ImageGroup, PromptMessage
 from shared.pipeline.ingest import start_batches
 from shared.settings import Settings, use_settings
+from shared.storage import layout
 from shared.storage.objects import store_for
 from tests.conftest import SAMPLES
 from tools.cli import app
@@ -178,7 +179,7 @@ def test_a_step_the_lambda_service_refuses_past_a_childs_retries_hands_its_group
     # image is annotated and captioned; if it never does, its one row says that its group did not finish in either
     [(batch, result)] = starter.results
     assert result.summary is not None and result.summary.handed_back is None, result
-    handed = groups_manifest_uri(batch.results_uri, batch.batch_id, 1)
+    handed = layout.groups_manifest(batch.results_uri, batch.batch_id, 1)
     [group] = TypeAdapter(list[ImageGroup]).validate_json(store_for(handed).read_bytes(handed))
     query = "SELECT source_uri, status, failed_step, error, caption FROM images"
     [row] = run_local_query(query, settings.data_dir).to_pylist()

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from shared.contracts import PromptMessage
 from shared.pipeline.batches import plan_batches
 from shared.settings import Settings
+from shared.storage import layout
 from shared.storage.objects import store_for
 from tests.conftest import SAMPLES
 from tools.cli import app
@@ -128,7 +129,8 @@ def test_attribute_vocabularies_from_the_command_line_are_honoured(tmp_path: Pat
 
 def run_message(message: PromptMessage, settings: Settings, listener=None) -> list[dict]:
     [batch] = plan_batches(message, settings.ingest, store_for)
-    store_for(batch.input.groups_uri).write_bytes(batch.input.groups_uri, batch.groups_manifest())
+    groups = layout.all_groups(batch.input)
+    store_for(groups).write_bytes(groups, batch.groups_manifest())
     with local_workflow(listener) as run:
         assert run(batch.input).summary is not None
     return rows("SELECT * FROM images", settings.data_dir)

@@ -9,8 +9,7 @@ from typing import Any
 
 from PIL import Image
 
-from shared.contracts import AttributeScore, CaptionOutput, ClassScore, Detection, ImageTask, MadeBy
-from shared.models.variants import first_seed, requested_variants
+from shared.contracts import AttributeScore, CaptionOutput, ClassScore, Detection, MadeBy, VariantsRequest
 from shared.pipeline.dependencies import Dependencies, Step
 from shared.settings import ImageLimits
 from shared.storage.objects import MemoryStore
@@ -112,11 +111,12 @@ class FakeGenerator:
     failure: Exception | None = None
     model_name: str = "fake-diffusion"
 
-    def generate(self, task: ImageTask, init_image: Image.Image | None) -> list[tuple[Image.Image, int, float]]:
+    def render(
+        self, request: VariantsRequest, init_image: Image.Image | None, seed: int
+    ) -> list[tuple[Image.Image, int, float]]:
         _fail(self.failure)
-        request = requested_variants(task)
         picture = Image.new("RGB", (request.size, request.size), "gray")
-        return [(picture, first_seed(task) + index, 0.0) for index in range(request.count)]
+        return [(picture, seed + index, 0.0) for index in range(request.count)]
 
 
 @dataclass

@@ -17,6 +17,7 @@ from shared.pipeline.batches import plan_batches
 from shared.pipeline.dependencies import use_dependencies
 from shared.pipeline.one_image import annotate_image
 from shared.settings import Settings
+from shared.storage import layout
 from tests.fakes import FakeDetector, FakeModels
 from tools.local.runner import ExecutionResult, local_workflow
 
@@ -53,7 +54,7 @@ def run_batch(
     message = PromptMessage.model_validate({"prompt": "dog. cat.", "images": ["s3://in/"], **request})
     settings = Settings(results_uri=RESULTS, images_per_group=images_per_group).ingest
     [batch] = plan_batches(message, settings, lambda _: fakes.store)
-    fakes.store.objects[batch.input.groups_uri] = batch.groups_manifest()  # as ingest writes it
+    fakes.store.objects[layout.all_groups(batch.input)] = batch.groups_manifest()  # as ingest writes it
     result = workflow(batch.input)
     folder = f"{RESULTS}/results/{batch.input.batch_id}/"
     documents = [

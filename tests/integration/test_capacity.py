@@ -14,8 +14,9 @@ from moto import mock_aws
 from shared.contracts import BatchInput, BulkJobRef, GroupSummary, ImageGroup, ImageRef, SummarizeInput
 from shared.pipeline.capacity import CapacityLedger, Quota
 from shared.pipeline.dependencies import Dependencies
-from shared.pipeline.steps import group_summary_uri, summarize_batch
+from shared.pipeline.steps import summarize_batch
 from shared.settings import Settings
+from shared.storage import layout
 from shared.storage.objects import store_for
 from tests.integration.test_gathering import NOON, batches, dial, drop, look, queued
 from tests.integration.test_gathering import aws as aws  # the fixture, shared
@@ -148,11 +149,11 @@ def test_a_bulk_batch_hands_back_the_groups_of_a_failed_job_and_gives_its_share_
         for n in range(4)
     ]
     state = _bulk_round(results, groups, hand_backs)
-    store_for(state.groups_uri).write_bytes(
-        state.groups_uri, b"[" + b",".join(g.model_dump_json().encode() for g in groups) + b"]"
+    store_for(layout.all_groups(state)).write_bytes(
+        layout.all_groups(state), b"[" + b",".join(g.model_dump_json().encode() for g in groups) + b"]"
     )
     for group in groups[:2]:
-        uri = group_summary_uri(results, state.batch_id, group.group_id)
+        uri = layout.group_summary(results, state.batch_id, group.group_id)
         summary = GroupSummary(
             batch_id=state.batch_id,
             group_id=group.group_id,
@@ -171,7 +172,7 @@ def test_a_bulk_batch_hands_back_the_groups_of_a_failed_job_and_gives_its_share_
         # keeps its share through the wait
         assert summary.handed_back is not None and summary.failed == 0
         next_round = state.model_copy(update={"round": 1})
-        refs = [BulkJobRef.model_validate(ref) for ref in _json(next_round.bulk_manifest_uri)]
+        refs = [BulkJobRef.model_validate(ref) for ref in _json(layout.bulk_manifest(next_round))]
         handed = [group["group_id"] for ref in refs for group in _json(ref.job_uri)["groups"]]
         assert handed == ["g-000002", "g-000003"]
         assert ledger.free(Quota.FARGATE, 4096) == 0

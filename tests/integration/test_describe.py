@@ -111,6 +111,7 @@ def test_tags_use_the_request_vocabularies(tiny_settings: Settings) -> None:
     output = steps.tag(
         describe_input(BOXES, attributes={"size": ["small", "large"], "mood": ["calm"]}), deps(tiny_settings, Step.TAG)
     )
+    assert len(output.tags) == len(BOXES)
     for box in output.tags:
         assert [(a.name, a.value in {"small", "large"}) for a in box.attributes] == [("size", True), ("mood", False)]
         assert box.attributes[1].value == "calm" and box.attributes[1].score == 1.0

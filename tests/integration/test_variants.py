@@ -13,10 +13,11 @@ from PIL import Image
 from pydantic import ValidationError
 
 from shared.contracts import AnnotationRequest, ImageRef, ImageTask, PromptMessage
-from shared.models.variants import load_generator, variant_uris
+from shared.models.variants import load_generator
 from shared.pipeline.dependencies import Dependencies, Step, build_dependencies
 from shared.pipeline.variants_task import run_variant_job
 from shared.settings import Settings
+from shared.storage import layout
 from tests.conftest import REPO, SAMPLES
 
 pytestmark = pytest.mark.slow
@@ -73,7 +74,8 @@ def test_img2img_variants_are_written_with_their_seeds_and_are_reproducible(
     for one, other in zip(first.images, again.images, strict=True):
         assert Image.open(one.uri).size == (128, 128)
         assert Path(one.uri).read_bytes() == Path(other.uri).read_bytes()
-    document_uri, _ = variant_uris(job(tmp_path / "a", count=2))
+    task = job(tmp_path / "a", count=2)
+    document_uri = layout.variants_document(task.results_uri, task.batch_id, task.image.image_id)
     assert json.loads(Path(document_uri).read_text())["images"][0]["uri"] == first.images[0].uri
 
 
@@ -104,7 +106,11 @@ def run_entrypoint(job_json: str, tmp_path: Path) -> subprocess.CompletedProcess
 def test_the_container_entrypoint_runs_its_job_and_exits_zero(variants_settings: Settings, tmp_path: Path) -> None:
     result = run_entrypoint(job(tmp_path).model_dump_json(), tmp_path)
     assert result.returncode == 0, result.stderr
-    assert Image.open(variant_uris(job(tmp_path))[1][0]).size == (128, 128)
+    task = job(tmp_path)
+    assert Image.open(layout.variant_picture(task.results_uri, task.batch_id, task.image.image_id, 0)).size == (
+        128,
+        128,
+    )
 
 
 def test_the_container_entrypoint_exits_non_zero_with_the_reason_in_its_log(tmp_path: Path) -> None:

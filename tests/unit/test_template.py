@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 import sqlglot
 
-from shared.contracts import MANIFESTS_PREFIX
-from shared.storage.objects import BATCHES_PREFIX, PICTURES_PREFIX, RESULTS_PREFIX
-from shared.storage.tables import QUERIED_SCHEMAS, SCHEMAS, TABLES_PREFIX
+from shared.storage import layout
+from shared.storage.tables import QUERIED_SCHEMAS, SCHEMAS
 from tests.conftest import REPO
 from tests.unit.test_workflow_definition import template
 from tools.aws.sam_template import layer_ids
@@ -102,18 +101,18 @@ def test_glue_columns_equal_the_parquet_schema_the_code_writes(table: str) -> No
     columns = [(c["Name"], c["Type"]) for c in table_input["StorageDescriptor"]["Columns"]]
     assert columns == [(field.name, glue_type(field.type)) for field in QUERIED_SCHEMAS[table]]
     assert table_input["PartitionKeys"] == [{"Name": "dt", "Type": "string"}]
-    assert f"/{TABLES_PREFIX}/{table}/dt=" in TEMPLATE_TEXT
+    assert f"/{layout.TABLES}/{table}/dt=" in TEMPLATE_TEXT
 
 
 def test_the_iam_prefixes_are_the_ones_the_code_writes_under() -> None:
-    for prefix in (RESULTS_PREFIX, PICTURES_PREFIX, TABLES_PREFIX, MANIFESTS_PREFIX, BATCHES_PREFIX):
+    for prefix in (layout.RESULTS, layout.PICTURES, layout.TABLES, layout.MANIFESTS, layout.BATCHES):
         assert f"${{ResultsBucket.Arn}}/{prefix}/*" in TEMPLATE_TEXT
 
 
 def test_the_pictures_the_code_writes_expire_and_nothing_else_does() -> None:
     rules = RESOURCES["ResultsBucket"]["Properties"]["LifecycleConfiguration"]["Rules"]
     expiring = {rule["Prefix"] for rule in rules if "ExpirationInDays" in rule}
-    assert expiring == {f"{PICTURES_PREFIX}/", "athena-results/"}
+    assert expiring == {f"{layout.PICTURES}/", "athena-results/"}
     [pictures] = [rule for rule in rules if rule["Id"] == "ExpirePictures"]
     assert pictures["ExpirationInDays"] == {"Ref": "PictureRetentionDays"}
 

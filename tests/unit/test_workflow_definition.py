@@ -37,9 +37,8 @@ from shared.contracts import (
     SummarizeInput,
     TagOutput,
     WriteGroupTableInput,
-    bulk_job_uri,
-    groups_manifest_uri,
 )
+from shared.storage import layout
 from tools.aws.sam_template import load_template
 from tools.local.workflow import (
     DEFINITION_PATH,
@@ -359,7 +358,7 @@ def manifest_key(document: dict[str, Any], state: str = "AnnotateGroups") -> str
 
 
 def test_the_distributed_map_reads_the_groups_manifest_that_ingest_writes() -> None:
-    assert manifest_key(dumped(BATCH)) == groups_manifest_uri("s3://${ResultsBucket}", BATCH.batch_id)
+    assert manifest_key(dumped(BATCH)) == layout.groups_manifest("s3://${ResultsBucket}", BATCH.batch_id)
     assert STATES["AnnotateGroups"]["MaxConcurrencyPath"].removeprefix("$.") in BatchInput.model_fields
 
 
@@ -373,11 +372,11 @@ def test_the_bulk_lane_runs_each_job_of_the_bulk_manifest_spot_first_then_on_dem
     bulk = STATES["AnnotateGroupsInBulk"]
     for round in (0, 2):  # ingest's jobs, and those of groups handed back
         in_bucket = BATCH.model_copy(update={"results_uri": "s3://${ResultsBucket}", "round": round})
-        assert manifest_key(dumped(in_bucket), "AnnotateGroupsInBulk") == in_bucket.bulk_manifest_uri
+        assert manifest_key(dumped(in_bucket), "AnnotateGroupsInBulk") == layout.bulk_manifest(in_bucket)
     assert bulk["ToleratedFailurePercentage"] == 100  # one failed job of two must not stop the other
     assert bulk["MaxConcurrencyPath"].removeprefix("$.") in BatchInput.model_fields
     assert bulk["ItemProcessor"]["ProcessorConfig"]["ExecutionType"] == "STANDARD"  # Express cannot wait (.sync)
-    job = BulkJobRef(job_uri=bulk_job_uri(BATCH.results_uri, BATCH.batch_id, 0))
+    job = BulkJobRef(job_uri=layout.bulk_job(BATCH.results_uri, BATCH.batch_id, 0))
     given = evaluate(bulk["ItemSelector"], dumped(BATCH), {"Map": {"Item": {"Value": dumped(job)}}})
     providers = []
     for name in ("RunBulkJob", "RunBulkJobOnDemand"):
@@ -472,10 +471,10 @@ def test_groups_handed_back_run_again_in_the_next_round_after_the_summary_s_wait
     in_bucket = again.model_copy(update={"results_uri": "s3://${ResultsBucket}"})
     if lane == "lambda":
         assert next_state("ChooseLane", dumped(again)) == "AnnotateGroups"
-        assert manifest_key(dumped(again)) == in_bucket.round_groups_uri
+        assert manifest_key(dumped(again)) == layout.round_groups(in_bucket)
     else:
         assert next_state("ChooseLane", dumped(again)) == "AnnotateGroupsInBulk"
-        assert manifest_key(dumped(again), "AnnotateGroupsInBulk") == in_bucket.bulk_manifest_uri
+        assert manifest_key(dumped(again), "AnnotateGroupsInBulk") == layout.bulk_manifest(in_bucket)
 
 
 CHILD = STATES["AnnotateGroups"]["ItemProcessor"]["States"]

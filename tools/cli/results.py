@@ -46,7 +46,7 @@ def _refuse_file_as_folder(out_dir: Path) -> None:
 
 def _images_to_write(out_dir: Path, where: str | None, data_dir: Path, stack: str | None, verb: str) -> list[Any]:
     """The images an export or gallery writes into ``out_dir``: a folder, outside the data folder; none is a mistake."""
-    from shared.storage.tables import TABLES_PREFIX
+    from shared.storage import layout
 
     _refuse_file_as_folder(out_dir)
     if not stack and out_dir.resolve().is_relative_to(data_dir.resolve()):
@@ -56,7 +56,7 @@ def _images_to_write(out_dir: Path, where: str | None, data_dir: Path, stack: st
         return images
     if stack:
         raise fail(f"nothing to {verb}: stack {stack} has no annotated images" + (f" where {where}" if where else ""))
-    if not (data_dir / TABLES_PREFIX).is_dir():
+    if not (data_dir / layout.TABLES).is_dir():
         raise fail(f"nothing to {verb}: {data_dir} holds no results (is --data-dir the folder annotate run wrote?)")
     raise fail(f"nothing to {verb}: no image in {data_dir}" + (f" where {where}" if where else ""))
 

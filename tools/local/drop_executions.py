@@ -9,6 +9,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from shared.storage import layout
+
 RESULTS_BUCKET = "once-results"
 
 
@@ -37,9 +39,9 @@ class Executions:
         from shared.contracts import BulkJob, BulkJobRef, ImageGroup
 
         if batch.lane == "bulk":
-            refs = [BulkJobRef.model_validate(ref) for ref in self.read_json(batch.bulk_manifest_uri)]
+            refs = [BulkJobRef.model_validate(ref) for ref in self.read_json(layout.bulk_manifest(batch))]
             return [group for ref in refs for group in BulkJob.model_validate(self.read_json(ref.job_uri)).groups]
-        return [ImageGroup.model_validate(group) for group in self.read_json(batch.round_groups_uri)]
+        return [ImageGroup.model_validate(group) for group in self.read_json(layout.round_groups(batch))]
 
     def read_json(self, uri: str) -> Any:
         _, key = uri.split(f"s3://{RESULTS_BUCKET}/", 1)
@@ -85,14 +87,14 @@ class Executions:
         group's), then SummarizeBatch's code hands the rest back (the execution runs on) or ends it."""
         from shared.contracts import GroupSummary, SummarizeInput
         from shared.pipeline.dependencies import Dependencies
-        from shared.pipeline.steps import group_summary_uri, summarize_batch
+        from shared.pipeline.steps import summarize_batch
         from shared.settings import Settings
         from shared.storage.objects import store_for
 
         batch = self.running.pop(arn)
         groups = self._groups(batch)
         for group in groups[: -1 if fails else None]:
-            uri = group_summary_uri(batch.results_uri, batch.batch_id, group.group_id)
+            uri = layout.group_summary(batch.results_uri, batch.batch_id, group.group_id)
             summary = GroupSummary(
                 batch_id=batch.batch_id,
                 group_id=group.group_id,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from shared.storage import layout
 from tools.local.drop_executions import RESULTS_BUCKET, Broken, Executions
 
 REGION = "us-east-1"
@@ -388,7 +389,7 @@ class World:
             batch = BatchInput.model_validate_json(
                 self.sfn.describe_execution(executionArn=execution["executionArn"])["input"]
             )
-            groups = self.executions.read_json(batch.groups_uri)
+            groups = self.executions.read_json(layout.all_groups(batch))
             found.update(
                 image["source_uri"].split(f"s3://{INPUT_BUCKET}/", 1)[1]
                 for group in groups

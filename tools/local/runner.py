@@ -31,6 +31,7 @@ from shared.contracts import BatchInput, BatchSummary, ImageOutcome, SummarizeIn
 from shared.observability import logger, metrics
 from shared.pipeline.dependencies import Step, dependencies_of
 from shared.settings import get_settings
+from shared.storage import layout
 from shared.storage.objects import split_s3
 from tools.local.step_functions import (
     CHILD_CLOCKS,
@@ -487,7 +488,7 @@ def local_workflow(
 
         def run(batch: BatchInput, name: str | None = None) -> ExecutionResult:
             # The ItemReader reads S3: the groups manifest ingest wrote (and the bulk lane's, the bulk manifest)
-            _to_moto_s3(batch, "round_groups_uri", *(["bulk_manifest_uri"] if batch.lane == "bulk" else []))
+            _to_moto_s3(batch, layout.round_groups, *([layout.bulk_manifest] if batch.lane == "bulk" else []))
             execution_arn = client.start_execution(
                 stateMachineArn=machine_arn,
                 name=name or f"{batch.batch_id}-{uuid.uuid4().hex[:8]}",  # unnamed executions collide in moto
@@ -498,15 +499,15 @@ def local_workflow(
         yield run
 
 
-def _to_moto_s3(batch: BatchInput, *manifests: str) -> None:
-    """Copies each of ``batch``'s ``manifests`` (names of its URI properties) from the store in force to moto's S3,
+def _to_moto_s3(batch: BatchInput, *manifests: Callable[[BatchInput], str]) -> None:
+    """Copies each of ``batch``'s ``manifests`` (layout's functions of a batch) from the store in force to moto's S3,
     where the workflow's ItemReader reads it."""
     import boto3
 
     s3 = boto3.client("s3", region_name=REGION)
     in_moto = batch.model_copy(update={"results_uri": f"s3://{LOCAL_BUCKET}"})
     for manifest in manifests:
-        local, (_, key) = getattr(batch, manifest), split_s3(getattr(in_moto, manifest))
+        local, (_, key) = manifest(batch), split_s3(manifest(in_moto))
         body = dependencies_of(Step.SUMMARIZE_BATCH).store_for(local).read_bytes(local)
         s3.put_object(Bucket=LOCAL_BUCKET, Key=key, Body=body)
 
@@ -518,7 +519,7 @@ def _mirroring_hand_backs(answer: tuple[dict[str, Any], bool], payload: dict[str
     if not failed and isinstance(response, dict) and response.get("handed_back"):
         ended = SummarizeInput.model_validate(payload)
         batch = BatchInput.model_validate(ended.model_dump(include=set(BatchInput.model_fields)))
-        _to_moto_s3(batch.model_copy(update={"round": response["handed_back"]["round"]}), "round_groups_uri")
+        _to_moto_s3(batch.model_copy(update={"round": response["handed_back"]["round"]}), layout.round_groups)
     return answer
 
 

@@ -22,10 +22,10 @@ RunGathered = Callable[[list[Path], LaneChoice, str], None]
 
 def annotated_image_ids(data_dir: Path) -> set[str]:
     """The images the data folder has a row for: a watch started again does not annotate them twice."""
-    from shared.storage.tables import TABLES_PREFIX
+    from shared.storage import layout
     from tools.results.query import run_local_query
 
-    if not (data_dir / TABLES_PREFIX).is_dir():
+    if not (data_dir / layout.TABLES).is_dir():
         return set()
     return {row["image_id"] for row in run_local_query("SELECT DISTINCT image_id FROM images", data_dir).to_pylist()}
 

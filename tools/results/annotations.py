@@ -150,12 +150,13 @@ def local_annotated_sources(data_dir: Path) -> Callable[[Sequence[str], Sequence
 def batch_requests(images: list[AnnotatedImage], results_root: str, store_for: Any) -> list[Any]:
     """The requests of the batches ``images`` came from (each batch's input, as ingest kept it), in batch order;
     a batch whose input is gone has none."""
-    from shared.contracts import BatchInput, batch_input_uri
+    from shared.contracts import BatchInput
     from shared.errors import ImageRejected
+    from shared.storage import layout
 
     requests = []
     for batch_id in sorted({image.batch_id for image in images}):
-        uri = batch_input_uri(results_root, batch_id)
+        uri = layout.batch_input(results_root, batch_id)
         try:
             requests.append(BatchInput.model_validate_json(store_for(uri).read_bytes(uri)).request)
         except (ImageRejected, ValueError):

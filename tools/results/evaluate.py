@@ -356,19 +356,18 @@ def write_evaluation(table: Any, results_root: str, evaluated_at: Any, store_for
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from shared.storage.objects import join_uri
-    from shared.storage.tables import PARTITION_COLUMN, TABLES_PREFIX
+    from shared.storage import layout
+    from shared.storage.tables import PARTITION_COLUMN
 
     what = json.dumps(table.drop_columns(["evaluated_at"]).to_pylist(), sort_keys=True, default=str)
-    name = f"{hashlib.sha256(what.encode()).hexdigest()[:24]}.parquet"
-    folder = join_uri(results_root, TABLES_PREFIX, EVALUATIONS_TABLE)
-    uri = join_uri(folder, f"{PARTITION_COLUMN}={evaluated_at:%Y-%m-%d}", name)
+    stem = hashlib.sha256(what.encode()).hexdigest()[:24]
+    uri = layout.table_file(results_root, EVALUATIONS_TABLE, f"{PARTITION_COLUMN}={evaluated_at:%Y-%m-%d}", stem)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")
     store = store_for(uri)
     store.write_bytes(uri, sink.getvalue().to_pybytes(), "application/vnd.apache.parquet")
-    for earlier in list(store.list_uris(folder)):
-        if earlier.endswith(f"/{name}") and earlier != uri:
+    for earlier in list(store.list_uris(layout.table_folder(results_root, EVALUATIONS_TABLE))):
+        if earlier.endswith(f"/{stem}.parquet") and earlier != uri:
             store.delete(earlier)
     return uri
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from shared.storage.tables import PARTITION_COLUMN, QUERIED_SCHEMAS, SCHEMAS, TABLES_PREFIX
+from shared.storage import layout
+from shared.storage.tables import PARTITION_COLUMN, QUERIED_SCHEMAS, SCHEMAS
 
 # One row per source image: its newest. The same SQL is the DuckDB view here and the Athena view in template.yaml
 # (a Glue view, tested to hold this text).
@@ -37,7 +38,7 @@ def connect_local(data_dir: Path) -> duckdb.DuckDBPyConnection:
 
     connection = duckdb.connect()
     for name, schema in QUERIED_SCHEMAS.items():
-        table_root = data_dir.resolve() / TABLES_PREFIX / name
+        table_root = Path(layout.table_folder(str(data_dir.resolve()), name))
         # The files are listed here and handed over by name: DuckDB would read a folder's *, ?, [ or { as a pattern
         files = sorted(str(path) for path in table_root.glob(f"{PARTITION_COLUMN}=*/*.parquet") if path.is_file())
         if files:

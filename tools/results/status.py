@@ -12,9 +12,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from shared.contracts import BatchInput, ImageResult, Status, batch_input_uri
+from shared.contracts import BatchInput, ImageResult, Status
 from shared.errors import ImageRejected, RequestRejected
-from shared.storage.objects import RESULTS_PREFIX, StoreFor, join_uri
+from shared.storage import layout
+from shared.storage.objects import StoreFor
 
 RUNS_FOLDER = "runs"
 
@@ -98,12 +99,12 @@ def batch_status(
     Raises:
         RequestRejected: no batch of that id was ever planned under ``results_root``.
     """
-    input_uri = batch_input_uri(results_root, batch_id)
+    input_uri = layout.batch_input(results_root, batch_id)
     try:
         batch = BatchInput.model_validate_json(store_for(input_uri).read_bytes(input_uri))
     except ImageRejected as error:
         raise RequestRejected(f"no batch {batch_id} under {results_root} (no {input_uri})") from error
-    folder = join_uri(results_root, RESULTS_PREFIX, batch_id) + "/"
+    folder = layout.batch_results(results_root, batch_id)
     results = [_result(store_for, uri) for uri in store_for(folder).list_uris(folder) if _is_result_document(uri)]
     failures = [
         Failure(source_uri=result.source_uri, reason=result.error or "failed")

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 import boto3
 import pytest
 from moto import mock_aws
-from moto.athena.models import QueryResults, athena_backends
 from typer.testing import CliRunner
 
 from shared.errors import RequestRejected
 from shared.settings import Settings
+from tools.aws.moto_internals import QueryResults, athena_backends
 from tools.cli import app
 from tools.results.athena import run_athena_query
 

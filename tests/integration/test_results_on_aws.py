@@ -13,12 +13,12 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
-from moto.athena.models import QueryResults, athena_backends
 from PIL import Image
 from typer.testing import CliRunner
 
 from shared.contracts import AnnotationRequest, BatchInput, ImageRef, ImageResult, Status
 from shared.storage import objects as storage
+from tools.aws.moto_internals import QueryResults, athena_backends
 from tools.cli import app
 
 REGION = "us-east-1"

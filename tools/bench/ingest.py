@@ -38,10 +38,10 @@ class _NoWorkflow:
 def run_ingest_bench(objects: int, out_dir: Path, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     import boto3
     from moto import mock_aws
-    from moto.s3.models import s3_backends
 
     from shared.pipeline.ingest import start_batches
     from shared.storage.objects import S3Store
+    from tools.aws.moto_internals import s3_backends
 
     with mock_aws():
         s3 = boto3.client("s3", region_name=REGION)

@@ -228,7 +228,8 @@ class Injector:
     def s3_answer(self, request: Any, **_: Any) -> Any:
         """Before an S3 request is sent: an error answer from S3, or None to send it."""
         from botocore.awsrequest import AWSResponse
-        from moto.core.botocore_stubber import MockRawResponse
+
+        from tools.aws.moto_internals import MockRawResponse
 
         url = urlsplit(request.url)
         host_bucket = url.netloc.split(".", 1)[0]  # virtual-hosted style: bucket.s3.region.amazonaws.com/key

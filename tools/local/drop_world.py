@@ -178,7 +178,7 @@ class World:
     # --- what AWS does ------------------------------------------------------------------------------------
 
     def drop(self, key: str, folder: bool = False) -> None:
-        from moto.events.models import EventPattern
+        from tools.aws.moto_internals import EventPattern
 
         body = b"" if folder else f"picture {key}".encode()
         etag = self.s3.put_object(Bucket=INPUT_BUCKET, Key=key, Body=body)["ETag"].strip('"')

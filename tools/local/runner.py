@@ -45,7 +45,7 @@ from tools.local.step_functions import (
 from tools.local.workflow import FUNCTION_PLACEHOLDERS, for_moto, step_timeouts, substitute, without_function_timeouts
 
 if TYPE_CHECKING:
-    from moto.core.config import DefaultConfig
+    from tools.aws.moto_internals import DefaultConfig
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -221,17 +221,16 @@ def container_environment(run_task_parameters: dict[str, Any]) -> dict[str, str]
 def _task_failed(service: Any, env: Any, cause: str, error: str = "States.TaskFailed") -> Exception:
     """States.TaskFailed with ``cause``, as a stopped task with a non-zero exit code gives in AWS (moto would
     otherwise report States.Runtime, which States.ALL cannot catch); or ``error``, a task ECS did not start."""
-    from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
-    from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import CustomErrorName
-    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
+    from tools.aws.moto_internals import (
+        CustomErrorName,
+        EventDetails,
         FailureEvent,
         FailureEventException,
-    )
-    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
-    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
+        HistoryEventType,
+        StatesErrorName,
         StatesErrorNameType,
+        TaskFailedEventDetails,
     )
-    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
     details = TaskFailedEventDetails(
         error=error,
@@ -256,11 +255,11 @@ def _task_failed(service: Any, env: Any, cause: str, error: str = "States.TaskFa
 def services_in_process(invoke: Invoker, run_container: ContainerRunner, express_limit: bool = True) -> Iterator[None]:
     """Inside an active ``mock_aws``: the interpreter's Lambda invocations and ECS tasks (.sync) run here, a Lambda
     service error fails a Task as on AWS, and (``express_limit``) Express children end at the Express limit."""
-    from moto.awslambda_simple.models import LambdaSimpleBackend
-    from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
-    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_ecs
-    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_ecs import (
+    from tools.aws.moto_internals import (
+        LambdaSimpleBackend,
         StateTaskServiceEcs,
+        lambda_eval_utils,
+        state_task_service_ecs,
     )
 
     def lambda_invoke(backend: Any, function: str, qualifier: Any, body: Any, headers: Any, response_headers: Any):

@@ -61,9 +61,8 @@ class FargateRefused(Exception):
 def aws_task_errors() -> Iterator[None]:
     """Inside: a Lambda Task failed by the Lambda service fails with ``Lambda.<exception name>``, as on AWS."""
     from botocore.exceptions import ClientError
-    from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import CustomErrorName
-    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import FailureEvent
-    from moto.stepfunctions.parser.asl.component.state.exec.state_task.state_task_lambda import StateTaskLambda
+
+    from tools.aws.moto_internals import CustomErrorName, FailureEvent, StateTaskLambda
 
     from_error = StateTaskLambda._from_error
 
@@ -172,12 +171,8 @@ def express_children_limited() -> Iterator[None]:
     """Inside: each child of a Distributed Map whose processor carries :data:`EXPRESS_CHILDREN` ends once its
     :class:`ChildClock` passes ``tools.local.workflow.EXPRESS_LIMIT_S``, as an Express execution ends at its limit; a
     Standard child (a stack with variants) runs on."""
-    from moto.stepfunctions.parser.asl.component.eval_component import EvalComponent
-    from moto.stepfunctions.parser.asl.component.program.program import Program
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor import (
-        distributed_item_processor_worker as worker,
-    )
-    from moto.stepfunctions.parser.utils import TMP_THREADS
+    from tools.aws.moto_internals import TMP_THREADS, EvalComponent, Program
+    from tools.aws.moto_internals import distributed_item_processor_worker as worker
 
     eval_job, eval_program = worker.DistributedItemProcessorWorker._eval_job, Program.eval
     markers: dict[int, str] = {}  # the processor's marker, by the id of a child's environment

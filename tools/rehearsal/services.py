@@ -223,7 +223,7 @@ class InProcessServices:
         """Inside: the stack's state machine invokes its functions and runs its tasks here, and its queues wait
         for :meth:`poll`: moto would otherwise invoke a queue's function itself as each message arrives, one
         message at a time, outside the function's role."""
-        from moto.sqs import sqs_backends
+        from tools.aws.moto_internals import sqs_backends
 
         queues = sqs_backends[self.log.account][self.stack.region].queues.values()
         mappings = {queue: queue.lambda_event_source_mappings for queue in queues}
@@ -244,12 +244,7 @@ class InProcessServices:
         Functions makes them."""
         from unittest import mock
 
-        from moto.stepfunctions.parser.asl.component.state.exec.state_map.item_reader.item_reader_decl import (
-            ItemReader,
-        )
-        from moto.stepfunctions.parser.asl.component.state.exec.state_map.result_writer.result_writer_decl import (
-            ResultWriter,
-        )
+        from tools.aws.moto_internals import ItemReader, ResultWriter
 
         machine_arn, region = self.stack.state_machine_arn, self.stack.region
         read_items, write_results = ItemReader._eval_body, ResultWriter._eval_body

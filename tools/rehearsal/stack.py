@@ -32,7 +32,7 @@ from tools.local.workflow import for_moto, substitute, without_function_timeouts
 from tools.rehearsal.iam import Statement, statements
 
 if TYPE_CHECKING:
-    from moto.core.config import DefaultConfig
+    from tools.aws.moto_internals import DefaultConfig
 
 REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "123456789012"  # moto's
@@ -196,7 +196,7 @@ def transform(packaged: dict[str, Any], deployment: Deployment, iam: Any) -> dic
 def _novalue_removes_list_items() -> Iterator[None]:
     """CloudFormation drops a list item that is AWS::NoValue (``!If [cond, item, !Ref AWS::NoValue]``);
     moto 5.2.5 keeps it as null, which would put a null statement into a role's policy."""
-    from moto.cloudformation import parsing
+    from tools.aws.moto_internals import cfn_parsing as parsing
 
     original = parsing.clean_json
 
@@ -214,7 +214,8 @@ def _novalue_removes_list_items() -> Iterator[None]:
 def _layer_versions_ref_to_their_arn() -> Iterator[None]:
     """CloudFormation's Ref of an AWS::Lambda::LayerVersion, or an AWS::Lambda::Version, is its ARN; moto 5.2.5
     answers the object itself, which an Fn::Split of it (Detect's version description, the API's) cannot take."""
-    from moto.awslambda.models import LambdaVersion, LayerVersion, get_backend
+    from tools.aws.moto_internals import LambdaVersion, LayerVersion
+    from tools.aws.moto_internals import lambda_backend as get_backend
 
     def create_version(
         cls: type[LambdaVersion], name: str, template: dict[str, Any], account_id: str, region_name: str, **_: Any
@@ -448,9 +449,9 @@ class _Completion:
     bucket_policies: dict[str, list[Statement]] = field(default_factory=dict)
 
     def resolve(self, value: Any) -> Any:
-        from moto.cloudformation.parsing import clean_json
+        from tools.aws.moto_internals import cfn_parsing
 
-        return clean_json(value, self.resource_map)
+        return cfn_parsing.clean_json(value, self.resource_map)
 
     def _stand_in(self, logical_id: str, made: _Rehearsed) -> None:
         self.resource_map._parsed_resources[logical_id] = made
@@ -558,9 +559,8 @@ def _teach_moto_generated_secrets() -> None:
     and policies name it as CloudFormation would."""
     import secrets
 
-    from moto.cloudformation import parsing
-    from moto.core.common_models import CloudFormationModel
-    from moto.secretsmanager.models import secretsmanager_backends
+    from tools.aws.moto_internals import CloudFormationModel, secretsmanager_backends
+    from tools.aws.moto_internals import cfn_parsing as parsing
 
     class GeneratedSecret(CloudFormationModel):
         def __init__(self, arn: str) -> None:
@@ -619,8 +619,9 @@ def _without_what_moto_cannot_create(template: dict[str, Any]) -> tuple[dict[str
 def deploy(deployment: Deployment) -> DeployedStack:
     """Create the stack inside an active ``mock_aws`` (with the Step Functions interpreter on)."""
     import boto3
-    from moto.cloudformation.models import cloudformation_backends
-    from samtranslator.yaml_helper import yaml_parse  # the SAM CLI's reader: !GetAtt A.B becomes [A, B]
+    from samtranslator.yaml_helper import yaml_parse
+
+    from tools.aws.moto_internals import cloudformation_backends  # the SAM CLI's reader: !GetAtt A.B becomes [A, B]
 
     def clients(service: str) -> Any:
         return boto3.client(service, region_name=deployment.region)
@@ -678,8 +679,8 @@ def redeploy(stack: DeployedStack) -> DeployedStack:
     whose environment the template derives from it (UpdateFunctionConfiguration) and to the state machine's
     substitutions (UpdateStateMachine: with SnapStart, the functions' aliases)."""
     import boto3
-    from moto.cloudformation.models import cloudformation_backends
 
+    from tools.aws.moto_internals import cloudformation_backends
     from tools.aws.sam_template import by_default
 
     deployment = replace(stack.deployment, parameters=stack.deployment.parameters | stack.deployment.redeploy_with)
@@ -709,15 +710,14 @@ def _machine_definition(
     """The state machine's logical id, its definition as the interpreter runs it, substituted as CloudFormation
     would from DefinitionSubstitutions resolved against the stack's resources (its conditions with ``parameters``,
     when given: an update's), and its resolved properties."""
-    from moto.cloudformation.parsing import clean_json
-
+    from tools.aws.moto_internals import cfn_parsing
     from tools.aws.sam_template import by_default
 
     [(logical_id, resource)] = [
         (k, r) for k, r in template["Resources"].items() if r["Type"] == "AWS::StepFunctions::StateMachine"
     ]
     declared = by_default(template, resource["Properties"], parameters) if parameters else resource["Properties"]
-    properties = clean_json(declared, resource_map)
+    properties = cfn_parsing.clean_json(declared, resource_map)
     location = properties["DefinitionS3Location"]
     definition = clients("s3").get_object(Bucket=location["Bucket"], Key=location["Key"])["Body"].read().decode()
     substituted = substitute({k: str(v) for k, v in properties["DefinitionSubstitutions"].items()}, definition)

@@ -57,7 +57,7 @@ T = TypeVar("T")
 P = TypeVar("P")
 
 
-def _port(port: P | None, name: str) -> P:
+def _required(port: P | None, name: str) -> P:
     if port is None:
         raise TypeError(f"this function's dependencies have no {name}")
     return port
@@ -80,7 +80,7 @@ def detect(task: ImageTask, deps: Dependencies) -> DetectOutput:
     """Decode the image and find the request's phrases in it."""
     started = time.perf_counter()
     image = _image(task.image.source_uri, deps)
-    detections = _port(deps.detector, "detector").detect(
+    detections = _required(deps.detector, "detector").detect(
         image.pixels, task.request.phrases, task.request.box_threshold, task.request.text_threshold
     )
     logger.info(
@@ -120,7 +120,7 @@ def _per_box(
 def classify(task: DescribeInput, deps: Dependencies) -> ClassifyOutput:
     """Classify every box of the image, in one batch."""
     started = time.perf_counter()
-    model = _port(deps.classifier, "classifier")
+    model = _required(deps.classifier, "classifier")
     results = _per_box(task, deps, lambda crops, labels: model.classify(crops, labels, task.task.request.top_k))
     return ClassifyOutput(
         classes=[BoxClasses(skipped=r) if isinstance(r, str) else BoxClasses(top_k=r) for r in results],
@@ -132,7 +132,7 @@ def classify(task: DescribeInput, deps: Dependencies) -> ClassifyOutput:
 def tag(task: DescribeInput, deps: Dependencies) -> TagOutput:
     """Tag every box of the image with the request's attribute vocabularies, in one batch."""
     started = time.perf_counter()
-    model = _port(deps.tagger, "tagger")
+    model = _required(deps.tagger, "tagger")
     vocabularies = task.task.request.attributes
     results = _per_box(task, deps, lambda crops, labels: model.tag(crops, labels, vocabularies))
     return TagOutput(
@@ -142,7 +142,7 @@ def tag(task: DescribeInput, deps: Dependencies) -> TagOutput:
     )
 
 
-def describe_detections(
+def merged_detections(
     detections: list[Detection], description: Description | None
 ) -> tuple[list[Detection], dict[FailedStep, StepFailure]]:
     """The detections with what Classify and Tag found merged in, and the failures of those that failed."""
@@ -178,9 +178,9 @@ def caption(state: ImageState, deps: Dependencies) -> CaptionOutput:
     started = time.perf_counter()
     if state.detection is None:
         raise ValueError("Caption needs the Detect step's output")
-    detections, _ = describe_detections(state.detection.detections, state.description)
+    detections, _ = merged_detections(state.detection.detections, state.description)
     facts = image_facts(state.task.request, state.detection.width, state.detection.height, detections)
-    captioner = _port(deps.captioner, "captioner")
+    captioner = _required(deps.captioner, "captioner")
     image = _image(state.task.image.source_uri, deps).pixels if captioner.multimodal else None
     output = captioner.caption(facts, image, as_json=state.task.request.caption_format == "json")
     output = output.model_copy(update={"ms": _elapsed_ms(started)})
@@ -206,7 +206,7 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
     """``write_result``'s document, as written (the one-image path keeps it rather than read it back)."""
     task = state.task
     json_uri = layout.result_document(task.results_uri, task.batch_id, task.image.image_id)
-    detections, failures = describe_detections(state.detection.detections if state.detection else [], state.description)
+    detections, failures = merged_detections(state.detection.detections if state.detection else [], state.description)
     failures = state.failures | failures
     if not failures and state.detection is None:
         failures = {

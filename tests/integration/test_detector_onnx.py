@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shared.detector_geometry import resized_size
+from shared.detector_geometry import iou, resized_size
 from shared.errors import ModelUnavailable, RequestRejected
 from shared.models.detection import best_phrases, phrase_spans, pixel_boxes
 from shared.models.grounding_onnx import (
@@ -214,14 +214,6 @@ def test_onnx_and_torch_detectors_find_the_same_boxes(
             assert abs(ours.score - theirs.score) < 1e-3
         found += len(onnx_boxes)
     assert found, "no prompt found a box: nothing was compared"
-
-
-def iou(a: Any, b: Any) -> float:
-    inter_w = max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0))
-    inter_h = max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
-    inter = inter_w * inter_h
-    area = (a.x1 - a.x0) * (a.y1 - a.y0) + (b.x1 - b.x0) * (b.y1 - b.y0) - inter
-    return inter / area
 
 
 def test_images_are_resized_as_the_model_cards_processor_resizes_them(exported: OnnxGroundingDino) -> None:

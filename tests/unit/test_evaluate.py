@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from shared.detector_geometry import iou
 from shared.errors import RequestRejected
 from shared.serving.label_studio import LabelledBox, read_label_config
 from tools.results.annotations import AnnotatedImage
-from tools.results.evaluate import evaluate_labels, iou, word_f1
+from tools.results.evaluate import evaluate_labels, word_f1
 from tools.results.export import label_studio_config, label_studio_task
 from tools.results.truth import TruthImage, read_truth
 

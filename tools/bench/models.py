@@ -29,6 +29,7 @@ from PIL import Image
 from pydantic import BaseModel, Field, field_validator
 
 from shared.contracts import DEFAULT_ATTRIBUTES, AnnotationRequest, Box, Detection
+from shared.detector_geometry import iou
 from shared.settings import Profile, Settings
 
 PHRASES = ["dog", "cat"]
@@ -339,18 +340,12 @@ def _match(reference: list[Detection], found: list[Detection]) -> list[tuple[flo
     """For each reference box, the best same-label box found (IoU >= 0.5): (IoU, score difference)."""
     pairs = []
     for box in reference:
-        candidates = [(_iou(box.box, other.box), other) for other in found if other.label == box.label]
+        candidates = [(iou(box.box, other.box), other) for other in found if other.label == box.label]
         if candidates:
             best_iou, best = max(candidates, key=lambda candidate: candidate[0])
             if best_iou >= 0.5:
                 pairs.append((best_iou, abs(box.score - best.score)))
     return pairs
-
-
-def _iou(a: Box, b: Box) -> float:
-    overlap = max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0)) * max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
-    union = (a.x1 - a.x0) * (a.y1 - a.y0) + (b.x1 - b.x0) * (b.y1 - b.y0) - overlap
-    return overlap / union if union > 0 else 0.0
 
 
 def _caption_prefix(sides: _Sides, facts: dict, repeats: int) -> dict[str, float]:

@@ -113,7 +113,7 @@ def _stages(path: Path, settings: Any, results: str) -> dict[str, float]:
     as_png = replace(deps[Step.WRITE_RESULT], picture_format=Format.PNG)
     times["WriteResult step, PictureFormat=png"] = _timed(lambda: steps.write_result_document(state, as_png))
     times[ONE_PROCESS] = _timed(lambda: annotate_image(task, deps.__getitem__))
-    detections, _ = steps.describe_detections(detection.detections, state.description)
+    detections, _ = steps.merged_detections(detection.detections, state.description)
     times[DRAWN] = _timed(lambda: draw_detections(upright, detections))
     for picture_format in Format:
         started = time.perf_counter()

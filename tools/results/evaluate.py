@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shared.contracts import phrase_of
+from shared.detector_geometry import iou
 from shared.errors import RequestRejected
 from shared.serving.label_studio import LabelledBox
 from tools.results.annotations import AnnotatedImage
@@ -161,14 +162,6 @@ def word_f1(truth: str, predicted: str) -> float:
         return 0.0
     precision, recall = shared / sum(predicted_words.values()), shared / sum(truth_words.values())
     return 2 * precision * recall / (precision + recall)
-
-
-def iou(a: LabelledBox, b: LabelledBox) -> float:
-    width = max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0))
-    height = max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
-    inter = width * height
-    union = (a.x1 - a.x0) * (a.y1 - a.y0) + (b.x1 - b.x0) * (b.y1 - b.y0) - inter
-    return inter / union if union > 0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shared.contracts import MadeBy, PictureFormat
 from shared.settings import ImageLimits, Settings, get_settings
@@ -59,6 +59,79 @@ class Dependencies:
     ledger: CapacityLedger | None = None  # the account's quotas (SummarizeBatch gives a batch's share back)
 
 
+def _detect(settings: Settings) -> dict[str, Any]:
+    from shared.models.grounding_onnx import load_detector
+
+    detection = settings.detection
+    made_by = MadeBy(
+        model=detection.detector_model,
+        settings=detection.model_dump(
+            include={
+                "detection_short_side",
+                "detector_aspect_ratios",  # which size an image is padded to
+                "detector_int8",
+                "detector_max_queries",
+                "detector_runtime",
+                "max_detections",
+                "nms_iou",
+            }
+        ),
+    )
+    return {"detector": load_detector(detection), "made_by": made_by}
+
+
+def _classify(settings: Settings) -> dict[str, Any]:
+    from shared.models.classification import load_classifier
+
+    description = settings.description
+    made_by = MadeBy(
+        model=description.classifier_model, settings=description.model_dump(include={"class_filter", "crop_margin"})
+    )
+    return {"classifier": load_classifier(description), "made_by": made_by}
+
+
+def _tag(settings: Settings) -> dict[str, Any]:
+    from shared.models.tagging import load_tagger
+
+    description = settings.description
+    tagger = load_tagger(description)
+    return {
+        "tagger": tagger,
+        "made_by": MadeBy(model=tagger.name, settings=description.model_dump(include={"crop_margin"})),
+    }
+
+
+def _caption(settings: Settings) -> dict[str, Any]:
+    from shared.models.captioning import load_captioner
+
+    return {"captioner": load_captioner(settings.caption)}
+
+
+def _summarize_batch(settings: Settings) -> dict[str, Any]:
+    from shared.pipeline.ingest import capacity_ledger
+
+    return {"ledger": capacity_ledger(settings.ingest)} if settings.idempotency_table else {}
+
+
+def _variants(settings: Settings) -> dict[str, Any]:
+    from shared.models.variants import load_generator
+
+    return {"generator": load_generator(settings.variants)}
+
+
+# What each step works with beyond the store, limits and pictures every step has: its model (its port's field of
+# :class:`Dependencies`, loaded once per process, heavy imports inside) and what made its output. A new step with a
+# model is one entry here (docs/development.md, "Recipes").
+STEP_PORTS: dict[Step, Callable[[Settings], dict[str, Any]]] = {
+    Step.DETECT: _detect,
+    Step.CLASSIFY: _classify,
+    Step.TAG: _tag,
+    Step.CAPTION: _caption,
+    Step.SUMMARIZE_BATCH: _summarize_batch,
+    Step.VARIANTS: _variants,
+}
+
+
 def build_dependencies(step: Step, settings: Settings) -> Dependencies:
     """The real ports of ``step``: S3 or local files, and its model from the settings (loaded once per process)."""
     common = Dependencies(
@@ -68,54 +141,8 @@ def build_dependencies(step: Step, settings: Settings) -> Dependencies:
         picture_max_side=settings.picture_max_side,
         picture_format=settings.picture_format,
     )
-    if step is Step.DETECT:
-        from shared.models.grounding_onnx import load_detector
-
-        detection = settings.detection
-        made_by = MadeBy(
-            model=detection.detector_model,
-            settings=detection.model_dump(
-                include={
-                    "detection_short_side",
-                    "detector_aspect_ratios",  # which size an image is padded to
-                    "detector_int8",
-                    "detector_max_queries",
-                    "detector_runtime",
-                    "max_detections",
-                    "nms_iou",
-                }
-            ),
-        )
-        return replace(common, detector=load_detector(detection), made_by=made_by)
-    if step is Step.CLASSIFY:
-        from shared.models.classification import load_classifier
-
-        description = settings.description
-        made_by = MadeBy(
-            model=description.classifier_model,
-            settings=description.model_dump(include={"class_filter", "crop_margin"}),
-        )
-        return replace(common, classifier=load_classifier(description), made_by=made_by)
-    if step is Step.TAG:
-        from shared.models.tagging import load_tagger
-
-        description = settings.description
-        tagger = load_tagger(description)
-        made_by = MadeBy(model=tagger.name, settings=description.model_dump(include={"crop_margin"}))
-        return replace(common, tagger=tagger, made_by=made_by)
-    if step is Step.CAPTION:
-        from shared.models.captioning import load_captioner
-
-        return replace(common, captioner=load_captioner(settings.caption))
-    if step is Step.SUMMARIZE_BATCH and settings.idempotency_table:
-        from shared.pipeline.ingest import capacity_ledger
-
-        return replace(common, ledger=capacity_ledger(settings.ingest))
-    if step is Step.VARIANTS:
-        from shared.models.variants import load_generator
-
-        return replace(common, generator=load_generator(settings.variants))
-    return common
+    ports = STEP_PORTS.get(step)
+    return replace(common, **ports(settings)) if ports else common
 
 
 _override: Callable[[Step], Dependencies] | None = None

@@ -165,17 +165,18 @@ def annotate_one(
         store_for(source_uri).write_bytes(source_uri, source.data)
     read_once = MemoryStore({source_uri: source.data})
 
-    def store_of(uri: str) -> ObjectStore:
-        """The image from the bytes already read (the steps read it three times); what a call writes, in memory,
-        or where the workflow keeps it when recorded."""
+    def store_for_this_call(uri: str) -> ObjectStore:
+        """The image from the bytes already read; what a call writes, in memory, or where the workflow keeps it when
+        recorded."""
         return read_once if uri == source_uri or not options.record else store_for(uri)
 
     # Named as the workflow names an image: its location and the content its store fingerprints (exports check it).
-    ref = image_ref(source_uri, (store_for if options.record else store_of)(source_uri).fingerprint(source_uri))
+    fingerprinting = store_for if options.record else store_for_this_call
+    ref = image_ref(source_uri, fingerprinting(source_uri).fingerprint(source_uri))
     task = ImageTask(batch_id=batch_id(request, [ref]), request=request, image=ref, results_uri=root)
     needed = [Step.DETECT, Step.CLASSIFY, Step.TAG, Step.WRITE_RESULT] + ([Step.CAPTION] if request.caption else [])
     # Loaded before the image runs: a model that cannot load is the service's failure (503), not the image's.
-    dependencies = {step: replace(dependencies_of(step), store_for=store_of) for step in needed}
+    dependencies = {step: replace(dependencies_of(step), store_for=store_for_this_call) for step in needed}
     result = annotate_image(task, dependencies.__getitem__)
     if options.record:
         outcome = ImageOutcome(image=ref, status=result.status, error=result.error, result_uri=result.result_uri)
@@ -192,7 +193,7 @@ def annotate_one(
     picture, scale, media_type = None, None, None
     if options.picture and result.annotated_uri:
         fitted, scale, picture_format = fitted_picture(
-            store_of(result.annotated_uri).read_bytes(result.annotated_uri),
+            store_for_this_call(result.annotated_uri).read_bytes(result.annotated_uri),
             settings.api_max_picture_bytes,
             result.width or 1,
         )

@@ -133,15 +133,16 @@ def assert_equal_outputs(outputs: dict) -> bool:
     return True
 
 
-@pytest.mark.parametrize("phrases", PROMPTS.values(), ids=[f"{n}-phrases" for n in PROMPTS])
 def test_the_export_gives_torchs_outputs_for_prompts_of_any_length(
-    each_runtime: OnnxGroundingDino, onnx_settings: Settings, cat: Image.Image, phrases: list[str]
+    each_runtime: OnnxGroundingDino, onnx_settings: Settings, cat: Image.Image
 ) -> None:
     # GIVEN the tiny Grounding DINO exported once, traced with a 2-phrase example prompt
-    # WHEN the export (on each runtime) and torch run on the same image and prompt
-    outputs = both_runtimes(each_runtime, torch_model("tiny:grounding-dino", onnx_settings), cat, phrases)
-    # THEN they agree before the query selection and after it
-    assert_equal_outputs(outputs)
+    model, compared = torch_model("tiny:grounding-dino", onnx_settings), {}
+    for count, phrases in PROMPTS.items():
+        # WHEN the export (on each runtime) and torch run on the same image and a prompt of each length
+        # THEN they agree before the query selection and after it
+        compared[count] = assert_equal_outputs(both_runtimes(each_runtime, model, cat, phrases))
+    assert any(compared.values()), f"every prompt's queries tied: no decoded output was compared ({compared})"
 
 
 def test_every_exported_size_gives_torchs_outputs(

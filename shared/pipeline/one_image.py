@@ -41,15 +41,19 @@ def _run(step: Callable[[], T]) -> T | StepFailure:
         return _failure(error)
 
 
-def annotate_image(task: ImageTask, dependencies_of_step: DependenciesOf) -> ImageResult:
+def annotate_image(
+    task: ImageTask, dependencies_of_step: DependenciesOf, decoded_image: LoadedImage | None = None
+) -> ImageResult:
     """The image's result document, written where the workflow writes it (``task.results_uri``), and returned.
+    ``decoded_image``: the image, where the caller decoded it already (the API, to refuse it before any model runs).
 
     Raises:
         ValueError: the request asks for variants, which the workflow makes in a Fargate task.
     """
     if task.request.variants is not None:
         raise ValueError("variants are made by the workflow's Fargate task, not in one process")
-    decoded: dict[str, LoadedImage] = {}  # the steps share one decode of the image (a 12 MP photo's is 0.1 s)
+    # the steps share one decode of the image (a 12 MP photo's is 0.1 s)
+    decoded = {task.image.source_uri: decoded_image} if decoded_image else {}
 
     def dependencies_of(step: Step) -> Dependencies:
         return replace(dependencies_of_step(step), decoded=decoded)

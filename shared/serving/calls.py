@@ -177,7 +177,7 @@ def annotate_one(
     needed = [Step.DETECT, Step.CLASSIFY, Step.TAG, Step.WRITE_RESULT] + ([Step.CAPTION] if request.caption else [])
     # Loaded before the image runs: a model that cannot load is the service's failure (503), not the image's.
     dependencies = {step: replace(dependencies_of(step), store_for=store_for_this_call) for step in needed}
-    result = annotate_image(task, dependencies.__getitem__)
+    result = annotate_image(task, dependencies.__getitem__, decoded)
     if options.record:
         outcome = ImageOutcome(image=ref, status=result.status, error=result.error, result_uri=result.result_uri)
         record_rows(
@@ -212,8 +212,7 @@ def fitted_picture(stored: bytes, max_bytes: int, image_width: int) -> tuple[byt
     Returns the picture, its width over the image's (the stored picture may be smaller already:
     ``picture_max_side``), and its format."""
     scale, fitted = 1.0, stored
-    with Image.open(io.BytesIO(stored)) as picture:
-        picture.load()
+    with Image.open(io.BytesIO(stored)) as picture:  # its header only: decoded where it must be downscaled
         width, picture_format = picture.width, PictureFormat(picture.format.lower())  # type: ignore[union-attr]
         while len(fitted) > max_bytes:
             scale *= 0.9 * (max_bytes / len(fitted)) ** 0.5

@@ -18,6 +18,7 @@ from shared.pipeline.dependencies import use_dependencies
 from shared.pipeline.one_image import annotate_image
 from shared.settings import Settings
 from shared.storage import layout
+from shared.storage.images import decode_image
 from tests.fakes import FakeDetector, FakeModels
 from tools.local.runner import ExecutionResult, local_workflow
 
@@ -121,6 +122,11 @@ def test_one_process_reads_and_decodes_an_image_once_and_writes_what_the_workflo
     assert by_one.detections == by_workflow.detections
     assert by_one.caption and by_workflow.caption and by_one.caption.caption == by_workflow.caption.caption
     assert fakes.store.objects[by_one.annotated_uri or ""] == fakes.store.objects[by_workflow.annotated_uri or ""]
+    # AND given the image decoded already (the API decodes an upload to refuse it before any model), it reads none
+    decoded = decode_image(fakes.store.objects["s3://in/a.jpg"], max_pixels=fakes.image_limits.max_image_pixels)
+    fakes.store.reads.clear()
+    assert annotate_image(task, fakes.dependencies, decoded).detections == by_workflow.detections
+    assert fakes.store.reads["s3://in/a.jpg"] == 0
 
 
 @pytest.mark.parametrize(

@@ -447,7 +447,7 @@ class BranchFailure(Frozen):
     failure: StepFailure
 
 
-class Description(Frozen):
+class DescribeOutput(Frozen):
     """The Describe Parallel state's output, each branch's result selected by name (its ResultSelector)."""
 
     classify: ClassifyOutput | BranchFailure
@@ -497,7 +497,7 @@ class ImageState(Frozen):
 
     task: ImageTask
     detection: DetectOutput | None = None
-    description: Description | None = None
+    description: DescribeOutput | None = None
     caption: CaptionOutput | None = None
     variants_task: VariantsTaskRun | None = Field(None, description="Set when the Variants task ran for this image")
     failures: dict[FailedStep, StepFailure] = Field(default_factory=dict)

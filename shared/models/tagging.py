@@ -26,7 +26,7 @@ from shared.models.onnx_runtime import (
     softmax,
 )
 from shared.observability import logger
-from shared.settings import DescriptionSettings
+from shared.settings import DescribeSettings
 
 PROMPT_TEMPLATE = "a photo of a {value} {label}"
 IMAGE_PROMPT_TEMPLATE = "a photo of {value}"  # a whole image's choice: often not a noun ("Benign", "Adult content")
@@ -149,7 +149,7 @@ def _unit(features: np.ndarray) -> np.ndarray:
 
 
 @cached_per_settings
-def load_tagger(settings: DescriptionSettings) -> ClipTagger:
+def load_tagger(settings: DescribeSettings) -> ClipTagger:
     """The first of the settings' CLIP models whose export loads, on ONNX Runtime; each one passed over is logged
     as a warning.
 
@@ -170,7 +170,7 @@ def load_tagger(settings: DescriptionSettings) -> ClipTagger:
     raise ModelUnavailable("no tagger model could be loaded: " + " | ".join(reasons))
 
 
-def _exported_tagger(source: str, settings: DescriptionSettings) -> ClipTagger:
+def _exported_tagger(source: str, settings: DescribeSettings) -> ClipTagger:
     from tokenizers import Tokenizer
 
     folder = find_export(source, settings, TAGGER_MANIFEST)

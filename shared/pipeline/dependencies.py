@@ -83,21 +83,21 @@ def _detect(settings: Settings) -> dict[str, Any]:
 def _classify(settings: Settings) -> dict[str, Any]:
     from shared.models.classification import load_classifier
 
-    description = settings.description
+    describe = settings.describe
     made_by = MadeBy(
-        model=description.classifier_model, settings=description.model_dump(include={"class_filter", "crop_margin"})
+        model=describe.classifier_model, settings=describe.model_dump(include={"class_filter", "crop_margin"})
     )
-    return {"classifier": load_classifier(description), "made_by": made_by}
+    return {"classifier": load_classifier(describe), "made_by": made_by}
 
 
 def _tag(settings: Settings) -> dict[str, Any]:
     from shared.models.tagging import load_tagger
 
-    description = settings.description
-    tagger = load_tagger(description)
+    describe = settings.describe
+    tagger = load_tagger(describe)
     return {
         "tagger": tagger,
-        "made_by": MadeBy(model=tagger.name, settings=description.model_dump(include={"crop_margin"})),
+        "made_by": MadeBy(model=tagger.name, settings=describe.model_dump(include={"crop_margin"})),
     }
 
 

@@ -13,7 +13,7 @@ from typing import TypeVar
 from shared.contracts import (
     BranchFailure,
     DescribeInput,
-    Description,
+    DescribeOutput,
     FailedStep,
     ImageResult,
     ImageState,
@@ -68,7 +68,7 @@ def annotate_image(
             described = DescribeInput(task=task, detections=detection.detections)
             classify = _run(lambda: steps.classify(described, dependencies_of(Step.CLASSIFY)))
             tag = _run(lambda: steps.tag(described, dependencies_of(Step.TAG)))
-            description = Description(
+            description = DescribeOutput(
                 classify=BranchFailure(failure=classify) if isinstance(classify, StepFailure) else classify,
                 tag=BranchFailure(failure=tag) if isinstance(tag, StepFailure) else tag,
             )

@@ -23,7 +23,7 @@ from shared.contracts import (
     CaptionOutput,
     ClassifyOutput,
     DescribeInput,
-    Description,
+    DescribeOutput,
     Detection,
     DetectOutput,
     FailedStep,
@@ -143,7 +143,7 @@ def tag(task: DescribeInput, deps: Dependencies) -> TagOutput:
 
 
 def merged_detections(
-    detections: list[Detection], description: Description | None
+    detections: list[Detection], description: DescribeOutput | None
 ) -> tuple[list[Detection], dict[FailedStep, StepFailure]]:
     """The detections with what Classify and Tag found merged in, and the failures of those that failed."""
     if description is None:

@@ -22,7 +22,7 @@ from shared.pipeline.ingest import start_batches
 from shared.settings import Settings, use_settings
 from shared.storage.objects import LocalStore, store_for
 from tests.conftest import SAMPLES
-from tools.bench.cost import BULK_S3_GETS_PER_IMAGE
+from tools.bench.cost_lanes import BULK_S3_GETS_PER_IMAGE
 from tools.cli import app
 from tools.local.runner import LocalStarter, local_workflow
 from tools.results.query import run_local_query

@@ -84,7 +84,7 @@ def test_a_phone_photo_gets_the_same_boxes_decoded_once_with_a_jpeg_picture_as_d
     import numpy as np
     from PIL import Image
 
-    from shared.contracts import DescribeInput, Description, ImageState, PictureFormat
+    from shared.contracts import DescribeInput, DescribeOutput, ImageState, PictureFormat
     from shared.pipeline import steps
     from shared.pipeline.dependencies import Step, build_dependencies
     from tools.bench.photo import phone_photo
@@ -102,7 +102,7 @@ def test_a_phone_photo_gets_the_same_boxes_decoded_once_with_a_jpeg_picture_as_d
     deps = {step: build_dependencies(step, settings) for step in (Step.DETECT, Step.CLASSIFY, Step.TAG)}
     detection = steps.detect(task, deps[Step.DETECT])
     described = DescribeInput(task=task, detections=detection.detections)
-    description = Description(
+    description = DescribeOutput(
         classify=steps.classify(described, deps[Step.CLASSIFY]), tag=steps.tag(described, deps[Step.TAG])
     )
     as_png = build_dependencies(Step.WRITE_RESULT, settings.model_copy(update={"picture_format": PictureFormat.PNG}))

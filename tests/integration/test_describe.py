@@ -44,7 +44,7 @@ BOXES = [("cat", Box(x0=0, y0=0, x1=200, y1=150)), ("dog", Box(x0=100, y0=50, x1
 
 
 def test_all_boxes_of_an_image_are_classified_in_one_forward(tiny_settings: Settings) -> None:
-    classifier = load_classifier(tiny_settings.description)
+    classifier = load_classifier(tiny_settings.describe)
     calls = []
     original = classifier.forward
     classifier.forward = lambda crops: calls.append(len(crops)) or original(crops)
@@ -94,7 +94,7 @@ def test_a_traced_torchscript_classifier_with_a_label_list_loads(tiny_settings: 
     torch.jit.trace(LogitsOnly(), torch.rand(1, 3, 224, 224)).save(str(tmp_path / TORCHSCRIPT_FILE))
     (tmp_path / LABELS_FILE).write_text("\n".join(imagenet_labels()))
     settings = tiny_settings.model_copy(update={"classifier_model": str(tmp_path)})
-    exported_classifier_dir(settings.description)  # as `annotate models export` does
+    exported_classifier_dir(settings.describe)  # as `annotate models export` does
 
     output = steps.classify(describe_input(BOXES), deps(settings, Step.CLASSIFY))
 
@@ -104,7 +104,7 @@ def test_a_traced_torchscript_classifier_with_a_label_list_loads(tiny_settings: 
 def test_a_torchscript_folder_without_labels_is_refused(tiny_settings: Settings, tmp_path: Path) -> None:
     (tmp_path / TORCHSCRIPT_FILE).write_bytes(b"")
     with pytest.raises(ModelUnavailable, match="class names"):
-        exported_classifier_dir(tiny_settings.model_copy(update={"classifier_model": str(tmp_path)}).description)
+        exported_classifier_dir(tiny_settings.model_copy(update={"classifier_model": str(tmp_path)}).describe)
 
 
 def test_tags_use_the_request_vocabularies(tiny_settings: Settings) -> None:
@@ -118,7 +118,7 @@ def test_tags_use_the_request_vocabularies(tiny_settings: Settings) -> None:
 
 
 def test_text_embeddings_are_computed_once_per_vocabulary_and_label(tiny_settings: Settings) -> None:
-    tagger = load_tagger(tiny_settings.description)
+    tagger = load_tagger(tiny_settings.describe)
     vocabularies = {"texture": ["smooth", "fluffy", "wiry"]}
     before = tagger.text_encodings
     tagger.tag([CAT], ["cat"], vocabularies)
@@ -130,7 +130,7 @@ def test_text_embeddings_are_computed_once_per_vocabulary_and_label(tiny_setting
 
 def test_the_tagger_falls_back_to_the_next_model_and_says_why(tiny_settings: Settings, tmp_path: Path) -> None:
     settings = tiny_settings.model_copy(update={"tagger_models": [str(tmp_path / "missing"), "tiny:clip"]})
-    tagger = load_tagger(settings.description)
+    tagger = load_tagger(settings.describe)
     assert tagger.name == "tiny:clip"
     assert len(tagger.passed_over) == 1 and "does not exist" in tagger.passed_over[0]
 
@@ -138,7 +138,7 @@ def test_the_tagger_falls_back_to_the_next_model_and_says_why(tiny_settings: Set
 def test_no_loadable_tagger_is_an_error_naming_each_model(tiny_settings: Settings, tmp_path: Path) -> None:
     settings = tiny_settings.model_copy(update={"tagger_models": [str(tmp_path / "a"), str(tmp_path / "b")]})
     with pytest.raises(ModelUnavailable, match=r"a: .* \| .*b: "):
-        load_tagger(settings.description)
+        load_tagger(settings.describe)
 
 
 def test_boxes_that_cannot_be_cropped_are_skipped_with_a_reason(tiny_settings: Settings) -> None:

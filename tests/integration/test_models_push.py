@@ -58,7 +58,7 @@ def test_pushed_tiny_models_land_where_the_stack_reads_them_and_load(
         deployed = tiny_settings.model_copy(
             update={"classifier_model": "s3://models-bucket/team/convnext/", "model_cache_dir": tmp_path}
         )
-        assert len(load_classifier(deployed.description).labels) == 1000
+        assert len(load_classifier(deployed.describe).labels) == 1000
         assert (
             resolve_model_file("s3://models-bucket/team/captions/model.gguf", deployed.model_files).read_bytes()[:4]
             == b"GGUF"

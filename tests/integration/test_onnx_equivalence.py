@@ -44,7 +44,7 @@ def test_the_onnx_classifier_gives_torchs_logits_and_classes(tiny_settings: Sett
     std = np.float32(export.image_std)[:, None, None]
     assert np.abs((pixels - reference) * std).max() < 2.5 / 255
     # AND the two runtimes classify the crops alike
-    torch_side, onnx_side = load_torch_classifier(tiny_settings.description), load_classifier(tiny_settings.description)
+    torch_side, onnx_side = load_torch_classifier(tiny_settings.describe), load_classifier(tiny_settings.describe)
     labels = ["cat", "dog", "hamster"]
     assert [[c.label for c in r] for r in onnx_side.classify(CROPS, labels, 3)] == [
         [c.label for c in r] for r in torch_side.classify(CROPS, labels, 3)
@@ -67,7 +67,7 @@ def test_the_classifiers_openvino_form_gives_torchs_logits_and_the_same_scores(
     # THEN the logits are ONNX Runtime's (and so torch's, above) to float rounding
     assert np.abs(on_openvino - on_onnx).max() < 1e-4
     # AND the classifier on classifier_runtime=openvino, loaded afresh, gives the same classes and scores
-    settings = tiny_settings.description
+    settings = tiny_settings.describe
     labels = ["cat", "dog", "hamster"]
     forget_loaded_models()
     openvino_side = load_classifier(settings.model_copy(update={"classifier_runtime": "openvino"}))
@@ -83,7 +83,7 @@ def test_an_export_without_its_openvino_form_classifies_on_onnx_runtime_and_says
     folder = find_export(tiny_settings.classifier_model, tiny_settings.model_files, CLASSIFIER_MANIFEST)
     older = shutil.copytree(folder, tmp_path / "older-export")
     openvino_graph_file(older / CLASSIFIER_GRAPH).unlink()
-    settings = tiny_settings.description.model_copy(update={"classifier_model": str(older)})
+    settings = tiny_settings.describe.model_copy(update={"classifier_model": str(older)})
     # WHEN the settings ask for OpenVINO
     classifier = load_classifier(settings.model_copy(update={"classifier_runtime": "openvino"}))
     # THEN it classifies as ONNX Runtime does, and the log says why and what to do
@@ -119,7 +119,7 @@ def test_the_onnx_clip_towers_give_torchs_features(tiny_settings: Settings) -> N
     assert np.abs(ort_session(folder / TEXT_GRAPH, 1).run(None, {"tokens": tokens})[0] - text).max() < 1e-4
     assert export.logit_scale == pytest.approx(float(model.logit_scale.exp()))
     # AND the two runtimes tag alike
-    torch_side, onnx_side = load_torch_tagger(tiny_settings.description), load_tagger(tiny_settings.description)
+    torch_side, onnx_side = load_torch_tagger(tiny_settings.describe), load_tagger(tiny_settings.describe)
     vocabularies = {"color": ["red", "brown", "white"], "pattern": ["striped", "plain"]}
     labels = ["cat", "dog", "cat"]
     ours, theirs = onnx_side.tag(CROPS, labels, vocabularies), torch_side.tag(CROPS, labels, vocabularies)

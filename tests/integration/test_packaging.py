@@ -114,8 +114,8 @@ image = Image.open(sys.argv[2]).convert("RGB")
 boxes = load_detector(settings.detection).detect(image, ["cat", "traffic light"], 0.0, 0.0)
 crops = [image.crop((b.box.x0, b.box.y0, b.box.x1, b.box.y1)) for b in boxes[:3]]
 labels = [b.label for b in boxes[:3]]
-classes = load_classifier(settings.description).classify(crops, labels, 2)
-tags = load_tagger(settings.description).tag(crops, labels, {"color": ["red", "brown"]})
+classes = load_classifier(settings.describe).classify(crops, labels, 2)
+tags = load_tagger(settings.describe).tag(crops, labels, {"color": ["red", "brown"]})
 print(len(boxes), len(classes), len(tags), sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED))
 """
 

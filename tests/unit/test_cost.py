@@ -8,24 +8,30 @@ import json
 import pytest
 
 from tests.conftest import REPO
-from tools.bench.cost import (
+from tools.bench.cost_inputs import (
     SCENARIOS,
+    ApiSeconds,
+    BenchSeconds,
+    BulkSeconds,
+    LambdaDetectSeconds,
+    deployment,
+    load_prices,
+    read_report,
+)
+from tools.bench.cost_lanes import (
     STATES_PER_BATCH,
     STATES_PER_BULK_BATCH,
     STATES_PER_GROUP,
     STATES_PER_IMAGE,
     bulk_lane,
-    cost_table,
     fargate_month,
-    lambda_month,
-    load_prices,
     orchestration_per_image,
-    orchestration_share,
-    rekognition_month,
+    with_lambda_cold_start,
 )
+from tools.bench.cost_months import cost_table, gathered_month, lambda_month, orchestration_share, rekognition_month
 from tools.local.workflow import DEFINITION_PATH
 
-BENCH = {
+BENCH_REPORT = {
     "steps": {
         "detect": {"pipeline_median_s": 2.0, "cold_start_s": 4.0},
         "classify": {"pipeline_median_s": 0.5, "cold_start_s": 2.0},
@@ -34,7 +40,8 @@ BENCH = {
     },
     "whole_image": {"pipeline_s": 4.0},
 }
-BULK = {"seconds_per_image": {"worker": 4.0}, "cores": 2, "measured_at": "2026-12-01T00:00:00+00:00"}
+BULK_REPORT = {"seconds_per_image": {"worker": 4.0}, "cores": 2, "measured_at": "2026-12-01T00:00:00+00:00"}
+BENCH, BULK = BenchSeconds.model_validate(BENCH_REPORT), BulkSeconds.model_validate(BULK_REPORT)
 PRICES = load_prices()
 IDLE, STEADY, BURSTS = SCENARIOS
 
@@ -75,7 +82,7 @@ def test_standard_children_pay_a_transition_per_state_and_express_ones_do_not() 
 
 
 def test_orchestration_is_at_most_a_tenth_of_the_cost_per_image_at_the_steady_load_as_benched() -> None:
-    bench = json.loads((REPO / "bench" / "bench.json").read_text())
+    bench = read_report(BenchSeconds, REPO / "bench" / "bench.json")
     assert orchestration_share(bench, PRICES, STEADY) <= 0.10
 
 
@@ -92,8 +99,7 @@ def test_snapstart_trades_init_time_for_restores_and_a_cache_that_costs_when_idl
     with_snapstart = deployed - init + restores + cache
     assert lambda_month(BENCH, PRICES, STEADY, snapstart=True) == pytest.approx(with_snapstart)
     # AND a Detect that compiles its first size at a cold start (no snapshot, no compiled cache) pays the compile
-    compiling = copy.deepcopy(BENCH)
-    compiling["steps"]["detect"]["cold_start_compiling_s"] = 6.0
+    compiling = BENCH.with_step("detect", cold_start_compiling_s=6.0)
     extra = 51_000 * 6.5 * (6.0 - 4.0) * 0.0000166667
     assert lambda_month(compiling, PRICES, STEADY) == pytest.approx(deployed + extra)
     assert lambda_month(compiling, PRICES, STEADY, snapstart=True) == pytest.approx(with_snapstart)
@@ -115,7 +121,7 @@ def test_rekognition_is_labels_plus_properties_per_image() -> None:
 def test_the_table_has_every_scenario_and_option_and_no_per_image_cost_when_idle() -> None:
     rows = cost_table(BENCH, PRICES)
     assert len(rows) == 12
-    assert all(row["per_1000_images_usd"] is None for row in rows if row["scenario"] == "idle")
+    assert all(row.per_1000_images_usd is None for row in rows if row.scenario == "idle")
 
 
 def test_the_states_counted_are_states_of_the_workflow_where_they_are_counted() -> None:
@@ -132,7 +138,7 @@ def test_the_states_counted_are_states_of_the_workflow_where_they_are_counted() 
 
 
 def test_prices_carry_their_date_and_source() -> None:
-    assert PRICES["date"] and PRICES["source"] and PRICES["region"] == "us-east-1"
+    assert PRICES.date and PRICES.source and PRICES.region == "us-east-1"
 
 
 def test_annotate_cost_writes_the_table_and_the_chart(tmp_path) -> None:
@@ -141,20 +147,20 @@ def test_annotate_cost_writes_the_table_and_the_chart(tmp_path) -> None:
     from tools.cli import app
 
     bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps(BENCH))
+    bench.write_text(json.dumps(BENCH_REPORT))
     result = CliRunner().invoke(app, ["cost", "--bench", str(bench), "--out-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "cost.png").read_bytes().startswith(b"\x89PNG")
-    assert json.loads((tmp_path / "cost.json").read_text()) == cost_table(BENCH, PRICES)
+    assert json.loads((tmp_path / "cost.json").read_text()) == [row.model_dump() for row in cost_table(BENCH, PRICES)]
 
     bench.write_text("{}")
     result = CliRunner().invoke(app, ["cost", "--bench", str(bench), "--out-dir", str(tmp_path)])
-    assert result.exit_code == 2 and "not what annotate bench writes" in result.output
+    assert result.exit_code == 2 and "not what annotate bench writes: steps: Field required" in result.output
 
 
 def test_the_functions_memory_architecture_and_snapstart_are_what_the_template_deploys() -> None:
     from tools.aws.sam_template import load_template
-    from tools.bench.cost import FUNCTIONS, billed_functions
+    from tools.bench.cost_inputs import billed_functions
 
     # GIVEN the template, and a copy whose Detect memory parameter defaults to twice as much, on arm64
     template = load_template()
@@ -163,13 +169,14 @@ def test_the_functions_memory_architecture_and_snapstart_are_what_the_template_d
     changed["Parameters"][detect["MemorySize"]["Ref"]]["Default"] *= 2
     detect["Architectures"] = ["arm64"]
 
+    functions = deployment().functions
     # THEN the cost model bills each function as the template deploys it: Detect's memory from its parameter,
     # the architecture from Globals unless the function names its own, SnapStart where EnableSnapStart puts it
-    assert billed_functions(template) == FUNCTIONS
-    assert billed_functions(changed)["DetectFunction"].memory_mb == 2 * FUNCTIONS["DetectFunction"].memory_mb
-    assert billed_functions(changed)["DetectFunction"].arm64 and not FUNCTIONS["DetectFunction"].arm64
+    assert billed_functions(template) == functions
+    assert billed_functions(changed)["DetectFunction"].memory_mb == 2 * functions["DetectFunction"].memory_mb
+    assert billed_functions(changed)["DetectFunction"].arm64 and not functions["DetectFunction"].arm64
     assert billed_functions(changed)["DetectFunction"].gb_second_price(PRICES) == 0.0000133334
-    assert not any(function.snapstart for function in FUNCTIONS.values())
+    assert not any(function.snapstart for function in functions.values())
     snapstart = billed_functions(template, {"EnableSnapStart": "true"})
     assert {name for name, function in snapstart.items() if function.snapstart} == {
         "DetectFunction",
@@ -180,34 +187,32 @@ def test_the_functions_memory_architecture_and_snapstart_are_what_the_template_d
 
 
 def test_detects_cold_start_without_a_snapshot_is_the_one_measured_as_lambda_runs_it_where_there_is_one() -> None:
-    from tools.bench.cost import with_lambda_cold_start
-
     # GIVEN annotate bench-lambda-detect's report: OpenVINO (the template's runtime) answers first in 9 s, warm in 4 s
-    measured = {"runtimes": {"openvino": {"first_answer_s": 9.0, "warm_answer_s": 4.0}}}
+    measured = LambdaDetectSeconds.model_validate(
+        {"runtimes": {"openvino": {"first_answer_s": 9.0, "warm_answer_s": 4.0}}}
+    )
     # WHEN the cost model takes it
     bench = with_lambda_cold_start(BENCH, measured)
     # THEN Detect's cold start without a snapshot costs those 5 s instead of the bench's 4 s from disk
-    assert (
-        bench["steps"]["detect"]["cold_start_without_snapshot_s"] == 5.0
-        and "cold_start_without_snapshot_s" not in (BENCH["steps"]["detect"])
-    )
+    assert bench.steps["detect"].cold_start_without_snapshot_s == 5.0
+    assert BENCH.steps["detect"].cold_start_without_snapshot_s is None
     extra = 51_000 * 6.5 * (5.0 - 4.0) * 0.0000166667
     assert lambda_month(bench, PRICES, STEADY) == pytest.approx(lambda_month(BENCH, PRICES, STEADY) + extra)
 
 
 def test_the_api_idles_free_as_deployed_and_under_the_study_s_39_dollars_with_snapstart() -> None:
-    from tools.bench.cost import API_MEMORY_MB, api_costs
+    from tools.bench.cost import api_costs
 
     # GIVEN an API bench's measured seconds and peak
     measured = {"medians_s": {"http": 2.0, "http_with_caption": 3.0}, "server_peak_rss_mb": 3000.0}
-    api = {"runtimes": {"onnxruntime": measured}}
+    api = ApiSeconds.model_validate({"runtimes": {"onnxruntime": measured}})
     costs = api_costs(api, load_prices())
     # THEN idle costs nothing without SnapStart and its snapshot's cache stays under the study's $39 with it
-    assert costs["memory_mb"] == API_MEMORY_MB == 5120
-    assert costs["idle_month_usd"] == 0.0 and 0 < costs["idle_month_with_snapstart_usd"] < 39
+    assert costs.memory_mb == deployment().api_memory_mb == 5120
+    assert costs.idle_month_usd == 0.0 and 0 < costs.idle_month_with_snapstart_usd < 39
     # AND an answer costs its GB-seconds and its request: 5 GB x 2 s x $0.0000166667 + $0.0000002, per 1,000
-    assert costs["per_1000_requests_usd"] == pytest.approx(1000 * (5 * 2.0 * 0.0000166667 + 0.2e-6), abs=1e-3)
-    assert costs["per_1000_requests_with_caption_usd"] > costs["per_1000_requests_usd"]
+    assert costs.per_1000_requests_usd == pytest.approx(1000 * (5 * 2.0 * 0.0000166667 + 0.2e-6), abs=1e-3)
+    assert costs.per_1000_requests_with_caption_usd > costs.per_1000_requests_usd
 
 
 def test_a_million_images_in_the_bulk_lane_matches_the_hand_computation() -> None:
@@ -228,13 +233,13 @@ def test_a_million_images_in_the_bulk_lane_matches_the_hand_computation() -> Non
 
 
 def test_a_bulk_job_of_the_default_size_ends_well_within_the_time_its_child_waits_for_its_task() -> None:
-    from tools.bench.cost import TASK_START_S, bulk_jobs, bulk_model_load_s
+    from tools.bench.cost_lanes import bulk_jobs, bulk_task_start_s
 
     # GIVEN the worker's seconds as measured here and a job of the template's default size
-    bench = json.loads((REPO / "bench" / "bench.json").read_text())
-    seconds_per_image = json.loads((REPO / "bench" / "bulk.json").read_text())["seconds_per_image"]["worker"]
+    bench = read_report(BenchSeconds, REPO / "bench" / "bench.json")
+    seconds_per_image = read_report(BulkSeconds, REPO / "bench" / "bulk.json").worker_s
     _, images_per_job = bulk_jobs(1_000_000)
-    job_s = TASK_START_S + bulk_model_load_s(bench) + images_per_job * seconds_per_image
+    job_s = bulk_task_start_s(bench) + images_per_job * seconds_per_image
     # THEN on a CPU half as fast, the task still ends before Step Functions stops waiting for it (States.Timeout: a
     # Spot task's moves the rest of the job to on-demand, an on-demand task's leaves the rest as failure rows)
     states = json.loads(DEFINITION_PATH.read_text())["States"]["AnnotateGroupsInBulk"]["ItemProcessor"]["States"]
@@ -243,8 +248,7 @@ def test_a_bulk_job_of_the_default_size_ends_well_within_the_time_its_child_wait
 
 def test_a_bulk_task_compiles_every_size_of_detect_it_meets_where_a_warm_machine_reads_one_from_its_cache() -> None:
     # GIVEN a bench that measured Detect's cold start from the compiled cache (4 s) and compiling every size (15 s)
-    compiling = copy.deepcopy(BENCH)
-    compiling["steps"]["detect"]["cold_start_all_sizes_s"] = 15.0
+    compiling = BENCH.with_step("detect", cold_start_all_sizes_s=15.0)
     # WHEN the bulk lane is priced
     lane, without = bulk_lane(1_000_000, compiling, BULK, PRICES), bulk_lane(1_000_000, BENCH, BULK, PRICES)
     # THEN each of its 1,000 tasks pays the 11 s more, since a task starts on empty storage
@@ -253,7 +257,7 @@ def test_a_bulk_task_compiles_every_size_of_detect_it_meets_where_a_warm_machine
 
 
 def test_on_demand_costs_more_than_spot_and_the_lambda_lane_more_than_both() -> None:
-    from tools.bench.cost import lambda_lane
+    from tools.bench.cost_lanes import lambda_lane
 
     spot, on_demand = bulk_lane(10_000, BENCH, BULK, PRICES), bulk_lane(10_000, BENCH, BULK, PRICES, spot=False)
     assert spot.total < on_demand.total < lambda_lane(10_000, BENCH, PRICES).total
@@ -278,8 +282,8 @@ def test_annotate_cost_adds_the_lanes_where_bench_bulk_ran(tmp_path) -> None:
 
     from tools.cli import app
 
-    (tmp_path / "bench.json").write_text(json.dumps(BENCH))
-    (tmp_path / "bulk.json").write_text(json.dumps(BULK))
+    (tmp_path / "bench.json").write_text(json.dumps(BENCH_REPORT))
+    (tmp_path / "bulk.json").write_text(json.dumps(BULK_REPORT))
     result = CliRunner().invoke(app, ["cost", "--bench", str(tmp_path / "bench.json"), "--out-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     report = (tmp_path / "cost.md").read_text()
@@ -292,10 +296,8 @@ def test_annotate_cost_adds_the_lanes_where_bench_bulk_ran(tmp_path) -> None:
 
 
 def test_the_dial_at_15_minutes_is_under_half_the_always_on_task_and_5x_below_lambda_as_benched() -> None:
-    from tools.bench.cost import gathered_month
-
-    bench = json.loads((REPO / "bench" / "bench.json").read_text())
-    bulk = json.loads((REPO / "bench" / "bulk.json").read_text())
+    bench = read_report(BenchSeconds, REPO / "bench" / "bench.json")
+    bulk = read_report(BulkSeconds, REPO / "bench" / "bulk.json")
     month = gathered_month(bench, bulk, PRICES, STEADY, 15)
     # 17,000 a day in batches of 178 every 15 minutes: each one bulk task that ends within the next 15 minutes
     assert (month.images_per_batch, month.choice.lane, month.lane.wall_s < 15 * 60) == (178, "bulk", True)
@@ -304,8 +306,6 @@ def test_the_dial_at_15_minutes_is_under_half_the_always_on_task_and_5x_below_la
 
 
 def test_an_idle_month_with_the_dial_on_costs_only_its_looks_and_its_alarms() -> None:
-    from tools.bench.cost import gathered_month
-
     month = gathered_month(BENCH, BULK, PRICES, IDLE, 15)
     # the dial adds the gatherer's two alarms (its errors and its throttles)
     assert month.batches == 0 and month.total == pytest.approx(month.gathering + ALARMS + 2 * 0.10)
@@ -313,27 +313,22 @@ def test_an_idle_month_with_the_dial_on_costs_only_its_looks_and_its_alarms() ->
 
 
 def test_without_the_bulk_lane_the_dial_runs_every_batch_on_lambda() -> None:
-    from tools.bench.cost import gathered_month
-
     month = gathered_month(BENCH, BULK, PRICES, STEADY, 15, bulk_enabled=False)
     assert (month.choice.lane, month.choice.reason) == ("lambda", "the stack has no bulk lane")
     assert month.total > gathered_month(BENCH, BULK, PRICES, STEADY, 15).total
 
 
-def _checkout_s_reports() -> tuple[dict, dict, dict]:
+def _checkout_s_reports() -> tuple[BenchSeconds, BulkSeconds, dict]:
     """The bench, bulk and photo reports as annotate cost reads them from the checkout's bench/."""
-    from tools.bench.cost import with_lambda_cold_start
-
-    bench, bulk, photo, lambda_detect = (
-        json.loads((REPO / "bench" / name).read_text())
-        for name in ("bench.json", "bulk.json", "photo.json", "lambda-detect.json")
-    )
-    return with_lambda_cold_start(bench, lambda_detect), bulk, photo
+    bench = read_report(BenchSeconds, REPO / "bench" / "bench.json")
+    lambda_detect = read_report(LambdaDetectSeconds, REPO / "bench" / "lambda-detect.json")
+    photo = json.loads((REPO / "bench" / "photo.json").read_text())
+    return with_lambda_cold_start(bench, lambda_detect), read_report(BulkSeconds, REPO / "bench" / "bulk.json"), photo
 
 
 def test_the_stack_s_rule_runs_on_the_figures_annotate_cost_measured_at_a_phone_photo_s_size() -> None:
     from shared.settings import Settings
-    from tools.bench.cost import gathered_bulk_from_images, gathered_settings
+    from tools.bench.cost_months import gathered_bulk_from_images, gathered_settings
     from tools.bench.photo import at_photo_size
 
     bench, bulk = at_photo_size(*_checkout_s_reports())

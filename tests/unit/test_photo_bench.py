@@ -43,6 +43,7 @@ def test_the_report_has_a_row_per_stage_and_a_column_per_size_and_what_the_photo
 
 
 def test_a_photo_s_seconds_are_the_bench_s_plus_what_the_photo_added_side_by_side() -> None:
+    from tools.bench.cost_inputs import BenchSeconds, BulkSeconds
     from tools.bench.photo import ONE_PROCESS, STEP_ROWS, WRITE_RESULT, at_photo_size
 
     def measured(seconds: float) -> dict[str, float]:
@@ -52,14 +53,15 @@ def test_a_photo_s_seconds_are_the_bench_s_plus_what_the_photo_added_side_by_sid
     photo = {"measured_at": "2026-12-05T00:00:00+00:00", "sizes": {"sample": {"median": measured(1.0)}}}
     photo["sizes"][PHOTO] = {"median": measured(1.5)}
     photo[ADDED] = measured(0.25)
-    bench = {"steps": {step: {"pipeline_median_s": 2.0} for step in STEP_ROWS}, "whole_image": {"pipeline_s": 9.0}}
-    bulk = {"seconds_per_image": {"worker": 5.0, "one_at_a_time": 5.1}}
+    steps = {step: {"pipeline_median_s": 2.0, "cold_start_s": 3.0} for step in STEP_ROWS}
+    bench = BenchSeconds.model_validate({"steps": steps, "whole_image": {"pipeline_s": 9.0}})
+    bulk = BulkSeconds.model_validate(
+        {"seconds_per_image": {"worker": 5.0, "one_at_a_time": 5.1}, "cores": 2, "measured_at": "2026-12-05"}
+    )
     sized, sized_bulk = at_photo_size(bench, bulk, photo)
     # each step 0.25 s more, WriteResult as measured at the photo's size, one process 1 s more
-    assert {step: figures["pipeline_median_s"] for step, figures in sized["steps"].items()} == dict.fromkeys(
-        STEP_ROWS, 2.25
-    )
-    assert (sized["write_result_s"], sized["whole_image"]["pipeline_s"]) == (1.5, 10.0)
-    assert sized_bulk == {"seconds_per_image": {"worker": 6.0, "one_at_a_time": 5.1}, "added_by_photo_s": 1.0}
+    assert {step: figures.pipeline_median_s for step, figures in sized.steps.items()} == dict.fromkeys(STEP_ROWS, 2.25)
+    assert (sized.write_result_s, sized.one_process_s) == (1.5, 10.0)
+    assert sized_bulk is not None and (sized_bulk.worker_s, sized_bulk.added_by_photo_s) == (6.0, 1.0)
     # the reports given are left as they were
-    assert bench["steps"]["detect"]["pipeline_median_s"] == 2.0 and bulk["seconds_per_image"]["worker"] == 5.0
+    assert bench.steps["detect"].pipeline_median_s == 2.0 and bulk.worker_s == 5.0

@@ -9,7 +9,8 @@ from PIL import Image
 
 from shared.contracts import PictureFormat
 from tests.conftest import REPO
-from tools.bench.cost import SCENARIOS, bulk_jobs, bulk_task_hours, load_prices
+from tools.bench.cost_inputs import SCENARIOS, BenchSeconds, BulkSeconds, load_prices
+from tools.bench.cost_lanes import bulk_jobs, bulk_task_hours
 from tools.bench.storage import (
     BytesPerImage,
     measured_bytes_per_image,
@@ -21,8 +22,12 @@ from tools.bench.storage import (
 PRICES = load_prices()
 _, STEADY, BURSTS = SCENARIOS
 STEPS = ("detect", "classify", "tag", "caption")
-BENCH = {"steps": {step: {"pipeline_median_s": 1.0, "cold_start_s": 3.0} for step in STEPS}}
-BULK = {"seconds_per_image": {"worker": 4.0}}
+BENCH_REPORT = {
+    "steps": {step: {"pipeline_median_s": 1.0, "cold_start_s": 3.0} for step in STEPS},
+    "whole_image": {"pipeline_s": 4.0},
+}
+BULK_REPORT = {"seconds_per_image": {"worker": 4.0}, "cores": 2, "measured_at": "2026-12-01T00:00:00+00:00"}
+BENCH, BULK = BenchSeconds.model_validate(BENCH_REPORT), BulkSeconds.model_validate(BULK_REPORT)
 SAMPLE = REPO / "samples" / "chelsea-the-cat.jpg"
 
 
@@ -78,10 +83,8 @@ def test_annotate_cost_prices_storage_and_the_bulk_lane_s_network(tmp_path) -> N
 
     from tools.cli import app
 
-    bench = {**BENCH, "whole_image": {"pipeline_s": 4.0}}
-    bulk = {**BULK, "cores": 2, "measured_at": "2026-12-01T00:00:00+00:00"}
-    (tmp_path / "bench.json").write_text(json.dumps(bench))
-    (tmp_path / "bulk.json").write_text(json.dumps(bulk))
+    (tmp_path / "bench.json").write_text(json.dumps(BENCH_REPORT))
+    (tmp_path / "bulk.json").write_text(json.dumps(BULK_REPORT))
     result = CliRunner().invoke(app, ["cost", "--bench", str(tmp_path / "bench.json"), "--out-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     report = (tmp_path / "cost.md").read_text()

@@ -131,8 +131,8 @@ class _Sides:
 
         self.settings = settings
         self.detector = load_detector(settings.detection)
-        self.classifier = load_classifier(settings.description)
-        self.tagger = load_tagger(settings.description)
+        self.classifier = load_classifier(settings.describe)
+        self.tagger = load_tagger(settings.describe)
         self.captioner = load_captioner(settings.caption)
         files = settings.model_files
         detector_dir = resolve_model_dir(settings.detector_model, files)

@@ -23,11 +23,14 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image, ImageOps
 
 from tools.bench.models import FULL_SIZE_RANDOM, _timed
+
+if TYPE_CHECKING:
+    from tools.bench.cost_inputs import BenchSeconds, BulkSeconds, Prices
 
 PHONE_PORTRAIT = (3000, 4000)  # 12 MP, as it is shown
 PHONE_QUALITY = 90
@@ -70,7 +73,7 @@ def phone_photo(sample: Path, folder: Path) -> Path:
 def _stages(path: Path, settings: Any, results: str) -> dict[str, float]:
     """One run of ``path``: each step whole, as the Lambda lane runs it; the whole image in one process, as the bulk
     lane, the API and local mode run it; and the stages that are not models."""
-    from shared.contracts import AnnotationRequest, DescribeInput, Description, ImageRef, ImageState, ImageTask
+    from shared.contracts import AnnotationRequest, DescribeInput, DescribeOutput, ImageRef, ImageState, ImageTask
     from shared.contracts import PictureFormat as Format
     from shared.models.grounding_onnx import OnnxGroundingDino
     from shared.pipeline import steps
@@ -105,7 +108,7 @@ def _stages(path: Path, settings: Any, results: str) -> dict[str, float]:
     times["Classify step"] = _timed(lambda: outputs.update(classify=steps.classify(described, deps[Step.CLASSIFY])))
     times["Tag step"] = _timed(lambda: outputs.update(tag=steps.tag(described, deps[Step.TAG])))
     state = ImageState(
-        task=task, detection=detection, description=Description(classify=outputs["classify"], tag=outputs["tag"])
+        task=task, detection=detection, description=DescribeOutput(classify=outputs["classify"], tag=outputs["tag"])
     )
     times["Caption step"] = _timed(lambda: outputs.update(caption=steps.caption(state, deps[Step.CAPTION])))
     state = state.model_copy(update={"caption": outputs["caption"]})
@@ -184,8 +187,8 @@ def _cell(name: str, value: float) -> str:
 
 
 def at_photo_size(
-    bench: dict[str, Any], bulk: dict[str, Any] | None, photo: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    bench: BenchSeconds, bulk: BulkSeconds | None, photo: dict[str, Any]
+) -> tuple[BenchSeconds, BulkSeconds | None]:
     """``bench`` and ``bulk`` as a phone's 12 MP photo would have them measured: each step's seconds plus what
     bench-photo measured the photo adding to its sample's, side by side in one run (the models see the same input
     size either way: what the photo adds is its decode, the detector's resize and the picture); WriteResult's own
@@ -193,17 +196,20 @@ def at_photo_size(
     plus what the photo adds there, decoded once."""
     added, phone = photo[ADDED], photo["sizes"][PHOTO]["median"]
     in_one_process = added[ONE_PROCESS]
-    sized = {**bench, "steps": {step: dict(figures) for step, figures in bench["steps"].items()}}
+    sized = bench
     for step, row in STEP_ROWS.items():
-        sized["steps"][step]["pipeline_median_s"] += added[row]
-    sized["write_result_s"] = phone[WRITE_RESULT]
-    sized["whole_image"] = {**bench["whole_image"], "pipeline_s": bench["whole_image"]["pipeline_s"] + in_one_process}
-    sized["measured_at_size"] = f"a {PHOTO}'s ({photo['measured_at'][:10]}, annotate bench-photo)"
+        sized = sized.with_step(step, pipeline_median_s=bench.steps[step].pipeline_median_s + added[row])
+    sized = sized.model_copy(
+        update={
+            "write_result_s": phone[WRITE_RESULT],
+            "one_process_s": bench.one_process_s + in_one_process,
+            "measured_at_size": f"a {PHOTO}'s ({photo['measured_at'][:10]}, annotate bench-photo)",
+        }
+    )
     if bulk is None:
         return sized, None
-    worker = round(bulk["seconds_per_image"]["worker"] + in_one_process, 3)
-    seconds = {**bulk["seconds_per_image"], "worker": worker}
-    return sized, {**bulk, "seconds_per_image": seconds, "added_by_photo_s": round(in_one_process, 3)}
+    worker = round(bulk.worker_s + in_one_process, 3)
+    return sized, bulk.model_copy(update={"worker_s": worker, "added_by_photo_s": round(in_one_process, 3)})
 
 
 PHOTO_LINE = (
@@ -213,11 +219,13 @@ PHOTO_LINE = (
 
 
 def sizes_table(
-    bench: dict[str, Any], bulk: dict[str, Any], photo: dict[str, Any], prices: dict[str, Any]
+    bench: BenchSeconds, bulk: BulkSeconds, photo: dict[str, Any], prices: Prices
 ) -> tuple[str, dict[str, dict[str, float]]]:
     """The figures the cost goals are judged by, at the bench's images' seconds and at a 12 MP photo's, side by side:
     the markdown table and its figures by size."""
-    from tools.bench.cost import SCENARIOS, bulk_lane, fargate_month, gathered_month, lambda_compute_per_image
+    from tools.bench.cost_inputs import SCENARIOS
+    from tools.bench.cost_lanes import bulk_lane, fargate_month, lambda_compute_per_image
+    from tools.bench.cost_months import gathered_month
 
     steady = SCENARIOS[1]
     sized = {"the bench's images": (bench, bulk), PHOTO: at_photo_size(bench, bulk, photo)}
@@ -226,7 +234,7 @@ def sizes_table(
         assert priced_bulk is not None
         dial, always_on = gathered_month(priced, priced_bulk, prices, steady, 15), fargate_month(priced, prices, steady)
         figures[size] = {
-            "bulk worker, seconds an image": priced_bulk["seconds_per_image"]["worker"],
+            "bulk worker, seconds an image": priced_bulk.worker_s,
             "Lambda lane, compute per 1,000 images": lambda_compute_per_image(priced, prices) * 1000,
             "a million images, bulk lane on Fargate Spot": bulk_lane(1_000_000, priced, priced_bulk, prices).total,
             f"{steady.name}, dial at 15 min, a month": dial.total,

@@ -11,21 +11,12 @@ import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from PIL import Image
 
 from shared.contracts import PictureFormat
-from tools.bench.cost import (
-    ATHENA_BYTES_PER_IMAGE,
-    HOURS_PER_MONTH,
-    SCENARIOS,
-    TEMPLATE,
-    Scenario,
-    bulk_jobs,
-    bulk_lane,
-    template_default,
-)
+from tools.bench.cost_inputs import HOURS_PER_MONTH, SCENARIOS, BenchSeconds, BulkSeconds, Prices, Scenario, deployment
+from tools.bench.cost_lanes import ATHENA_BYTES_PER_IMAGE, bulk_jobs, bulk_lane
 
 GB = 1e9
 MONTHS_OF_DOCUMENTS = 12  # documents and tables are kept for good: priced as they stand a year in
@@ -33,9 +24,9 @@ MONTHS_OF_DOCUMENTS = 12  # documents and tables are kept for good: priced as th
 # pixel than the samples do, so their bytes per pixel make the figures upper bounds.
 PHOTO_MEGAPIXELS = 12.0
 # A result document: make demo's are 11 to 14 kB (2026-12-02; the tiny models find many boxes). Tables: both
-# tables' Parquet per image, cost.ATHENA_BYTES_PER_IMAGE.
+# tables' Parquet per image, cost_lanes.ATHENA_BYTES_PER_IMAGE.
 DOCUMENT_BYTES = 14_000
-# Read by each bulk task from S3 as it starts, estimates: its image (about 1.3 GB, as cost.TASK_START_S says) and
+# Read by each bulk task from S3 as it starts, estimates: its image (about 1.3 GB, as cost_lanes.TASK_START_S says) and
 # the models (Detect's export 0.93 GB as DetectMemorySize's description measures it, ConvNeXt, CLIP and the 0.24 GB
 # caption GGUF: about 2 GB).
 IMAGE_PULL_GB, TASK_MODELS_GB = 1.3, 2.0
@@ -43,14 +34,25 @@ IMAGE_PULL_GB, TASK_MODELS_GB = 1.3, 2.0
 INTERFACE_ENDPOINTS, ZONES = ("ecr.api", "ecr.dkr", "logs"), 2
 SMALLER_PICTURES = 2048  # the PictureMaxSide priced beside the default (each image's own size)
 
-INPUT_RETENTION_DAYS = template_default("InputRetentionDays")
-PICTURE_RETENTION_DAYS = template_default("PictureRetentionDays")
-# An expired picture's noncurrent version goes a day later (template: ExpirePictures' NoncurrentDays)
-PICTURE_NONCURRENT_DAYS = next(
-    int(rule["NoncurrentVersionExpiration"]["NoncurrentDays"])
-    for rule in TEMPLATE["Resources"]["ResultsBucket"]["Properties"]["LifecycleConfiguration"]["Rules"]
-    if rule["Id"] == "ExpirePictures"
-)
+
+@dataclass(frozen=True)
+class Retention:
+    """How long the template's lifecycle rules keep each thing, in days, by default."""
+
+    inputs: int
+    pictures: int
+    noncurrent_pictures: int  # an expired picture's noncurrent version goes this much later (ExpirePictures' rule)
+
+
+def retention() -> Retention:
+    deployed = deployment()
+    rules = deployed.template["Resources"]["ResultsBucket"]["Properties"]["LifecycleConfiguration"]["Rules"]
+    [pictures] = [rule for rule in rules if rule["Id"] == "ExpirePictures"]
+    return Retention(
+        inputs=deployed.parameter("InputRetentionDays"),
+        pictures=deployed.parameter("PictureRetentionDays"),
+        noncurrent_pictures=int(pictures["NoncurrentVersionExpiration"]["NoncurrentDays"]),
+    )
 
 
 def picture_share(max_side: int, megapixels: float = PHOTO_MEGAPIXELS) -> float:
@@ -98,7 +100,7 @@ def measured_bytes_per_image(
 
 def storage_month(
     per_image: BytesPerImage,
-    prices: dict[str, Any],
+    prices: Prices,
     scenario: Scenario,
     picture_days: int | None = None,
     picture_max_side: int = 0,
@@ -106,40 +108,41 @@ def storage_month(
     """A month's S3 storage of ``scenario`` by part, as the template's rules keep it: dropped images
     ``InputRetentionDays``, pictures ``PictureRetentionDays`` and a day (or ``picture_days``), documents and tables
     for good (as they stand a year in); pictures downscaled to ``picture_max_side`` (PictureMaxSide) by their pixels."""
-    per_day = scenario.images_per_month / 30
-    days = PICTURE_RETENTION_DAYS + PICTURE_NONCURRENT_DAYS if picture_days is None else picture_days
+    per_day, kept = scenario.images_per_month / 30, retention()
+    days = kept.pictures + kept.noncurrent_pictures if picture_days is None else picture_days
     held = {
-        "dropped images": per_day * INPUT_RETENTION_DAYS * per_image.source,
+        "dropped images": per_day * kept.inputs * per_image.source,
         "pictures": per_day * days * per_image.picture * picture_share(picture_max_side),
         "documents and tables": scenario.images_per_month
         * MONTHS_OF_DOCUMENTS
         * (per_image.document + per_image.tables),
     }
-    return {part: stored / GB * prices["s3"]["standard_gb_month"] for part, stored in held.items()}
+    return {part: stored / GB * prices.s3.standard_gb_month for part, stored in held.items()}
 
 
-def storage_table(per_image: BytesPerImage, prices: dict[str, Any]) -> str:
+def storage_table(per_image: BytesPerImage, prices: Prices) -> str:
     """Each scenario's storage a month, by part, against the pictures kept for good."""
+    kept = retention()
     lines = [
         f"Storage (every option writes the same results; a {PHOTO_MEGAPIXELS:g} MP photo: {per_image.source / 1e6:.1f} "
         f"MB dropped, a {per_image.picture / 1e6:.1f} MB annotated picture (a JPEG, PictureFormat's default), "
         f"{per_image.document / 1e3:.0f} kB document, {per_image.tables / 1e3:.0f} kB of table rows; the samples' "
         "bytes per pixel, an upper bound), at "
-        f"${prices['s3']['standard_gb_month']} a GB-month:",
+        f"${prices.s3.standard_gb_month} a GB-month:",
         "",
-        f"| scenario | dropped images ({INPUT_RETENTION_DAYS} days) | pictures ({PICTURE_RETENTION_DAYS} days and "
-        f"{PICTURE_NONCURRENT_DAYS}) | documents and tables, a year in | per month | with PictureMaxSide="
+        f"| scenario | dropped images ({kept.inputs} days) | pictures ({kept.pictures} days and "
+        f"{kept.noncurrent_pictures}) | documents and tables, a year in | per month | with PictureMaxSide="
         f"{SMALLER_PICTURES} | pictures kept for good, a year in |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for scenario in SCENARIOS[1:]:
         parts = storage_month(per_image, prices, scenario)
         smaller = storage_month(per_image, prices, scenario, picture_max_side=SMALLER_PICTURES)
-        kept = storage_month(per_image, prices, scenario, picture_days=365)["pictures"]
+        kept_for_good = storage_month(per_image, prices, scenario, picture_days=365)["pictures"]
         costs = " | ".join(f"${value:,.2f}" for value in parts.values())
         lines.append(
             f"| {scenario.name} | {costs} | ${sum(parts.values()):,.2f} | ${sum(smaller.values()):,.2f} | "
-            f"${kept:,.2f} |"
+            f"${kept_for_good:,.2f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -155,24 +158,24 @@ class NetworkPath:
 
 
 def network_paths(
-    bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any], per_image: BytesPerImage, images: int
+    bench: BenchSeconds, bulk: BulkSeconds, prices: Prices, per_image: BytesPerImage, images: int
 ) -> list[NetworkPath]:
     """The bulk lane's tasks for ``images`` in each network: public subnets (a public IPv4 address per task, as
     deployed), private ones through a NAT gateway (each task's image and models and each image's bytes at its
     per-GB price), the same with the stack's S3 gateway endpoint (S3's bytes, image layers included, free), and
     without NAT (interface endpoints for ECR and Logs, the gateway endpoint for S3)."""
-    vpc = prices["vpc"]
+    vpc = prices.vpc
     jobs, _ = bulk_jobs(images)
     moved_gb = jobs * (IMAGE_PULL_GB + TASK_MODELS_GB) + images * (per_image.source + per_image.results) / GB
-    nat_month = ZONES * vpc["nat_gateway_hour"] * HOURS_PER_MONTH
-    endpoints_month = len(INTERFACE_ENDPOINTS) * ZONES * vpc["interface_endpoint_hour"] * HOURS_PER_MONTH
+    nat_month = ZONES * vpc.nat_gateway_hour * HOURS_PER_MONTH
+    endpoints_month = len(INTERFACE_ENDPOINTS) * ZONES * vpc.interface_endpoint_hour * HOURS_PER_MONTH
     return [
         NetworkPath(
             "public subnets (TaskPublicIp=ENABLED, as deployed)",
             bulk_lane(images, bench, bulk, prices).parts["public IPv4"],
             0.0,
         ),
-        NetworkPath("private subnets through a NAT gateway", moved_gb * vpc["nat_gateway_per_gb"], nat_month),
+        NetworkPath("private subnets through a NAT gateway", moved_gb * vpc.nat_gateway_per_gb, nat_month),
         NetworkPath("private, NAT gateway and S3GatewayRouteTables (the stack's S3 endpoint)", 0.0, nat_month),
         NetworkPath(
             "private, no NAT: S3GatewayRouteTables and interface endpoints for ECR and Logs", 0.0, endpoints_month
@@ -180,7 +183,7 @@ def network_paths(
     ]
 
 
-def network_table(bench: dict[str, Any], bulk: dict[str, Any], prices: dict[str, Any], per_image: BytesPerImage) -> str:
+def network_table(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices, per_image: BytesPerImage) -> str:
     """Each network path of the bulk lane: per 1,000 images, for a million, and its fixed hours a month."""
     images = 1_000_000
     lines = [

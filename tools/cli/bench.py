@@ -264,19 +264,28 @@ def cost(
     """Cost per 1,000 images and per month for the original study's scenarios, from measured seconds."""
     import json
 
+    from pydantic import ValidationError
+
     from tools.bench.cost import (
         api_costs,
         api_line,
         bulk_line,
-        cost_table,
         gathered_line,
         gathered_table,
         lanes_table,
-        load_prices,
         markdown_table,
-        with_lambda_cold_start,
         write_chart,
     )
+    from tools.bench.cost_inputs import (
+        ApiSeconds,
+        BenchSeconds,
+        BulkSeconds,
+        LambdaDetectSeconds,
+        load_prices,
+        read_report,
+    )
+    from tools.bench.cost_lanes import with_lambda_cold_start
+    from tools.bench.cost_months import cost_table
     from tools.bench.photo import PHOTO_LINE, at_photo_size, sizes_table
     from tools.bench.storage import measured_bytes_per_image, network_table, storage_table
 
@@ -290,10 +299,10 @@ def cost(
     photo_bench = bench_file.with_name("photo.json")  # annotate bench-photo's: priced at a 12 MP photo's seconds
     try:
         prices = load_prices(prices_file)
-        bench = json.loads(bench_file.read_text())
+        bench = read_report(BenchSeconds, bench_file)
         if lambda_detect.is_file():
-            bench = with_lambda_cold_start(bench, json.loads(lambda_detect.read_text()))
-        bulk = json.loads(bulk_bench.read_text()) if bulk_bench.is_file() else None
+            bench = with_lambda_cold_start(bench, read_report(LambdaDetectSeconds, lambda_detect))
+        bulk = read_report(BulkSeconds, bulk_bench) if bulk_bench.is_file() else None
         photo = json.loads(photo_bench.read_text()) if photo_bench.is_file() else None
         bench_at_its_size, bulk_at_its_size = bench, bulk
         if photo:
@@ -301,7 +310,7 @@ def cost(
         rows = cost_table(bench, prices, bulk)
         report = markdown_table(rows, prices, bench)
         if api_bench.is_file():
-            report += "\n" + api_line(api_costs(json.loads(api_bench.read_text()), prices)) + "\n"
+            report += "\n" + api_line(api_costs(read_report(ApiSeconds, api_bench), prices)) + "\n"
         per_image = measured_bytes_per_image(sorted(SAMPLES.iterdir()))
         report += "\n" + storage_table(per_image, prices)
         if bulk:
@@ -310,10 +319,12 @@ def cost(
             report += "\n" + gathered_line(bench, bulk, prices) + "\n\n" + gathered_table(bench, bulk, prices)
         if photo and bulk_at_its_size:
             report += "\n" + PHOTO_LINE + "\n\n" + sizes_table(bench_at_its_size, bulk_at_its_size, photo, prices)[0]
-    except (KeyError, TypeError, ValueError) as error:
-        raise fail(f"{bench_file} or the prices file is not what annotate bench writes: {error!r}") from None
+    except (KeyError, TypeError, ValueError) as error:  # a ValidationError is a ValueError: say its first field
+        first = error.errors()[0] if isinstance(error, ValidationError) else None
+        message = f"{'.'.join(map(str, first['loc']))}: {first['msg']}" if first else repr(error)
+        raise fail(f"{bench_file} or the prices file is not what annotate bench writes: {message}") from None
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "cost.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out_dir / "cost.json").write_text(json.dumps([row.model_dump() for row in rows], indent=2) + "\n")
     (out_dir / "cost.md").write_text(report)
     write_chart(rows, out_dir / "cost.png")
     out.print(report, highlight=False, soft_wrap=True)

@@ -12,12 +12,12 @@ from shared.errors import ModelUnavailable
 from shared.models.classification import CLASSIFIER_GRAPH, CLASSIFIER_MANIFEST, TORCHSCRIPT_FILE, ClassifierExport
 from shared.models.onnx_runtime import weights_file
 from shared.models.tagging import IMAGE_GRAPH, TAGGER_MANIFEST, TEXT_GRAPH, TOKENIZER_FILE, ClipExport
-from shared.settings import DescriptionSettings, ModelFiles
+from shared.settings import DescribeSettings, ModelFiles
 from tools.models.onnx_graphs import finish_graphs
 from tools.models.torch_models import export_once, torchscript_labels, torchscript_preprocessing
 
 
-def exported_classifier_dir(settings: DescriptionSettings) -> Path:
+def exported_classifier_dir(settings: DescribeSettings) -> Path:
     """The export of the classifier the settings name, made here unless it is there already."""
     return export_once(settings.classifier_model, settings, CLASSIFIER_MANIFEST, export_classifier)
 

@@ -69,7 +69,7 @@ def _local_files(settings: Settings, output: str, target: str) -> list[tuple[Pat
     if output == "DetectorModelUri":
         folder = exported_detector_dir(settings.detection)
     elif output == "ClassifierModelUri":
-        folder = exported_classifier_dir(settings.description)
+        folder = exported_classifier_dir(settings.describe)
     elif output == "TaggerModelUri":
         folder = exported_tagger_dir(source, files)
     else:

@@ -72,7 +72,7 @@ def build_named_models(settings: Settings, variants: bool = False) -> None:
     from tools.models.detector_export import exported_detector_dir
 
     exported_detector_dir(settings.detection)
-    exported_classifier_dir(settings.description)
+    exported_classifier_dir(settings.describe)
     for source in settings.tagger_models or []:  # Tag takes the first that loads: export what can be
         try:
             exported_tagger_dir(source, settings.model_files)

@@ -31,7 +31,7 @@ from shared.models.onnx_runtime import cached_export_dir
 from shared.models.sources import resolve_model_dir
 from shared.models.tagging import ClipTagger
 from shared.observability import logger
-from shared.settings import DescriptionSettings, DetectionSettings, ModelFiles
+from shared.settings import DescribeSettings, DetectionSettings, ModelFiles
 
 
 def prepare_torch(threads: int) -> None:
@@ -98,7 +98,7 @@ def load_torch_detector(settings: DetectionSettings) -> TorchGroundingDino:
 
 
 @cached_per_settings
-def load_torch_classifier(settings: DescriptionSettings) -> ImageClassifier:
+def load_torch_classifier(settings: DescribeSettings) -> ImageClassifier:
     """A transformers image classifier, or a traced TorchScript model with its labels, on torch."""
     prepare_torch(settings.torch_threads)
     folder = resolve_model_dir(settings.classifier_model, settings)
@@ -165,7 +165,7 @@ def torchscript_preprocessing(folder: Path) -> dict[str, Any]:
 
 
 @cached_per_settings
-def load_torch_tagger(settings: DescriptionSettings) -> ClipTagger:
+def load_torch_tagger(settings: DescribeSettings) -> ClipTagger:
     """The settings' first open_clip model on torch, with open_clip's preprocessing and tokenizer."""
     import open_clip
     import torch

@@ -13,6 +13,11 @@ class ImageRejected(AnnotateError):
     """The input is not an image this pipeline accepts (empty, truncated, too large, unknown format)."""
 
 
+class ObjectMissing(ImageRejected):
+    """The object an input names does not exist (deleted after it was planned, never written, a wrong key): rejected
+    as an image that cannot be read, and named for what it is."""
+
+
 class RequestRejected(AnnotateError):
     """A request or message breaks the contract (bad prompt, thresholds, vocabularies, sizes)."""
 

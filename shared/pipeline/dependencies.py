@@ -119,16 +119,25 @@ def _variants(settings: Settings) -> dict[str, Any]:
     return {"generator": load_generator(settings.variants)}
 
 
-# What each step works with beyond the store, limits and pictures every step has: its model (its port's field of
-# :class:`Dependencies`, loaded once per process, heavy imports inside) and what made its output. A new step with a
-# model is one entry here (docs/development.md, "Recipes").
-STEP_PORTS: dict[Step, Callable[[Settings], dict[str, Any]]] = {
-    Step.DETECT: _detect,
-    Step.CLASSIFY: _classify,
-    Step.TAG: _tag,
-    Step.CAPTION: _caption,
-    Step.SUMMARIZE_BATCH: _summarize_batch,
-    Step.VARIANTS: _variants,
+@dataclass(frozen=True)
+class StepPort:
+    """What a step works with beyond the store, limits and pictures every step has: the field of
+    :class:`Dependencies` it fills (its model, or the ledger), and how that is loaded from the settings (once per
+    process, heavy imports inside), with what made the step's output."""
+
+    fills: str
+    load: Callable[[Settings], dict[str, Any]]
+
+
+# Every step's port: the real dependencies, the fakes of the tests and SnapStart's warm-up read this table. A new step
+# with a model is one entry here (docs/development.md, "Recipes").
+STEP_PORTS: dict[Step, StepPort] = {
+    Step.DETECT: StepPort("detector", _detect),
+    Step.CLASSIFY: StepPort("classifier", _classify),
+    Step.TAG: StepPort("tagger", _tag),
+    Step.CAPTION: StepPort("captioner", _caption),
+    Step.SUMMARIZE_BATCH: StepPort("ledger", _summarize_batch),
+    Step.VARIANTS: StepPort("generator", _variants),
 }
 
 
@@ -141,8 +150,8 @@ def build_dependencies(step: Step, settings: Settings) -> Dependencies:
         picture_max_side=settings.picture_max_side,
         picture_format=settings.picture_format,
     )
-    ports = STEP_PORTS.get(step)
-    return replace(common, **ports(settings)) if ports else common
+    port = STEP_PORTS.get(step)
+    return replace(common, **port.load(settings)) if port else common
 
 
 _override: Callable[[Step], Dependencies] | None = None

@@ -24,8 +24,8 @@ from shared.observability import metrics
 from shared.pipeline.dependencies import Dependencies, Step, build_dependencies
 from shared.serving.bounds import (
     AnswerFailures,
+    ApiContext,
     BodyLimit,
-    Calls,
     SameSiteOnly,
     bearer_check,
     error_handlers,
@@ -66,9 +66,9 @@ ANNOTATIONS_BODY = {
 }
 
 
-def _annotation_routes(calls: Calls) -> APIRouter:
+def _annotation_routes(context: ApiContext) -> APIRouter:
     router = APIRouter()
-    settings = calls.settings
+    settings = context.settings
 
     @router.post(
         "/v1/annotations",
@@ -85,8 +85,8 @@ def _annotation_routes(calls: Calls) -> APIRouter:
             call = AnnotationCall.model_validate_json(await request.body())
             options = AnnotationOptions.model_validate(call.model_dump(exclude={"image"}))
             source = await run_in_threadpool(image_source, call.image, settings)
-        return await calls.run(
-            lambda: annotate_one(source, options, settings, calls.dependencies_of, calls.record_rows)
+        return await context.run(
+            lambda: annotate_one(source, options, settings, context.dependencies_of, context.record_rows)
         )
 
     return router
@@ -105,13 +105,13 @@ def create_app(
     becomes of the steps' metrics after each call: dropped here; on Lambda the handler flushes them as EMF.
     ``behind_function_url``: every call was authenticated before it arrived (the URL's IAM auth, or the key), and
     it is named by the URL's own host."""
-    calls = Calls(settings, dependencies_of, record_rows, after_call)
+    context = ApiContext(settings, dependencies_of, record_rows, after_call)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if settings.preload_models:
             # Loaded before the first call, not during it; a model that cannot load answers 503 when asked for.
-            asyncio.get_running_loop().run_in_executor(None, calls.preload)
+            asyncio.get_running_loop().run_in_executor(None, context.preload)
         yield
 
     app = FastAPI(
@@ -128,10 +128,10 @@ def create_app(
         authenticated=behind_function_url or bool(settings.api_key_secret or settings.api_key.get_secret_value()),
     )
     authorized = [Depends(bearer_check(settings))]
-    app.include_router(_annotation_routes(calls), dependencies=authorized)
-    app.include_router(openai_routes(calls), dependencies=authorized)
-    app.include_router(image_routes(calls), dependencies=authorized)
-    app.include_router(label_studio_routes(calls, find_annotated), dependencies=authorized)
+    app.include_router(_annotation_routes(context), dependencies=authorized)
+    app.include_router(openai_routes(context), dependencies=authorized)
+    app.include_router(image_routes(context), dependencies=authorized)
+    app.include_router(label_studio_routes(context, find_annotated), dependencies=authorized)
 
     @app.get("/", include_in_schema=False)
     def playground() -> HTMLResponse:
@@ -140,7 +140,7 @@ def create_app(
 
     @app.get("/health", summary="Whether the server answers (UP, as Label Studio's ML backends say), its calls held")
     def health() -> dict[str, Any]:
-        return {"status": "UP", "calls_held": calls.admission.inside, "queue_size": settings.api_queue_size}
+        return {"status": "UP", "calls_held": context.admission.inside, "queue_size": settings.api_queue_size}
 
     return app
 

@@ -296,7 +296,7 @@ async def upload(form: Any, name: str) -> bytes:
     return await part.read()
 
 
-class Calls:
+class ApiContext:
     """What every route shares: the settings, the models, where recorded rows go, and the queue in front of them."""
 
     def __init__(

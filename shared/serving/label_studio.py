@@ -39,6 +39,7 @@ from shared.contracts import (
     MAX_VALUE_CHARS,
     RESERVED_ATTRIBUTE_NAMES,
     AnnotationRequest,
+    Box,
     phrase_of,
 )
 from shared.errors import RequestRejected, validation_reason
@@ -72,10 +73,7 @@ class LabelledBox:
 
     label: str
     score: float
-    x0: float
-    y0: float
-    x1: float
-    y1: float
+    box: Box
     class_label: str | None
     class_score: float | None
     attributes: dict[str, str] = field(default_factory=dict)
@@ -350,10 +348,10 @@ def region_results(
             "image_rotation": 0,
         }
         geometry = {
-            "x": 100 * box.x0 / width,
-            "y": 100 * box.y0 / height,
-            "width": 100 * (box.x1 - box.x0) / width,
-            "height": 100 * (box.y1 - box.y0) / height,
+            "x": 100 * box.box.x0 / width,
+            "y": 100 * box.box.y0 / height,
+            "width": 100 * (box.box.x1 - box.box.x0) / width,
+            "height": 100 * (box.box.y1 - box.box.y0) / height,
             "rotation": 0,
         }
         results.append(

@@ -1,4 +1,4 @@
-"""Label Studio's ML backend protocol, served at the API's root: the backend URL a user gives a Label Studio project
+"""Label Studio's ML backend protocol, context at the API's root: the backend URL a user gives a Label Studio project
 is the server's own (`annotate serve`, or the API function's URL).
 
 The routes are the ones the public label-studio-ml-backend serves (label_studio_ml/api.py): ``GET /health``
@@ -41,7 +41,7 @@ from shared.errors import AnnotateError, ImageRejected, RequestRejected
 from shared.observability import logger
 from shared.pipeline.batches import image_ref
 from shared.pipeline.dependencies import Step
-from shared.serving.bounds import Calls
+from shared.serving.bounds import ApiContext
 from shared.serving.calls import Annotation, AnnotationOptions, Source, annotate_one, image_source
 from shared.serving.label_studio import (
     MODEL_VERSION,
@@ -249,10 +249,7 @@ def _boxes(annotation: Annotation) -> list[LabelledBox]:
         LabelledBox(
             label=d.label,
             score=d.score,
-            x0=d.box.x0,
-            y0=d.box.y0,
-            x1=d.box.x1,
-            y1=d.box.y1,
+            box=d.box,
             class_label=d.class_label,
             class_score=d.class_score,
             attributes={a.name: a.value for a in d.attributes},
@@ -267,16 +264,16 @@ class _Predicting:
 
     project: Project
     request: AnnotationRequest | None  # None: the config needs CLIP on the whole image alone
-    calls: Calls
+    context: ApiContext
     find_annotated: FindAnnotated | None
     deadline: float
 
     def __post_init__(self) -> None:
         # Label Studio's token is exchanged once a call, not once a task
-        self.authorization = functools.cache(functools.partial(_authorization, self.calls.settings))
+        self.authorization = functools.cache(functools.partial(_authorization, self.context.settings))
 
     async def answers(self, tasks: Sequence[Any]) -> list[Any]:
-        settings = self.calls.settings
+        settings = self.context.settings
         images = await run_in_threadpool(
             read_task_images, tasks, self.project, settings, self.deadline, self.authorization
         )
@@ -292,7 +289,7 @@ class _Predicting:
             else:
                 started = time.monotonic()
                 try:
-                    answer = await self.calls.run(functools.partial(self._predict, image, earlier.get(index)))
+                    answer = await self.context.run(functools.partial(self._predict, image, earlier.get(index)))
                 except AnnotateError as error:  # the task's own (a model that cannot load fails each task)
                     logger.warning("task not pre-annotated", extra={"task": image.task_id, "reason": str(error)})
                 if index not in earlier:
@@ -327,7 +324,7 @@ class _Predicting:
     def _predict(self, image: TaskImage, earlier: Annotated | None) -> dict[str, Any]:
         """The task's prediction: from its earlier annotation, or the models'. The image is read again only where
         CLIP or the models need its pixels."""
-        settings = self.calls.settings
+        settings = self.context.settings
         source, choices = None, []
         if self.project.image_choices or self.request is None:
             source = task_image(image.task, self.project, settings, self.authorization)
@@ -340,7 +337,7 @@ class _Predicting:
             return prediction(self.project, earlier.image_id, size, earlier.boxes, earlier.caption, choices)
         source = source or task_image(image.task, self.project, settings, self.authorization)
         options = AnnotationOptions.model_validate(self.request.model_dump() | {"record": True})
-        annotation = annotate_one(source, options, settings, self.calls.dependencies_of, self.calls.record_rows)
+        annotation = annotate_one(source, options, settings, self.context.dependencies_of, self.context.record_rows)
         if annotation.status != "succeeded":
             raise RequestRejected(f"the pipeline failed on it: {annotation.error}")
         size = (annotation.width or 1, annotation.height or 1)
@@ -348,20 +345,20 @@ class _Predicting:
         return prediction(self.project, annotation.image_id, size, _boxes(annotation), caption, choices)
 
     def _image_choices(self, pixels: Image.Image, region_key: str) -> list[dict[str, Any]]:
-        tagger = self.calls.dependencies_of(Step.TAG).tagger
+        tagger = self.context.dependencies_of(Step.TAG).tagger
         if tagger is None:
             raise TypeError("the Tag dependencies have no tagger")
         texts = {choices.name: [option.text for option in choices.options] for choices in self.project.image_choices}
         scores = tagger.choose(pixels, texts)
-        min_score = self.calls.settings.label_studio_multiple_choice_min_score
+        min_score = self.context.settings.label_studio_multiple_choice_min_score
         return image_choice_results(self.project, scores, min_score, region_key)
 
 
-def label_studio_routes(calls: Calls, find_annotated: FindAnnotated | None) -> APIRouter:
+def label_studio_routes(context: ApiContext, find_annotated: FindAnnotated | None) -> APIRouter:
     """The backend's routes; model work is queued as the API's other routes' is; ``find_annotated`` reads the rows
     the pipeline wrote (None: every task runs the models)."""
     router = APIRouter(tags=["Label Studio ML backend"])
-    settings = calls.settings
+    settings = context.settings
 
     def checked(label_config: str) -> tuple[Project, AnnotationRequest | None]:
         project = read_label_config(label_config)
@@ -377,7 +374,7 @@ def label_studio_routes(calls: Calls, find_annotated: FindAnnotated | None) -> A
     async def predict(call: BackendPredict) -> dict[str, Any]:
         deadline = time.monotonic() + settings.label_studio_answer_within_s
         project, request = checked(call.label_config)
-        predicting = _Predicting(project, request, calls, find_annotated, deadline)
+        predicting = _Predicting(project, request, context, find_annotated, deadline)
         return {"results": await predicting.answers(call.tasks), "model_version": MODEL_VERSION}
 
     @router.post("/webhook", summary="Label Studio's events: nothing is trained here, so each is acknowledged")

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from shared.observability import logger
-from shared.serving.bounds import ApiError, Calls, upload
+from shared.serving.bounds import ApiContext, ApiError, upload
 from shared.serving.calls import (
     chat_chunks,
     chat_completion,
@@ -111,9 +111,9 @@ def _chat_arguments(body: bytes, settings: Settings) -> dict[str, Any]:
     return completion | {"messages": messages, "max_tokens": limit or settings.api_max_chat_tokens}
 
 
-def openai_routes(calls: Calls) -> APIRouter:
+def openai_routes(context: ApiContext) -> APIRouter:
     router = APIRouter(prefix="/v1")
-    settings = calls.settings
+    settings = context.settings
 
     @router.get("/models", summary="The models this server answers with (OpenAI's list)")
     def models() -> dict[str, Any]:
@@ -129,18 +129,20 @@ def openai_routes(calls: Calls) -> APIRouter:
     async def chat(request: Request) -> Any:
         completion = _chat_arguments(await request.body(), settings)
         if not completion.get("stream"):
-            return await calls.run(lambda: chat_completion(completion, settings.caption_model, calls.dependencies_of))
-        await calls.admission.enter()  # 429 now, before the stream's headers are sent
+            return await context.run(
+                lambda: chat_completion(completion, settings.caption_model, context.dependencies_of)
+            )
+        await context.admission.enter()  # 429 now, before the stream's headers are sent
         chunks: Generator[dict[str, Any]] | None = None
         try:
-            chunks = await run_in_threadpool(chat_chunks, completion, settings.caption_model, calls.dependencies_of)
+            chunks = await run_in_threadpool(chat_chunks, completion, settings.caption_model, context.dependencies_of)
             # The first chunk before the headers: a failure to start is answered with its status, not a 200
             first = await run_in_threadpool(_next_or_none, chunks)
         except BaseException:
-            _close_stream(chunks, calls)
+            _close_stream(chunks, context)
             raise
         stream = chunks
-        return _EventStream(_events(first, stream), release=lambda: _close_stream(stream, calls))
+        return _EventStream(_events(first, stream), release=lambda: _close_stream(stream, context))
 
     return router
 
@@ -149,14 +151,14 @@ def _next_or_none(chunks: Iterator[dict[str, Any]]) -> dict[str, Any] | None:
     return next(chunks, None)
 
 
-def _close_stream(chunks: Generator[dict[str, Any]] | None, calls: Calls) -> None:
+def _close_stream(chunks: Generator[dict[str, Any]] | None, context: ApiContext) -> None:
     """Close the model's stream (its generator holds the model) and give the models to the next call."""
     try:
         if chunks is not None:
             chunks.close()
     finally:
-        calls.after_call()
-        calls.admission.leave()
+        context.after_call()
+        context.admission.leave()
 
 
 class _EventStream(StreamingResponse):
@@ -189,9 +191,9 @@ async def _events(first: dict[str, Any] | None, chunks: Iterator[dict[str, Any]]
     yield STREAM_END
 
 
-def image_routes(calls: Calls) -> APIRouter:
+def image_routes(context: ApiContext) -> APIRouter:
     router = APIRouter(prefix="/v1")
-    settings = calls.settings
+    settings = context.settings
 
     def images_served() -> None:
         if not settings.api_images:
@@ -203,7 +205,7 @@ def image_routes(calls: Calls) -> APIRouter:
     async def generations(call: ImageGeneration) -> dict[str, Any]:
         images_served()
         wanted = variants_request(call.prompt, call.n, call.size, "txt2img")
-        return await calls.run(lambda: generate_pictures(wanted, None, settings, calls.dependencies_of))
+        return await context.run(lambda: generate_pictures(wanted, None, settings, context.dependencies_of))
 
     @router.post("/images/edits", summary="Pictures made from an uploaded one (b64_json)")
     async def edits(request: Request) -> dict[str, Any]:
@@ -212,6 +214,6 @@ def image_routes(calls: Calls) -> APIRouter:
         call = ImageEdit.model_validate({name: value for name, value in form.items() if name != "image"})
         wanted = variants_request(call.prompt, call.n, call.size, "img2img", call.strength)
         source = image_source(await upload(form, "image"), settings)
-        return await calls.run(lambda: generate_pictures(wanted, source, settings, calls.dependencies_of))
+        return await context.run(lambda: generate_pictures(wanted, source, settings, context.dependencies_of))
 
     return router

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote, unquote_to_bytes, urlparse
 
-from shared.errors import ImageRejected, TransientError
+from shared.errors import ImageRejected, ObjectMissing, TransientError
 
 
 class ObjectStore(Protocol):
@@ -74,9 +74,8 @@ class LocalStore:
         path = self._path(uri)
         if not path.is_file():
             broken = path.is_symlink() and not path.exists()
-            raise ImageRejected(
-                f"{uri} " + ("is a broken symlink or a symlink loop" if broken else "does not exist or is not a file")
-            )
+            reason = "is a broken symlink or a symlink loop" if broken else "does not exist or is not a file"
+            raise ObjectMissing(f"{uri} {reason}")
         size = path.stat().st_size
         if max_bytes is not None and size > max_bytes:
             raise _too_large(uri, size, max_bytes)
@@ -135,7 +134,7 @@ class MemoryStore:
 
     def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes:
         if uri not in self.objects:
-            raise ImageRejected(f"{uri} does not exist")
+            raise ObjectMissing(f"{uri} does not exist")
         data = self.objects[uri]
         if max_bytes is not None and len(data) > max_bytes:
             raise _too_large(uri, len(data), max_bytes)
@@ -179,7 +178,7 @@ class S3Store:
             if code in {"SlowDown", "Throttling", "RequestTimeout"} or status >= 500:
                 raise TransientError(f"S3 {operation} failed: {error}") from error
             if code in {"NoSuchKey", "404", "NotFound"}:
-                raise ImageRejected(f"s3://{kwargs['Bucket']}/{kwargs.get('Key', '')} does not exist") from error
+                raise ObjectMissing(f"s3://{kwargs['Bucket']}/{kwargs.get('Key', '')} does not exist") from error
             raise
 
     def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes:
@@ -220,7 +219,7 @@ class S3Store:
         bucket, key = split_s3(uri)
         try:
             return str(self._call("head_object", Bucket=bucket, Key=key)["ETag"]).strip('"')
-        except ImageRejected:
+        except ObjectMissing:
             return "missing"
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from PIL import Image
 
 from shared.contracts import AttributeScore, CaptionOutput, ClassScore, Detection, MadeBy, VariantsRequest
-from shared.pipeline.dependencies import Dependencies, Step
+from shared.pipeline.dependencies import STEP_PORTS, Dependencies, Step
 from shared.settings import ImageLimits
 from shared.storage.objects import MemoryStore
 
@@ -134,13 +134,13 @@ class FakeModels:
     )
 
     def dependencies(self, step: Step) -> Dependencies:
+        """As the real ones are built: the step's own port (STEP_PORTS) holds its fake; a step without a model, or
+        whose port has no fake (the ledger), gets none."""
+        port = STEP_PORTS.get(step)
+        own = {port.fills: getattr(self, port.fills)} if port and hasattr(self, port.fills) else {}
         return Dependencies(
             store_for=self.store,
             image_limits=self.image_limits,
-            detector=self.detector,
-            classifier=self.classifier,
-            tagger=self.tagger,
-            captioner=self.captioner,
-            generator=self.generator,
             made_by=MadeBy(model=f"fake-{step}", settings={"step": str(step)}),
+            **own,
         )

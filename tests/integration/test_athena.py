@@ -98,4 +98,4 @@ def test_label_studio_s_tasks_are_found_among_a_deployed_stack_s_rows(athena: ob
     [found] = athena_annotated_sources(Settings().athena)(["s3://in/cat.jpg"], ["cat.jpg"])
     assert (found.source_uri, found.caption, found.prompt) == ("s3://in/cat.jpg", "A cat.", "cat.")
     [cat] = found.boxes
-    assert (cat.label, cat.x1, cat.class_label, cat.attributes) == ("cat", 30.0, "tabby", {"color": "gray"})
+    assert (cat.label, cat.box.x1, cat.class_label, cat.attributes) == ("cat", 30.0, "tabby", {"color": "gray"})

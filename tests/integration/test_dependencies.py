@@ -33,4 +33,15 @@ def test_a_step_gets_its_own_model_and_no_other(step: Step, tiny_settings: Setti
 
 def test_every_port_of_the_dependencies_is_some_step_s() -> None:
     fields = {field.name for field in dataclasses.fields(Dependencies)}
-    assert set(PORTS) <= fields and set(OWN_PORT) | {Step.SUMMARIZE_BATCH} == set(STEP_PORTS)
+    assert set(PORTS) <= fields and {port.fills for port in STEP_PORTS.values()} == set(PORTS)
+    assert {step: STEP_PORTS[step].fills for step in OWN_PORT} == OWN_PORT
+
+
+def test_the_fakes_give_a_step_its_own_port_only_as_the_real_dependencies_do() -> None:
+    from tests.fakes import FakeModels
+
+    fakes = FakeModels()
+    for step in Step:
+        built = fakes.dependencies(step)
+        filled = {port for port in PORTS if getattr(built, port) is not None}
+        assert filled == ({OWN_PORT[step]} if step in OWN_PORT else set()), step

@@ -8,7 +8,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from tools.rehearsal.calls import acting_as, record_calls
+from tools.rehearsal.aws_requests import acting_as, record_requests
 from tools.rehearsal.iam import Request, UnknownConditionOperator, evaluate, statements, wildcard_match
 
 MODELS = "arn:aws:s3:::models-bucket"
@@ -108,7 +108,7 @@ def test_an_unknown_condition_operator_is_an_error_not_a_match() -> None:
 
 def test_the_call_log_maps_requests_to_iam_and_names_a_client_of_the_wrong_region() -> None:
     # GIVEN a stack in eu-central-1 and a function whose code builds an S3 client for us-east-1
-    with mock_aws(), record_calls("eu-central-1", "123456789012") as log:
+    with mock_aws(), record_requests("eu-central-1", "123456789012") as log:
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="models-bucket")  # as nobody: not logged
         right = boto3.client("s3", region_name="eu-central-1")
         wrong = boto3.client("s3", region_name="us-east-1")
@@ -118,18 +118,18 @@ def test_the_call_log_maps_requests_to_iam_and_names_a_client_of_the_wrong_regio
             wrong.head_bucket(Bucket="models-bucket")
 
     # THEN the listing is recorded as IAM sees it, and the other call is a problem naming function and region
-    [listing] = [call.request for call in log.calls]
+    [listing] = [call.request for call in log.requests]
     assert listing == Request(
         "DetectFunction",
         "s3:ListBucket",
         MODELS,
         {"s3:prefix": "models/grounding-dino-tiny/", "aws:SecureTransport": "true"},
     )
-    assert log.problems == ["DetectFunction: s3:HeadBucket is not mapped to IAM in calls.py"]
+    assert log.problems == ["DetectFunction: s3:HeadBucket is not mapped to IAM in aws_requests.py"]
 
 
 def test_a_client_for_another_region_is_a_problem_naming_the_function() -> None:
-    with mock_aws(), record_calls("eu-central-1", "123456789012") as log:
+    with mock_aws(), record_requests("eu-central-1", "123456789012") as log:
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="input-bucket")
         with acting_as("IngestFunction"):
             boto3.client("s3", region_name="us-east-1").list_objects_v2(Bucket="input-bucket", Prefix="incoming/")

@@ -61,7 +61,9 @@ def test_with_the_dial_at_15_minutes_drops_wait_and_run_as_one_bulk_batch_and_a_
     assert "within the 15 min wait" in gathered
     # AND the gatherer received and deleted them, read and wrote its clock and claims, and started the execution,
     # each as its own role (checked against its policies)
-    gather_calls = {call.request.action for call in reports[True].calls if call.request.principal == "GatherFunction"}
+    gather_calls = {
+        call.request.action for call in reports[True].requests if call.request.principal == "GatherFunction"
+    }
     assert {
         "sqs:ReceiveMessage",
         "sqs:DeleteMessage",
@@ -86,7 +88,7 @@ def test_the_api_answers_through_its_public_url_with_the_stack_s_key(reports: di
     [answered] = [step for step in reports[True].steps if step.startswith("the API answered")]
     assert "through its NONE function URL" in answered
     # THEN the API function read the stack's key and invoked WriteGroupTable for a recorded call, each as its role
-    api_calls = {call.request.action for call in reports[True].calls if call.request.principal == "ApiFunction"}
+    api_calls = {call.request.action for call in reports[True].requests if call.request.principal == "ApiFunction"}
     assert {"secretsmanager:GetSecretValue", "lambda:InvokeFunction", "s3:PutObject"} <= api_calls
 
 
@@ -100,7 +102,7 @@ def test_a_bulk_message_runs_as_fargate_spot_tasks_as_their_role_and_a_stopped_o
     # AND the task read its job, images and models and wrote results, rows and summaries as its task role
     task_calls = {
         (call.request.action, call.request.resource.split(":::", 1)[-1].split("/", 1)[-1].split("/", 1)[0])
-        for call in reports[True].calls
+        for call in reports[True].requests
         if call.request.principal == "BulkTaskRole"
     }
     assert {
@@ -131,7 +133,7 @@ def test_every_principal_acted_and_each_template_statement_a_call_used_is_needed
     reports: dict[bool, Report],
 ) -> None:
     for report in reports.values():
-        acting = {call.request.principal for call in report.calls}
+        acting = {call.request.principal for call in report.requests}
         assert acting >= {
             "IngestFunction",
             "DetectFunction",
@@ -140,7 +142,7 @@ def test_every_principal_acted_and_each_template_statement_a_call_used_is_needed
             "SummarizeBatchFunction",
         }
         for principal, statements in report.policies.items():
-            requests = [call.request for call in report.calls if call.request.principal == principal]
+            requests = [call.request for call in report.requests if call.request.principal == principal]
             for statement in statements:
                 if ":iam::aws:policy/" in statement.policy or not any(statement.applies_to(r) for r in requests):
                     continue
@@ -172,7 +174,7 @@ def test_with_snapstart_the_readmes_order_deploys_and_publishes_each_model_funct
     # through their aliases (the workflow's substitutions with SnapStart)
     assert report.ok, report.render()
     [published] = [step for step in report.steps if step.startswith("SnapStart versions published")]
-    invoked = {call.request.resource for call in report.calls if call.request.action == "lambda:InvokeFunction"}
+    invoked = {call.request.resource for call in report.requests if call.request.action == "lambda:InvokeFunction"}
     for function in ("DetectFunction", "ClassifyFunction", "TagFunction", "CaptionFunction"):
         assert function in published
         assert any(f"-{function}-" in arn and arn.endswith(":live") for arn in invoked), invoked

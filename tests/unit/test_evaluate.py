@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.contracts import Box
 from shared.detector_geometry import iou
 from shared.errors import RequestRejected
 from shared.serving.label_studio import LabelledBox, read_label_config
@@ -23,14 +24,19 @@ def box(
     return LabelledBox(
         label=label,
         score=score,
-        x0=x0,
-        y0=10,
-        x1=x0 + width,
-        y1=50,
+        box=Box(x0=x0, y0=10, x1=x0 + width, y1=50),
         class_label=class_label,
         class_score=None,
         attributes=dict(attributes),
     )
+
+
+def corners(box: Box) -> tuple[float, float, float, float]:
+    return (box.x0, box.y0, box.x1, box.y1)
+
+
+def shifted(box: Box, dx: float) -> Box:
+    return box.model_copy(update={"x0": box.x0 + dx, "x1": box.x1 + dx})
 
 
 def image(name: str, boxes: list[LabelledBox], caption: str | None = None) -> AnnotatedImage:
@@ -75,11 +81,11 @@ def test_boxes_moved_to_an_iou_of_062_pass_three_of_cocos_ten_thresholds() -> No
     moved = [
         TruthImage(
             key=i.source_uri,
-            boxes=[replace(b, x0=b.x0 + 40 * 0.38 / 1.62, x1=b.x1 + 40 * 0.38 / 1.62) for b in i.boxes],
+            boxes=[replace(b, box=shifted(b.box, 40 * 0.38 / 1.62)) for b in i.boxes],
         )
         for i in PREDICTED
     ]
-    assert iou(moved[0].boxes[0], PREDICTED[0].boxes[0]) == pytest.approx(0.62)
+    assert iou(moved[0].boxes[0].box, PREDICTED[0].boxes[0].box) == pytest.approx(0.62)
     result = evaluate_labels(moved, PREDICTED, threshold=0.35)
     # THEN every box matches at IoU 0.50, 0.55 and 0.60 and none at 0.65 to 0.95: AP 1 at three thresholds, 0 at seven
     assert result.overall.ap50 == pytest.approx(1.0) and result.overall.ap == pytest.approx(0.3)
@@ -152,9 +158,7 @@ def test_a_label_studio_export_of_the_reviewed_predictions_reads_back_as_the_box
         assert [(b.label, b.class_label, b.attributes) for b in read.boxes] == [
             (b.label, b.class_label, b.attributes) for b in original.boxes
         ]
-        assert [(b.x0, b.y0, b.x1, b.y1) for b in read.boxes] == pytest.approx(
-            [(b.x0, b.y0, b.x1, b.y1) for b in original.boxes]
-        )
+        assert [corners(b.box) for b in read.boxes] == pytest.approx([corners(b.box) for b in original.boxes])
         assert read.caption == "a dog"
     assert evaluate_labels(truth, PREDICTED, 0.35).overall.ap == pytest.approx(1.0)
 
@@ -193,7 +197,7 @@ def test_a_yolo_dataset_reads_as_fractions_scaled_to_the_matched_image(tmp_path:
     (tmp_path / "labels" / "id-a.txt").write_text("0 0.125 0.25 0.25 0.5\n")
     [truth] = read_truth(tmp_path / "data.yaml")
     # THEN against the 200 x 100 image, its box is 0..50 x 0..50 in pixels: the pipeline's same box scores 1
-    predicted = [replace(PREDICTED[0], boxes=[replace(box("dog", 0, width=50), y0=0, y1=50)])]
+    predicted = [replace(PREDICTED[0], boxes=[replace(box("dog", 0, width=50), box=Box(x0=0, y0=0, x1=50, y1=50))])]
     assert evaluate_labels([truth], predicted, 0.35).overall.ap50 == pytest.approx(1.0)
     (tmp_path / "labels" / "id-a.txt").write_text("7 0.1 0.1 0.1 0.1\n")
     with pytest.raises(RequestRejected, match=r"id-a\.txt:1: not a YOLO box of a known class"):
@@ -240,7 +244,7 @@ def test_a_rotated_rectangle_is_scored_as_the_upright_box_around_it(tmp_path: Pa
     # corner it covers x from -20 to 20, y from 20 to 60
     [turned] = read_json(tmp_path, [labelled_task([rectangle(rotation=90)])])
     [box] = turned.boxes
-    assert (box.x0, box.y0, box.x1, box.y1) == pytest.approx((-20, 20, 20, 60))
+    assert corners(box.box) == pytest.approx((-20, 20, 20, 60))
 
 
 def test_a_polygon_is_scored_as_the_box_around_it_and_other_regions_are_refused(tmp_path: Path) -> None:
@@ -252,7 +256,7 @@ def test_a_polygon_is_scored_as_the_box_around_it_and_other_regions_are_refused(
         "value": {"points": [[10, 10], [50, 20], [30, 60]], "polygonlabels": ["dog"]},
     }
     [image] = read_json(tmp_path, [labelled_task([polygon])])
-    assert [(b.x0, b.y0, b.x1, b.y1) for b in image.boxes] == [pytest.approx((20, 10, 100, 60))]
+    assert [corners(b.box) for b in image.boxes] == [pytest.approx((20, 10, 100, 60))]
     brush = {"id": "b", "type": "brushlabels", "value": {"rle": [1, 2], "brushlabels": ["dog"]}}
     with pytest.raises(RequestRejected, match=r"cannot score as boxes \(1 brushlabels\)"):
         read_json(tmp_path, [labelled_task([polygon, brush])])

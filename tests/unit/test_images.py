@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shared.errors import ImageRejected
+from shared.errors import ImageRejected, ObjectMissing
 from shared.settings import Settings
 from shared.storage.images import decode_image, load_image
 from shared.storage.objects import store_for
@@ -105,6 +105,7 @@ def test_files_over_the_byte_limit_are_refused_before_reading(tmp_path) -> None:
         load_image(str(big), store_for, settings.image_limits)
 
 
-def test_a_missing_file_is_rejected(tmp_path) -> None:
-    with pytest.raises(ImageRejected, match="does not exist"):
+def test_a_missing_file_is_rejected_as_missing(tmp_path) -> None:
+    with pytest.raises(ObjectMissing, match="does not exist") as raised:
         load_image(str(tmp_path / "nope.jpg"), store_for, Settings().image_limits)
+    assert isinstance(raised.value, ImageRejected)  # every path that rejects an image rejects it too

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from shared.contracts import Box
 from shared.errors import RequestRejected
 from shared.serving.label_studio import (
     LabelledBox,
@@ -27,7 +28,9 @@ PETS = """<View>
 
 
 def box(label: str, **attributes: str) -> LabelledBox:
-    return LabelledBox(label, 0.9, 10, 20, 30, 60, attributes.pop("class_label", None), None, attributes)
+    return LabelledBox(
+        label, 0.9, Box(x0=10, y0=20, x1=30, y1=60), attributes.pop("class_label", None), None, attributes
+    )
 
 
 def test_the_config_s_controls_name_the_request_and_the_results() -> None:

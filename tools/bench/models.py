@@ -41,8 +41,8 @@ FULL_SIZE_RANDOM: dict[str, Any] = {
 # step -> (its loader, the Settings section it takes)
 STEP_LOADERS = {
     "detect": ("shared.models.grounding_onnx:load_detector", "detection"),
-    "classify": ("shared.models.classification:load_classifier", "description"),
-    "tag": ("shared.models.tagging:load_tagger", "description"),
+    "classify": ("shared.models.classification:load_classifier", "describe"),
+    "tag": ("shared.models.tagging:load_tagger", "describe"),
     "caption": ("shared.models.captioning:load_captioner", "caption"),
 }
 

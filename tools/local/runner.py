@@ -4,8 +4,8 @@ moto's Step Functions interpreter (LocalStack's) executes ``state_machine/pipeli
 its Lambda invocations are dispatched here to the real handlers in ``functions/``, in this process. As in
 Lambda, each function serves one invocation at a time.
 
-One piece: the dispatcher, the interpreter's patched service calls and the local starter share one moto backend
-and its executions; apart, each would reach into the others.
+The interpreter's service calls are served here through tools/local/step_functions.py, which holds every patch of
+moto's interpreter.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -36,11 +36,10 @@ from shared.storage.objects import split_s3
 from tools.local.step_functions import (
     CHILD_CLOCKS,
     ChildClock,
-    FargateRefused,
     FunctionTimedOut,
     LambdaServiceError,
-    aws_task_errors,
-    express_children_limited,
+    container_environment,
+    services_in_process,
 )
 from tools.local.workflow import FUNCTION_PLACEHOLDERS, for_moto, step_timeouts, substitute, without_function_timeouts
 
@@ -198,126 +197,6 @@ class HandlerDispatcher:
         if time.monotonic() - started > self._timeouts.get(name, float("inf")):
             raise FunctionTimedOut(self._timeouts[name])
         return response, None
-
-
-# Runs one ECS task's container to its end from RunTask's parameters and the task's ARN; raises when it would
-# exit non-zero.
-ContainerRunner = Callable[[dict[str, Any], str], None]
-# Serves one Lambda invocation: (function name or ARN, qualifier, payload) -> (response, whether an error).
-Invoker = Callable[[str, str | None, dict[str, Any]], tuple[dict[str, Any], bool]]
-
-
-def container_environment(run_task_parameters: dict[str, Any]) -> dict[str, str]:
-    """The environment RunTask's container overrides set (moto leaves the parameters' key case as written)."""
-    overrides = run_task_parameters.get("overrides") or run_task_parameters.get("Overrides") or {}
-    containers = overrides.get("containerOverrides") or overrides.get("ContainerOverrides") or []
-    return {
-        (item.get("name") or item.get("Name")): (item.get("value") or item.get("Value"))
-        for container in containers
-        for item in (container.get("environment") or container.get("Environment") or [])
-    }
-
-
-def _task_failed(service: Any, env: Any, cause: str, error: str = "States.TaskFailed") -> Exception:
-    """States.TaskFailed with ``cause``, as a stopped task with a non-zero exit code gives in AWS (moto would
-    otherwise report States.Runtime, which States.ALL cannot catch); or ``error``, a task ECS did not start."""
-    from tools.aws.moto_internals import (
-        CustomErrorName,
-        EventDetails,
-        FailureEvent,
-        FailureEventException,
-        HistoryEventType,
-        StatesErrorName,
-        StatesErrorNameType,
-        TaskFailedEventDetails,
-    )
-
-    details = TaskFailedEventDetails(
-        error=error,
-        cause=cause,
-        resource=service._get_sfn_resource(),
-        resourceType=service._get_sfn_resource_type(),
-    )
-    event = FailureEvent(
-        env=env,
-        error_name=(
-            StatesErrorName(typ=StatesErrorNameType.StatesTaskFailed)
-            if error == "States.TaskFailed"
-            else CustomErrorName(error)
-        ),
-        event_type=HistoryEventType.TaskFailed,
-        event_details=EventDetails(taskFailedEventDetails=details),  # type: ignore[typeddict-item]
-    )
-    return FailureEventException(failure_event=event)
-
-
-@contextmanager
-def services_in_process(invoke: Invoker, run_container: ContainerRunner, express_limit: bool = True) -> Iterator[None]:
-    """Inside an active ``mock_aws``: the interpreter's Lambda invocations and ECS tasks (.sync) run here, a Lambda
-    service error fails a Task as on AWS, and (``express_limit``) Express children end at the Express limit."""
-    from tools.aws.moto_internals import (
-        LambdaSimpleBackend,
-        StateTaskServiceEcs,
-        lambda_eval_utils,
-        state_task_service_ecs,
-    )
-
-    def lambda_invoke(backend: Any, function: str, qualifier: Any, body: Any, headers: Any, response_headers: Any):
-        response, failed = invoke(function, qualifier, json.loads(body or "{}"))
-        if failed:
-            response_headers["x-amz-function-error"] = "Unhandled"
-        return json.dumps(response).encode()
-
-    # The interpreter's Lambda tasks, straight to ``invoke``: through a botocore client and moto's HTTP routing
-    # each invocation cost tens of milliseconds of the GIL, which a thousand-image run spends ten times over.
-    def interpreter_invoke(parameters: dict[str, Any], region: str, state_credentials: Any) -> dict[str, Any]:
-        function, qualifier = str(parameters["FunctionName"]), parameters.get("Qualifier")
-        if function.startswith("arn:") and function.count(":") == 7:  # an alias or version ARN
-            function, qualifier = function.rsplit(":", 1)
-        payload = parameters.get("Payload") or b"{}"
-        try:
-            response, failed = invoke(
-                function, qualifier, json.loads(payload) if isinstance(payload, str | bytes) else payload
-            )
-        except LambdaServiceError as refused:  # the Invoke call itself failed, as botocore raises it
-            raise refused.as_client_error() from refused
-        return {"StatusCode": 200, "Payload": response} | ({"FunctionError": "Unhandled"} if failed else {})
-
-    # moto calls this with keywords: the parameter names are its own.
-    def run_task(
-        service: Any, env: Any, resource_runtime_part: Any, normalised_parameters: dict, state_credentials: Any
-    ) -> None:
-        cluster = str(normalised_parameters.get("Cluster") or normalised_parameters.get("cluster"))
-        task_arn = f"{cluster.replace(':cluster/', ':task/')}/{uuid.uuid4().hex}"
-        try:
-            run_container(normalised_parameters, task_arn)
-        except FargateRefused as refused:  # no task started
-            raise _task_failed(service, env, str(refused), refused.error) from refused
-        except Exception as error:  # the container's exit code 1
-            cause = f"Essential container in task exited: {type(error).__name__}: {error}"
-            raise _task_failed(service, env, cause) from error
-        task = {"TaskArn": task_arn, "LastStatus": "STOPPED", "Containers": [{"ExitCode": 0}]}
-        env.stack.append({"Tasks": [task]})
-
-    def stopped_task(service: Any, env: Any, *args: Any, **kwargs: Any) -> Callable[[], dict]:
-        task = env.stack.pop()["Tasks"][0]
-        return lambda: task
-
-    with (
-        aws_task_errors(),
-        express_children_limited() if express_limit else nullcontext(),
-        mock.patch.object(LambdaSimpleBackend, "invoke", lambda_invoke),
-        mock.patch.object(lambda_eval_utils, "_invoke_lambda_function", interpreter_invoke),
-        mock.patch.object(StateTaskServiceEcs, "_eval_service_task", run_task),
-        mock.patch.object(StateTaskServiceEcs, "_build_sync_resolver", stopped_task),
-        # moto's interpreter drops RunTask's CapacityProviderStrategy, which Step Functions passes on to ECS (the
-        # AWS CDK's EcsRunTask sets it since aws-cdk#35465): the bulk lane's Spot-then-on-demand depends on it.
-        mock.patch.dict(
-            state_task_service_ecs._SUPPORTED_API_PARAM_BINDINGS,
-            {"runtask": state_task_service_ecs._SUPPORTED_API_PARAM_BINDINGS["runtask"] | {"CapacityProviderStrategy"}},
-        ),
-    ):
-        yield
 
 
 def create_idempotency_table(name: str, region: str = REGION) -> None:

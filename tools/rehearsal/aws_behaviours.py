@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from tools.aws.sam_template import by_default
-from tools.rehearsal.calls import CallLog, acting_as, current_principal
+from tools.rehearsal.aws_requests import RequestLog, acting_as, current_principal
 from tools.rehearsal.iam import Request, evaluate
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def missing_keys_answer_403(stack: DeployedStack, log: CallLog) -> Iterator[None]:
+def missing_keys_answer_403(stack: DeployedStack, log: RequestLog) -> Iterator[None]:
     """Inside: a deployed principal's GetObject or HeadObject of a missing key fails with 403 AccessDenied unless its
     role allows s3:ListBucket on the bucket (which is then recorded as a request it made use of)."""
     import boto3
@@ -70,7 +70,7 @@ def missing_keys_answer_403(stack: DeployedStack, log: CallLog) -> Iterator[None
         parsed.setdefault("ResponseMetadata", {})["HTTPStatusCode"] = 403
 
     session = boto3.DEFAULT_SESSION
-    assert session is not None, "start record_calls first: its session is the one every client is made from"
+    assert session is not None, "start record_requests first: its session is the one every client is made from"
     hooks = [
         (f"{event}.s3.{operation}", handler, f"rehearsal-403-{event}-{operation}")
         for operation in ("GetObject", "HeadObject")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from tools.rehearsal.calls import Call
+from tools.rehearsal.aws_requests import SeenRequest
 from tools.rehearsal.iam import Statement
 from tools.rehearsal.stack import Deployment
 
@@ -26,7 +26,7 @@ class Report:
     unused_statements: list[str] = field(default_factory=list)
     completed: list[str] = field(default_factory=list)
     not_rehearsed: list[str] = field(default_factory=list)
-    calls: list[Call] = field(default_factory=list)
+    requests: list[SeenRequest] = field(default_factory=list)
     policies: dict[str, list[Statement]] = field(default_factory=dict)  # principal -> its statements
 
     @property
@@ -45,7 +45,7 @@ class Report:
         parameters = ", ".join(f"{k}={v}" for k, v in self.deployment.parameters.items()) or "none"
         lines = [f"## {self.deployment.stack_name} in {self.deployment.region} (parameters: {parameters})", ""]
         lines += [f"- {step}" for step in self.steps]
-        lines += ["", f"IAM: {len(self.calls)} requests checked against their principal's deployed policies."]
+        lines += ["", f"IAM: {len(self.requests)} requests checked against their principal's deployed policies."]
         lines += ["", "Created through service APIs (moto's CloudFormation does not):"]
         lines += [f"  - {item}" for item in self.completed]
         lines += ["", "Resources not rehearsed:"] + [f"  - {item}" for item in self.not_rehearsed or ["none"]]

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.settings import get_settings, settings_from_environment, use_settings
-from tools.local.runner import container_environment, services_in_process
-from tools.local.step_functions import LambdaServiceError
-from tools.rehearsal.calls import CallLog, acting_as, current_principal
+from tools.local.step_functions import LambdaServiceError, container_environment, services_in_process
+from tools.rehearsal.aws_requests import RequestLog, acting_as, current_principal
 from tools.rehearsal.iam import Request
 from tools.rehearsal.stack import DeployedFunction, DeployedStack
 
@@ -64,7 +63,7 @@ def settings_of(variables: dict[str, str]) -> Iterator[None]:
 
 
 class InProcessServices:
-    def __init__(self, stack: DeployedStack, log: CallLog) -> None:
+    def __init__(self, stack: DeployedStack, log: RequestLog) -> None:
         self.stack = stack
         self.log = log
         self.problems: list[str] = []

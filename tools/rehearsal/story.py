@@ -33,7 +33,7 @@ from tools.rehearsal.aws_behaviours import (
     publish_versions,
     versions_replaced,
 )
-from tools.rehearsal.calls import CallLog, record_calls
+from tools.rehearsal.aws_requests import RequestLog, record_requests
 from tools.rehearsal.iam import evaluate
 from tools.rehearsal.operable import check_operable
 from tools.rehearsal.report import Report
@@ -96,7 +96,7 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
     with (
         mock_aws(config=MOTO_CONFIG),
         mock.patch.dict(os.environ, region),
-        record_calls(deployment.region, ACCOUNT) as log,
+        record_requests(deployment.region, ACCOUNT) as log,
     ):
         storage.refresh_clients()  # clients made before the call log would go unrecorded
         ingest.refresh_clients()
@@ -112,7 +112,7 @@ def rehearse(deployment: Deployment, with_variants: bool, settings: Settings | N
         if _published(stack, report, settings):
             check_operable(stack, report)
             _story(stack, report, with_variants, settings, log)
-        report.calls = list(log.calls)
+        report.requests = list(log.requests)
         report.failures += log.problems
         _check_iam(stack, report)
     storage.refresh_clients()
@@ -141,7 +141,7 @@ def _published(stack: DeployedStack, report: Report, settings: Settings, only: l
 def _check_iam(stack: DeployedStack, report: Report) -> None:
     report.policies = {principal: policies(stack, arn) for principal, arn in stack.principals.items()}
     used: set[str] = set()
-    for call in report.calls:
+    for call in report.requests:
         principal_statements = report.policies.get(call.request.principal)
         if principal_statements is None:
             report.failures.append(f"{call.request.principal} has no role in the stack: {call.request}")
@@ -157,7 +157,7 @@ def _check_iam(stack: DeployedStack, report: Report) -> None:
     report.unused_statements = sorted(s for s in declared - used if ":iam::aws:policy/" not in s)
 
 
-def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: Settings, log: CallLog) -> None:
+def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: Settings, log: RequestLog) -> None:
     from tools.rehearsal.services import InProcessServices
 
     _push_models(stack, report, with_variants, settings)

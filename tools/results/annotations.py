@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from shared.contracts import Box
 from shared.serving.label_studio import LabelledBox
 
 # SQL in, rows out: tools.results.query.run_local_query or tools.results.athena.run_athena_query, bound to their
@@ -81,7 +82,7 @@ def read_annotated_images(query: Query, where: str | None = None, engine: Engine
         box = LabelledBox(
             label=row["label"],
             score=float(row["score"]),
-            **{corner: float(row[corner]) for corner in ("x0", "y0", "x1", "y1")},
+            box=Box(**{corner: float(row[corner]) for corner in ("x0", "y0", "x1", "y1")}),
             class_label=row["class_label"],
             class_score=None if row["class_score"] is None else float(row["class_score"]),
             attributes=values.get(key, {}),

@@ -181,7 +181,7 @@ class _ImagePairs:
         )
         for box in ranked:
             candidates = [
-                (iou(truth, box), index)
+                (iou(truth.box, box.box), index)
                 for index, truth in enumerate(self.truth)
                 if index not in taken and truth.label == box.label
             ]
@@ -260,13 +260,13 @@ def _coco_scores(
     detections = []
     for number, (image, found) in enumerate(matched, start=1):
         for box in image.boxes:
-            width, height = box.x1 - box.x0, box.y1 - box.y0
+            width, height = box.box.x1 - box.box.x0, box.box.y1 - box.box.y0
             truth["annotations"].append(
                 {
                     "id": len(truth["annotations"]) + 1,
                     "image_id": number,
                     "category_id": category[box.label],
-                    "bbox": [box.x0, box.y0, width, height],
+                    "bbox": [box.box.x0, box.box.y0, width, height],
                     "area": width * height,
                     "iscrowd": 0,
                 }
@@ -276,7 +276,7 @@ def _coco_scores(
                 {
                     "image_id": number,
                     "category_id": category[box.label],
-                    "bbox": [box.x0, box.y0, box.x1 - box.x0, box.y1 - box.y0],
+                    "bbox": [box.box.x0, box.box.y0, box.box.x1 - box.box.x0, box.box.y1 - box.box.y0],
                     "score": box.score,
                 }
             )

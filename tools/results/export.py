@@ -206,13 +206,13 @@ def _write_coco(kept: list[tuple[AnnotatedImage, str]], out_dir: Path) -> None:
             {"id": image_number, "file_name": file_name, "width": image.width, "height": image.height}
         )
         for box in image.boxes:
-            width, height = box.x1 - box.x0, box.y1 - box.y0
+            width, height = box.box.x1 - box.box.x0, box.box.y1 - box.box.y0
             coco["annotations"].append(
                 {
                     "id": len(coco["annotations"]) + 1,
                     "image_id": image_number,
                     "category_id": names.index(box.label) + 1,
-                    "bbox": [box.x0, box.y0, width, height],
+                    "bbox": [box.box.x0, box.box.y0, width, height],
                     "area": width * height,
                     "iscrowd": 0,
                     "score": box.score,
@@ -237,8 +237,9 @@ def _write_yolo(kept: list[tuple[AnnotatedImage, str]], out_dir: Path) -> None:
     (out_dir / "data.yaml").write_text("\n".join(data) + "\n", encoding="utf-8")
 
 
-def _yolo_box(box: LabelledBox, width: int, height: int) -> str:
+def _yolo_box(labelled: LabelledBox, width: int, height: int) -> str:
     """Centre x, centre y, width, height, each a fraction of the image's side."""
+    box = labelled.box
     values = (
         (box.x0 + box.x1) / 2 / width,
         (box.y0 + box.y1) / 2 / height,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from shared.contracts import Box
 from shared.errors import AnnotateError, RequestRejected
 from shared.serving.label_studio import CLASS_CONTROL, LabelledBox, original_name
 from tools.results.annotations import AnnotatedImage
@@ -45,8 +46,16 @@ class TruthImage:
         if not self.relative:
             return self
         boxes = [
-            replace(box, x0=box.x0 * width, x1=box.x1 * width, y0=box.y0 * height, y1=box.y1 * height)
-            for box in self.boxes
+            replace(
+                labelled,
+                box=Box(
+                    x0=labelled.box.x0 * width,
+                    y0=labelled.box.y0 * height,
+                    x1=labelled.box.x1 * width,
+                    y1=labelled.box.y1 * height,
+                ),
+            )
+            for labelled in self.boxes
         ]
         return replace(self, boxes=boxes, relative=False)
 
@@ -102,20 +111,18 @@ def read_text_file(path: Path, max_bytes: int, kind: str) -> str:
         raise RequestRejected(f"{path}: not a {kind} file ({unreadable})") from None
 
 
-def checked_box(box: LabelledBox, where: str) -> LabelledBox:
-    """``box`` if its corners are finite numbers and it has an area.
+def checked_box(x0: float, y0: float, x1: float, y1: float, where: str) -> Box:
+    """The box of these corners if they are finite numbers and it has an area.
 
     Raises:
         RequestRejected: it has not.
     """
-    corners = (box.x0, box.y0, box.x1, box.y1)
-    if not all(math.isfinite(value) for value in corners) or box.x1 <= box.x0 or box.y1 <= box.y0:
-        width, height = box.x1 - box.x0, box.y1 - box.y0
+    if not all(math.isfinite(value) for value in (x0, y0, x1, y1)) or x1 <= x0 or y1 <= y0:
         raise RequestRejected(
-            f"{where}: a box of width {width:g} and height {height:g} at ({box.x0:g}, {box.y0:g}): "
+            f"{where}: a box of width {x1 - x0:g} and height {y1 - y0:g} at ({x0:g}, {y0:g}): "
             "a box needs finite corners and a size"
         )
-    return box
+    return Box(x0=x0, y0=y0, x1=x1, y1=y1)
 
 
 def _yaml_without_aliases(text: str, where: str) -> Any:
@@ -158,8 +165,8 @@ def _yolo_truth(folder: Path) -> list[TruthImage]:
                 label = str(names[int(category)])
             except (ValueError, KeyError) as error:
                 raise RequestRejected(f"{labels}:{number}: not a YOLO box of a known class ({error})") from None
-            box = LabelledBox(label, 1.0, x - w / 2, y - h / 2, x + w / 2, y + h / 2, None, None)
-            boxes.append(checked_box(box, f"{labels}:{number}"))
+            corners = checked_box(x - w / 2, y - h / 2, x + w / 2, y + h / 2, f"{labels}:{number}")
+            boxes.append(LabelledBox(label, 1.0, corners, None, None))
         images.append(TruthImage(key=_yolo_image_name(folder, labels), boxes=boxes, relative=True))
     if not images:
         raise RequestRejected(f"{folder}: no label files under {folder / 'labels'}")
@@ -193,15 +200,12 @@ def _coco_truth(document: dict[str, Any]) -> list[TruthImage]:
         box = LabelledBox(
             label=names[annotation["category_id"]],
             score=float(annotation.get("score", 1.0)),
-            x0=x,
-            y0=y,
-            x1=x + width,
-            y1=y + height,
+            box=checked_box(x, y, x + width, y + height, f"annotation {number}"),
             class_label=None if class_label is None else str(class_label),
             class_score=None,
             attributes={str(name): str(value) for name, value in attributes.items() if value},
         )
-        boxes[annotation["image_id"]].append(checked_box(box, f"annotation {number}"))
+        boxes[annotation["image_id"]].append(box)
     return [
         TruthImage(key=str(image["file_name"]), boxes=boxes[image["id"]], caption=captions.get(image["id"]))
         for image in document["images"]
@@ -242,8 +246,8 @@ def _label_studio_boxes(result: list[dict[str, Any]], where: str) -> tuple[list[
             raise RequestRejected(f"{where}: region {region_id} has no label")
         choices = dict(region.get("choices", {}))
         x0, y0, x1, y1 = region["box"]
-        box = LabelledBox(region["label"], 1.0, x0, y0, x1, y1, choices.pop(CLASS_CONTROL, None), None, choices)
-        boxes.append(checked_box(box, f"{where}, region {region_id}"))
+        corners = checked_box(x0, y0, x1, y1, f"{where}, region {region_id}")
+        boxes.append(LabelledBox(region["label"], 1.0, corners, choices.pop(CLASS_CONTROL, None), None, choices))
     captions = [
         " ".join(map(str, (item.get("value") or {}).get("text", [])))
         for item in result

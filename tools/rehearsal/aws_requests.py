@@ -1,6 +1,6 @@
 """Every AWS request a deployed principal makes during the rehearsal, as IAM would see it.
 
-A botocore hook on the default session sees each call of every client made after :func:`record_calls` starts;
+A botocore hook on the default session sees each call of every client made after :func:`record_requests` starts;
 the principal is whoever the rehearsal is acting as in that thread (:func:`acting_as`): a function while its
 handler runs, the ingest function while Lambda polls its queue for it, the state machine's role while it
 invokes a function or runs a task. Calls made as nobody are the user's own (uploads, sends) and not checked.
@@ -91,20 +91,20 @@ OPERATIONS: dict[tuple[str, str], Mapper] = {
 
 
 @dataclass(frozen=True)
-class Call:
+class SeenRequest:
     request: Request
     region: str  # the region of the client that made it
 
 
 @dataclass
-class CallLog:
+class RequestLog:
     region: str
     account: str
-    calls: list[Call] = field(default_factory=list)
+    requests: list[SeenRequest] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # unmapped operations, clients for the wrong region
 
     def add(self, request: Request, region: str) -> None:
-        self.calls.append(Call(request, region))
+        self.requests.append(SeenRequest(request, region))
         if region != self.region:
             self.problems.append(f"{request.principal}: {request.action} from a client for {region}, not {self.region}")
 
@@ -116,7 +116,7 @@ class CallLog:
         region = str(context.get("client_region"))
         mapper = OPERATIONS.get((service, model.name))
         if mapper is None:
-            self.problems.append(f"{principal}: {service}:{model.name} is not mapped to IAM in calls.py")
+            self.problems.append(f"{principal}: {service}:{model.name} is not mapped to IAM in aws_requests.py")
             return
         action, resource, keys = mapper
         # boto3 speaks HTTPS unless told otherwise, and nothing here tells it otherwise.
@@ -125,11 +125,11 @@ class CallLog:
 
 
 @contextmanager
-def record_calls(region: str, account: str) -> Iterator[CallLog]:
+def record_requests(region: str, account: str) -> Iterator[RequestLog]:
     """Inside: every call of a boto3 client made here (``boto3.client(...)``) is recorded for its principal."""
     import boto3
 
-    log = CallLog(region, account)
+    log = RequestLog(region, account)
     boto3.setup_default_session()  # clients made before this one do not carry the hook: none may be reused
     session = boto3.DEFAULT_SESSION
     assert session is not None

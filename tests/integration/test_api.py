@@ -1,5 +1,9 @@
 """The synchronous API on real tiny models: OpenAI's own client for chat, models and images; httpx for annotations;
-hostile inputs each answered with its status and OpenAI's error shape; the key, the queue and unavailable models."""
+hostile inputs each answered with its status and OpenAI's error shape; the key, the queue and unavailable models.
+
+One piece: every test here calls the one server its module starts, with the models loaded once; split, each file would
+load them again (tests run a file per worker).
+"""
 
 from __future__ import annotations
 

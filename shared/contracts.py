@@ -129,6 +129,11 @@ class AnnotationRequest(Frozen):
         "text", description="json: the LLM is constrained to {'caption': str, 'tags': [str]}"
     )
     variants: VariantsRequest | None = Field(None, description="Generate variants of each image (on Fargate)")
+    embeddings: Literal["image", "none"] = Field(
+        "image",
+        description="image: keep the whole image's CLIP embedding (the Tag model's), a row of the embeddings table that"
+        " annotate search and annotate duplicates read; none: not computed",
+    )
     job_id: str | None = Field(
         None, pattern=r"^[A-Za-z0-9._:/-]{1,128}$", description="The sender's name for this work; every row keeps it"
     )
@@ -413,10 +418,10 @@ class DetectOutput(Frozen):
 
 
 class DescribeInput(Frozen):
-    """Classify's and Tag's input: the image task and its boxes."""
+    """Classify's and Tag's input: the image task and its boxes (none where Tag only embeds the image)."""
 
     task: ImageTask
-    detections: list[Detection] = Field(min_length=1)
+    detections: list[Detection]
 
 
 class BoxClasses(Frozen):
@@ -435,8 +440,22 @@ class BoxAttributes(Frozen):
     skipped: str | None = None
 
 
+class ImageEmbedding(Frozen):
+    """The whole image's CLIP image embedding: unit length, float32 values, and the model that made it (a vector is
+    only comparable with vectors of the same model).
+
+    It travels in the image's state from Tag to WriteResult, within Step Functions' "Maximum input or output size for
+    a task, state, or execution: 256 KiB" (Step Functions quotas): a CLIP's 512 to 1,024 values take 11 to 22 KiB of
+    it (tests/unit/test_contracts.py). A box's crop embeddings, twenty boxes of them, would not fit beside the rest.
+    """
+
+    model: str
+    vector: list[float]
+
+
 class TagOutput(Frozen):
     tags: list[BoxAttributes] = Field(description="One entry per detection, in order")
+    embedding: ImageEmbedding | None = Field(None, description="Set when the request asks for embeddings")
     ms: float = Field(ge=0, description="Time this step took for the image, fetch and decode included")
     made_by: MadeBy = Field(default_factory=MadeBy)
 
@@ -450,7 +469,7 @@ class BranchFailure(Frozen):
 class DescribeOutput(Frozen):
     """The Describe Parallel state's output, each branch's result selected by name (its ResultSelector)."""
 
-    classify: ClassifyOutput | BranchFailure
+    classify: ClassifyOutput | BranchFailure | None = Field(None, description="None: no box to classify")
     tag: TagOutput | BranchFailure
 
 
@@ -540,6 +559,7 @@ class ImageResult(Frozen):
     )
     caption: CaptionOutput | None = None
     variants: VariantsOutput | None = None
+    embedding: ImageEmbedding | None = None
     annotated_uri: str | None = None
     result_uri: str | None = None
     processed_at: datetime

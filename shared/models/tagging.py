@@ -41,6 +41,10 @@ class Tagger(Protocol):
 
     def choose(self, image: Image.Image, choices: Mapping[str, list[str]]) -> dict[str, list[float]]: ...
 
+    def embed_images(self, images: list[Image.Image]) -> np.ndarray: ...
+
+    def embed_texts(self, texts: list[str]) -> np.ndarray: ...
+
 
 TAGGER_MANIFEST = "clip-export.json"
 IMAGE_GRAPH, TEXT_GRAPH, TOKENIZER_FILE = "clip-image.onnx", "clip-text.onnx", "tokenizer.json"
@@ -127,6 +131,16 @@ class ClipTagger:
             ]
             for name, texts in choices.items()
         }
+
+    def embed_images(self, images: list[Image.Image]) -> np.ndarray:
+        """Each image's embedding (the image tower on the whole image, as open_clip preprocesses it), unit length,
+        float32: what the embeddings table keeps and annotate search compares."""
+        return _unit(self.encode_image(images)).astype(np.float32)
+
+    def embed_texts(self, texts: list[str]) -> np.ndarray:
+        """Each text's embedding (the text tower on the text as written, no prompt template), unit length, float32:
+        a search's query, in the images' space."""
+        return _unit(self.encode_text(texts)).astype(np.float32)
 
     def _text_embeddings(self, texts: list[str]) -> np.ndarray:
         key = tuple(texts)

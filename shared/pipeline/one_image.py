@@ -64,9 +64,13 @@ def annotate_image(
         state = state.model_copy(update={"failures": {FailedStep.DETECT: detection}})
     else:
         state = state.model_copy(update={"detection": detection})
-        if detection.detections:
+        if steps.describe_wanted(task.request, detection.detections):
             described = DescribeInput(task=task, detections=detection.detections)
-            classify = _run(lambda: steps.classify(described, dependencies_of(Step.CLASSIFY)))
+            classify = (
+                _run(lambda: steps.classify(described, dependencies_of(Step.CLASSIFY)))
+                if detection.detections
+                else None  # as the workflow's NothingToClassify
+            )
             tag = _run(lambda: steps.tag(described, dependencies_of(Step.TAG)))
             description = DescribeOutput(
                 classify=BranchFailure(failure=classify) if isinstance(classify, StepFailure) else classify,

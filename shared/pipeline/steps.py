@@ -7,6 +7,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -15,6 +16,7 @@ from pydantic import TypeAdapter
 
 from shared.contracts import (
     MAX_LISTED_GROUPS,
+    AnnotationRequest,
     BatchInput,
     BatchSummary,
     BoxAttributes,
@@ -29,6 +31,7 @@ from shared.contracts import (
     FailedStep,
     GroupSummary,
     HandBack,
+    ImageEmbedding,
     ImageGroup,
     ImageOutcome,
     ImageResult,
@@ -130,16 +133,29 @@ def classify(task: DescribeInput, deps: Dependencies) -> ClassifyOutput:
 
 
 def tag(task: DescribeInput, deps: Dependencies) -> TagOutput:
-    """Tag every box of the image with the request's attribute vocabularies, in one batch."""
+    """Tag every box of the image with the request's attribute vocabularies, in one batch; and, where the request
+    asks, embed the whole image (its own forward: the boxes' tags stay what they were without it)."""
     started = time.perf_counter()
     model = _required(deps.tagger, "tagger")
+    deps = deps if deps.decoded is not None else replace(deps, decoded={})  # the crops and the embedding: one decode
     vocabularies = task.task.request.attributes
     results = _per_box(task, deps, lambda crops, labels: model.tag(crops, labels, vocabularies))
+    embedding = None
+    if task.task.request.embeddings == "image":
+        [vector] = model.embed_images([_image(task.task.image.source_uri, deps).pixels])
+        embedding = ImageEmbedding(model=model.name, vector=vector.tolist())
     return TagOutput(
         tags=[BoxAttributes(skipped=r) if isinstance(r, str) else BoxAttributes(attributes=r) for r in results],
+        embedding=embedding,
         ms=_elapsed_ms(started),
         made_by=deps.made_by,
     )
+
+
+def describe_wanted(request: AnnotationRequest, detections: list[Detection]) -> bool:
+    """Whether the Describe state runs for an image (the workflow's DescribeWanted): boxes to classify and tag, or
+    an embedding to make."""
+    return bool(detections) or request.embeddings != "none"
 
 
 def merged_detections(
@@ -151,7 +167,7 @@ def merged_detections(
     failures = {}
     if isinstance(description.classify, BranchFailure):
         failures[FailedStep.CLASSIFY] = description.classify.failure
-    else:
+    elif description.classify is not None:
         detections = [
             d.model_copy(
                 update={
@@ -240,6 +256,9 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
         made_by=_made_by(state),
         caption=state.caption,
         variants=variants,
+        embedding=state.description.tag.embedding
+        if state.description and isinstance(state.description.tag, TagOutput)
+        else None,
         annotated_uri=annotated_uri,
         result_uri=json_uri,
         processed_at=datetime.now(UTC),
@@ -260,8 +279,8 @@ def _made_by(state: ImageState) -> dict[str, MadeBy]:
     }
 
 
-def _branch_ms(output: ClassifyOutput | TagOutput | BranchFailure) -> float | None:
-    return None if isinstance(output, BranchFailure) else output.ms
+def _branch_ms(output: ClassifyOutput | TagOutput | BranchFailure | None) -> float | None:
+    return None if output is None or isinstance(output, BranchFailure) else output.ms
 
 
 def _variants_document(state: ImageState, deps: Dependencies) -> tuple[VariantsOutput | None, StepFailure | None]:

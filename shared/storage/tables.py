@@ -1,4 +1,5 @@
-"""The Parquet tables: ``images`` (one row per input image) and ``detections`` (one row per box).
+"""The Parquet tables: ``images`` (one row per input image), ``detections`` (one row per box) and ``embeddings``
+(one row per image embedded: its CLIP vector, which ``annotate search`` and ``annotate duplicates`` compare).
 
 Both are partitioned by ``dt=YYYY-MM-DD`` (the day ingest planned the batch) and hold one file per group of images,
 named by the batch and group, so running a batch again replaces its rows instead of adding a second copy.
@@ -105,7 +106,17 @@ DETECTIONS_SCHEMA = pa.schema(
     ]
 )
 
-SCHEMAS = {"images": IMAGES_SCHEMA, "detections": DETECTIONS_SCHEMA}
+# A vector is comparable only with vectors of its model: every query filters on `model` (tools/results/search.py).
+EMBEDDINGS_SCHEMA = pa.schema(
+    [
+        *IMAGE_KEY_FIELDS,
+        ("model", pa.string()),
+        ("vector", pa.list_(pa.float32())),
+        ("processed_at", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+
+SCHEMAS = {"images": IMAGES_SCHEMA, "detections": DETECTIONS_SCHEMA, "embeddings": EMBEDDINGS_SCHEMA}
 
 # `annotate evaluate`'s rows: per label (and for every label together, ``label`` null), how the pipeline's boxes
 # compared with labels a person reviewed; written beside the other tables, one file per evaluation.
@@ -176,7 +187,7 @@ def _made_by_columns(result: ImageResult) -> dict[str, object]:
 def images_table(results: list[ImageResult]) -> pa.Table:
     rows = [
         {
-            **result.model_dump(exclude={"detections", "caption", "variants", "made_by"}),
+            **result.model_dump(exclude={"detections", "caption", "variants", "made_by", "embedding"}),
             **_made_by_columns(result),
             "detections": [_detection_row(d) for d in result.detections],
             **_caption_columns(result),
@@ -204,22 +215,48 @@ def detections_table(results: list[ImageResult]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=DETECTIONS_SCHEMA)
 
 
+def embeddings_table(results: list[ImageResult]) -> pa.Table:
+    rows = [
+        {
+            "image_id": result.image_id,
+            "source_uri": result.source_uri,
+            "batch_id": result.batch_id,
+            "model": result.embedding.model,
+            "vector": result.embedding.vector,
+            "processed_at": result.processed_at,
+        }
+        for result in results
+        if result.embedding is not None
+    ]
+    return pa.Table.from_pylist(rows, schema=EMBEDDINGS_SCHEMA)
+
+
+TABLE_ROWS = {"images": images_table, "detections": detections_table, "embeddings": embeddings_table}
+
+
 def table_file_uris(results_root: str, file_stem: str, day: datetime) -> dict[str, str]:
     """Where a group's (or a batch's unfinished groups') rows go in each table: one file per day and name."""
     partition = f"{PARTITION_COLUMN}={day:%Y-%m-%d}"
     return {name: layout.table_file(results_root, name, partition, file_stem) for name in SCHEMAS}
 
 
+def parquet_bytes(table: pa.Table) -> bytes:
+    """``table`` as a Parquet file, as every table's files are written: zstd, and dictionaries for every column but
+    the embeddings' vectors (unique float32 values, which a dictionary makes a fifth larger)."""
+    sink = pa.BufferOutputStream()
+    dictionary = [name for name in table.column_names if name != "vector"]
+    pq.write_table(table, sink, compression="zstd", use_dictionary=dictionary)
+    return bytes(sink.getvalue().to_pybytes())
+
+
 def write_table_files(
     results: list[ImageResult], results_root: str, file_stem: str, day: datetime, store_for: StoreFor
 ) -> dict[str, str]:
-    """Write ``results``' rows of both tables under ``file_stem``, replacing an earlier copy; returns their URIs.
+    """Write ``results``' rows of each table under ``file_stem``, replacing an earlier copy; returns their URIs.
 
     The day is the batch's planning day, so the same batch run again writes the same files.
     """
     uris = table_file_uris(results_root, file_stem, day)
-    for name, table in (("images", images_table(results)), ("detections", detections_table(results))):
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, compression="zstd")
-        store_for(uris[name]).write_bytes(uris[name], sink.getvalue().to_pybytes(), "application/vnd.apache.parquet")
+    for name, rows_of in TABLE_ROWS.items():
+        store_for(uris[name]).write_bytes(uris[name], parquet_bytes(rows_of(results)), "application/vnd.apache.parquet")
     return uris

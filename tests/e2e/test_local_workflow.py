@@ -145,13 +145,17 @@ def test_attribute_vocabularies_from_a_prompt_message_are_honoured(settings_in: 
     assert {a["value"] for d in row["detections"] for a in d["attributes"]} <= {"calm", "angry"}
 
 
-def test_an_image_without_boxes_skips_classify_and_tag(settings_in: Settings) -> None:
+def test_an_image_without_boxes_skips_classify_and_is_tagged_only_for_its_embedding(settings_in: Settings) -> None:
     invoked: list[str] = []
     message = PromptMessage(prompt="cat.", images=[str(SAMPLES / "coffee.webp")], box_threshold=1.0)
     [row] = run_message(message, settings_in, lambda name, payload, error: invoked.append(name))
-    assert row["status"] == "succeeded" and row["detections"] == []
-    assert invoked == ["detect", "caption", "write_result", "write_group_table", "summarize_batch"]
+    assert row["status"] == "succeeded" and row["detections"] == [] and row["classify_ms"] is None
+    assert invoked == ["detect", "tag", "caption", "write_result", "write_group_table", "summarize_batch"]
     assert row["caption"]
+    # with no embedding asked for, neither runs
+    invoked.clear()
+    run_message(message.model_copy(update={"embeddings": "none"}), settings_in, lambda n, p, e: invoked.append(n))
+    assert invoked == ["detect", "caption", "write_result", "write_group_table", "summarize_batch"]
 
 
 def test_captions_can_be_turned_off_per_request(settings_in: Settings) -> None:

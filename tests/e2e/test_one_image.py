@@ -59,9 +59,14 @@ def test_each_image_in_one_process_is_annotated_as_the_workflow_annotates_it(
         for done in by_workflow
     }
 
-    # THEN every image has the workflow's boxes, classes, attributes, caption and status (the empty file's failure)
+    # THEN every image has the workflow's boxes, classes, attributes, caption and status (the empty file's failure),
+    # and its embedding: the same model's vector, to float32's precision
     for done in by_workflow:
         assert _compared(by_one[done.source_uri]) == _compared(done), done.source_uri
+        one, workflow = by_one[done.source_uri].embedding, done.embedding
+        assert (one is None) == (workflow is None) == (done.status == "failed"), done.source_uri
+        if one is not None and workflow is not None:
+            assert one.model == workflow.model and one.vector == pytest.approx(workflow.vector, abs=1e-6)
     assert any(done.detections for done in by_workflow) and any(done.caption for done in by_workflow)
     [failed] = [one for one in by_one.values() if one.status == "failed"]
     assert failed.failed_step == "detect" and failed.error.startswith("detect: ImageRejected")

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
 from shared.contracts import AttributeScore, CaptionOutput, ClassScore, Detection, MadeBy, VariantsRequest
@@ -79,6 +80,16 @@ class FakeTagger:
     def choose(self, image: Image.Image, choices: Mapping[str, list[str]]) -> dict[str, list[float]]:
         _fail(self.failure)
         return {name: [1.0 if index == 0 else 0.0 for index in range(len(texts))] for name, texts in choices.items()}
+
+    def embed_images(self, images: list[Image.Image]) -> np.ndarray:
+        """An image's mean colour and a constant, unit length: the same image, the same vector."""
+        _fail(self.failure)
+        rows = np.array([[*np.asarray(image.convert("RGB")).mean(axis=(0, 1)), 1.0] for image in images])
+        return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+    def embed_texts(self, texts: list[str]) -> np.ndarray:
+        rows = np.array([[len(text), 1.0, 1.0, 1.0] for text in texts])
+        return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
 
 
 @dataclass

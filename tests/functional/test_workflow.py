@@ -186,14 +186,27 @@ def test_a_caption_failure_is_recorded_and_the_rest_is_kept(workflow, fakes: Fak
     assert all(d.class_label and d.attributes for d in document.detections)
 
 
-def test_an_image_without_boxes_skips_describe_and_still_gets_a_caption(workflow, fakes: FakeModels) -> None:
+def test_an_image_without_boxes_is_embedded_not_classified_and_still_gets_a_caption(
+    workflow, fakes: FakeModels
+) -> None:
     fakes.detector.boxes = []
 
     _, documents = run_batch(workflow, fakes)
 
     document = documents["s3://in/a.jpg"]
-    assert (document.status, document.detections) == ("succeeded", [])
+    assert (document.status, document.detections, document.classify_ms) == ("succeeded", [], None)
+    assert document.embedding is not None and document.embedding.model == "fake-tagger"
     assert document.caption is not None and document.caption.caption == "Found nothing."
+    assert fakes.store.reads["s3://in/a.jpg"] == 3  # Detect, Tag (its embedding) and WriteResult
+
+
+def test_an_image_without_boxes_skips_describe_where_no_embedding_is_asked_for(workflow, fakes: FakeModels) -> None:
+    fakes.detector.boxes = []
+
+    _, documents = run_batch(workflow, fakes, embeddings="none")
+
+    document = documents["s3://in/a.jpg"]
+    assert (document.status, document.detections, document.embedding) == ("succeeded", [], None)
     assert fakes.store.reads["s3://in/a.jpg"] == 2  # Detect and WriteResult
 
 

@@ -46,10 +46,10 @@ def test_an_image_s_bytes_are_its_file_s_and_its_drawn_picture_s_per_pixel_scale
 
 
 def test_a_steady_month_keeps_30_days_of_drops_31_of_pictures_and_a_year_of_documents() -> None:
-    per_image = BytesPerImage(source=2e6, picture=10e6, document=10_000, tables=20_000)
+    per_image = BytesPerImage(source=2e6, picture=10e6, embedding=3_000, document=10_000, tables=17_000)
     parts = storage_month(per_image, PRICES, STEADY)
     # 17,000 images a day: 30 days of 2 MB drops (InputRetentionDays), 30 days and the noncurrent day of 10 MB
-    # pictures (PictureRetentionDays, ExpirePictures' NoncurrentDays), 12 months of 30 kB documents and rows
+    # pictures (PictureRetentionDays, ExpirePictures' NoncurrentDays), 12 months of 30 kB documents, rows, embeddings
     assert parts["dropped images"] == pytest.approx(17_000 * 30 * 2e6 / 1e9 * 0.023)
     assert parts["pictures"] == pytest.approx(17_000 * 31 * 10e6 / 1e9 * 0.023)
     assert parts["documents and tables"] == pytest.approx(510_000 * 12 * 30_000 / 1e9 * 0.023)
@@ -60,8 +60,20 @@ def test_a_steady_month_keeps_30_days_of_drops_31_of_pictures_and_a_year_of_docu
     assert picture_share(0) == picture_share(8000) == 1.0
 
 
+def test_an_embedding_is_its_float32_values_in_parquet_and_a_search_scans_the_table() -> None:
+    from tools.bench.storage import embedding_bytes_per_image, search_line
+
+    # float32 values barely compress: 768 of them are about 3 kB, with the row's keys
+    per_image = embedding_bytes_per_image(768, images=200)
+    assert 0.85 * 768 * 4 < per_image < 1.15 * 768 * 4
+    assert embedding_bytes_per_image(512, images=200) < per_image
+    # a million images' embeddings at 3 kB: 3 GB scanned, at $5 a TB
+    line = search_line(BytesPerImage(source=0, picture=0, embedding=3_000), PRICES)
+    assert "scans 3.00 GB on Athena, $0.0150 a query" in line
+
+
 def test_the_bulk_lane_s_network_paths_match_the_hand_computation() -> None:
-    per_image = BytesPerImage(source=2e6, picture=10e6, document=10_000, tables=20_000)
+    per_image = BytesPerImage(source=2e6, picture=10e6, embedding=3_000, document=10_000, tables=17_000)
     public, nat, nat_and_endpoint, endpoints = network_paths(BENCH, BULK, PRICES, per_image, 1_000_000)
     # Public subnets: each task's address for its hours
     assert public.per_images == pytest.approx(bulk_task_hours(1_000_000, BENCH, BULK) * 0.005)

@@ -90,7 +90,7 @@ def test_queues_are_encrypted_and_have_dead_letter_queues() -> None:
             assert properties["RedrivePolicy"]["maxReceiveCount"] >= 1
 
 
-@pytest.mark.parametrize("table", ["images", "detections", "evaluations"])
+@pytest.mark.parametrize("table", ["images", "detections", "embeddings", "evaluations"])
 def test_glue_columns_equal_the_parquet_schema_the_code_writes(table: str) -> None:
     [glue] = [
         r

@@ -244,6 +244,7 @@ CONTRACTS: dict[str, tuple[type[BaseModel] | None, BaseModel | dict[str, Any]]] 
     "Classify": (DescribeInput, ClassifyOutput(classes=[BoxClasses()], ms=1.0)),
     "Tag": (DescribeInput, TagOutput(tags=[BoxAttributes()], ms=1.0)),
     "ClassifyFailed": (BranchFailure, BranchFailure(failure=FAILURE)),
+    "NothingToClassify": (None, {}),  # its Result (null) is checked on its own
     "TagFailed": (BranchFailure, BranchFailure(failure=FAILURE)),
     "Caption": (ImageState, CAPTION),
     # ECS RunTask (.sync): its job is checked in the test; its result is ECS's description of the stopped task
@@ -300,7 +301,8 @@ def test_every_task_and_pass_state_has_a_contract() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", [name for name in CONTRACTS if name not in BATCH_STATES | {"ClassifyFailed", "TagFailed"}]
+    "name",
+    [name for name in CONTRACTS if name not in BATCH_STATES | {"ClassifyFailed", "TagFailed", "NothingToClassify"}],
 )
 def test_each_image_state_takes_its_model_and_leaves_a_valid_image_state(name: str) -> None:
     state, (input_model, output) = STATES[name], CONTRACTS[name]
@@ -333,6 +335,22 @@ def test_the_describe_results_are_selected_by_name_into_the_image_state() -> Non
     results = [dumped(ClassifyOutput(classes=[BoxClasses()], ms=1.0)), dumped(BranchFailure(failure=FAILURE))]
     after = ImageState.model_validate(state_output(describe, full_state(), results))
     assert after.description is not None and after.description.tag == BranchFailure(failure=FAILURE)
+
+
+def test_an_image_without_boxes_is_described_for_its_embedding_without_classify() -> None:
+    # GIVEN an image Detect found no box in, for a request that asks for embeddings (the default)
+    no_boxes = write_path(full_state(), "$.detection.detections", [])
+    wanted = STATES["DescribeWanted"]["Choices"]
+    # THEN the image is described (the first rule needs a box, the second the request's embeddings) ...
+    assert wanted[0]["Variable"] == "$.detection.detections[0]" and no_boxes["detection"]["detections"] == []
+    assert no_boxes["task"]["request"]["embeddings"] == "image" and wanted[1]["Next"] == "Describe"
+    # ... and Classify's branch ends at once with no result, which the image state takes as nothing classified
+    branch = STATES["Describe"]["Branches"][0]
+    assert branch["StartAt"] == "ClassifyWanted" and STATES["ClassifyWanted"]["Default"] == "NothingToClassify"
+    nothing = STATES["NothingToClassify"]
+    results = [nothing["Result"], dumped(TagOutput(tags=[], ms=1.0))]
+    after = ImageState.model_validate(state_output(STATES["Describe"], no_boxes, results))
+    assert after.description is not None and after.description.classify is None
 
 
 def test_every_catch_of_an_image_step_records_its_failure_under_a_failed_step() -> None:

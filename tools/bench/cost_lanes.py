@@ -22,7 +22,7 @@ from tools.bench.cost_inputs import (
 # deployed with variants). A test keeps these names in the ASL.
 STATES_PER_IMAGE = (
     "Detect",
-    "HasDetections",
+    "DescribeWanted",
     "Describe",
     "Classify",
     "Tag",
@@ -46,13 +46,15 @@ SUMMARY_GB_SECONDS = 1.0 * 2.0  # SummarizeBatch per batch: about a second at 2 
 S3_GETS_PER_IMAGE, S3_PUTS_PER_IMAGE = 5, 2
 # In the bulk lane, per image: the image read once (its steps share the bytes) and a check for its result (a retried
 # job's skip; the table write reads nothing back); its JSON and picture written. Per group (BulkImagesPerGroup images
-# in the bulk lane, ImagesPerGroup in the Lambda lane's): its two table files and its summary.
-BULK_S3_GETS_PER_IMAGE, BULK_S3_PUTS_PER_IMAGE, S3_PUTS_PER_GROUP = 2, 2, 3
+# in the bulk lane, ImagesPerGroup in the Lambda lane's): its three table files (images, detections, embeddings) and
+# its summary.
+BULK_S3_GETS_PER_IMAGE, BULK_S3_PUTS_PER_IMAGE, S3_PUTS_PER_GROUP = 2, 2, 4
 SQS_REQUESTS_PER_IMAGE = 3  # send, receive, delete
 # A dropped image's claim is written three times: in progress, the execution it starts in, started
 # (shared/pipeline/claims.py)
 CLAIM_WRITES_PER_IMAGE = 3
-# Both tables' Parquet per image, an upper bound: a 3-image group's files (51 kB) hold mostly Parquet's own overhead.
+# The images' and detections' Parquet per image, an upper bound: a 3-image group's files (51 kB) hold mostly
+# Parquet's own overhead. The embeddings' are measured apart (tools/bench/storage.embedding_bytes_per_image).
 ATHENA_BYTES_PER_IMAGE = 17_000
 # Not measurable here: pulling the worker's image (about 1.3 GB) and attaching the task's network interface; an
 # estimate, billed (Fargate bills from the image pull on) and waited for by every task.

@@ -23,9 +23,13 @@ MONTHS_OF_DOCUMENTS = 12  # documents and tables are kept for good: priced as th
 # The photo priced: a phone's 12 MP (the pixel bound is 40 MP). A larger photo of a scene holds less detail per
 # pixel than the samples do, so their bytes per pixel make the figures upper bounds.
 PHOTO_MEGAPIXELS = 12.0
-# A result document: make demo's are 11 to 14 kB (2026-12-02; the tiny models find many boxes). Tables: both
-# tables' Parquet per image, cost_lanes.ATHENA_BYTES_PER_IMAGE.
-DOCUMENT_BYTES = 14_000
+# A result document: make demo's are 11 to 14 kB (2026-12-02; the tiny models find many boxes); its embedding, as
+# its indented JSON writes it (a value a line), 22 kB more at 768 values (measured, 2026-12-05). Tables: the images'
+# and detections' Parquet per image, cost_lanes.ATHENA_BYTES_PER_IMAGE, and the embeddings', measured
+# (embedding_bytes_per_image).
+DOCUMENT_BYTES = 14_000 + 22_000
+# The default tagger's vectors (Marqo-fashionSigLIP, ViT-B-16-SigLIP: 768 values; the fallback ViT-B/32's are 512).
+EMBEDDING_VALUES = 768
 # Read by each bulk task from S3 as it starts, estimates: its image (about 1.3 GB, as cost_lanes.TASK_START_S says) and
 # the models (Detect's export 0.93 GB as DetectMemorySize's description measures it, ConvNeXt, CLIP and the 0.24 GB
 # caption GGUF: about 2 GB).
@@ -67,12 +71,13 @@ class BytesPerImage:
 
     source: float
     picture: float
+    embedding: float  # its row of the embeddings table
     document: float = DOCUMENT_BYTES
     tables: float = ATHENA_BYTES_PER_IMAGE
 
     @property
     def results(self) -> float:
-        return self.picture + self.document + self.tables
+        return self.picture + self.document + self.tables + self.embedding
 
 
 def measured_bytes_per_image(
@@ -95,7 +100,38 @@ def measured_bytes_per_image(
         source.append(len(data) / (width * height))
         picture.append(len(draw_detections(pixels, [drawn], picture_format=picture_format)) / (width * height))
     per_photo = megapixels * 1e6
-    return BytesPerImage(source=per_photo * sum(source) / len(source), picture=per_photo * sum(picture) / len(picture))
+    return BytesPerImage(
+        source=per_photo * sum(source) / len(source),
+        picture=per_photo * sum(picture) / len(picture),
+        embedding=embedding_bytes_per_image(),
+    )
+
+
+def embedding_bytes_per_image(values: int = EMBEDDING_VALUES, images: int = 1000) -> float:
+    """The embeddings table's Parquet bytes per image, as WriteGroupTable writes it (zstd), for ``images`` unit
+    vectors of ``values`` float32 each: what an image adds to storage and to a search's bytes scanned."""
+    from datetime import UTC, datetime
+
+    import numpy as np
+
+    from shared.contracts import ImageEmbedding, ImageResult, Status
+    from shared.storage.tables import embeddings_table, parquet_bytes
+
+    vectors = np.random.default_rng(0).normal(size=(images, values))
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    results = [
+        ImageResult(
+            image_id=f"{index:016x}",
+            source_uri=f"s3://input/incoming/{index:08d}.jpg",
+            batch_id="b-" + "0" * 20,
+            status=Status.SUCCEEDED,
+            prompt="dog. cat.",
+            embedding=ImageEmbedding(model="Marqo/marqo-fashionSigLIP", vector=vector.tolist()),
+            processed_at=datetime.now(UTC),
+        )
+        for index, vector in enumerate(vectors)
+    ]
+    return len(parquet_bytes(embeddings_table(results))) / images
 
 
 def storage_month(
@@ -115,7 +151,7 @@ def storage_month(
         "pictures": per_day * days * per_image.picture * picture_share(picture_max_side),
         "documents and tables": scenario.images_per_month
         * MONTHS_OF_DOCUMENTS
-        * (per_image.document + per_image.tables),
+        * (per_image.document + per_image.tables + per_image.embedding),
     }
     return {part: stored / GB * prices.s3.standard_gb_month for part, stored in held.items()}
 
@@ -126,8 +162,8 @@ def storage_table(per_image: BytesPerImage, prices: Prices) -> str:
     lines = [
         f"Storage (every option writes the same results; a {PHOTO_MEGAPIXELS:g} MP photo: {per_image.source / 1e6:.1f} "
         f"MB dropped, a {per_image.picture / 1e6:.1f} MB annotated picture (a JPEG, PictureFormat's default), "
-        f"{per_image.document / 1e3:.0f} kB document, {per_image.tables / 1e3:.0f} kB of table rows; the samples' "
-        "bytes per pixel, an upper bound), at "
+        f"{per_image.document / 1e3:.0f} kB document, {per_image.tables / 1e3:.0f} kB of table rows and "
+        f"{per_image.embedding / 1e3:.1f} kB of embedding; the samples' bytes per pixel, an upper bound), at "
         f"${prices.s3.standard_gb_month} a GB-month:",
         "",
         f"| scenario | dropped images ({kept.inputs} days) | pictures ({kept.pictures} days and "
@@ -199,3 +235,16 @@ def network_table(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices, per_im
         fixed = f"${path.fixed_month:,.2f} ({ZONES} zones)" if path.fixed_month else "$0.00"
         lines.append(f"| {path.name} | ${path.per_images / images * 1000:.4f} | ${path.per_images:,.2f} | {fixed} |")
     return "\n".join(lines) + "\n"
+
+
+def search_line(per_image: BytesPerImage, prices: Prices) -> str:
+    """What finding images by meaning scans and costs on Athena: a query over a million images' embeddings (a
+    --where adds the columns it reads of the other tables)."""
+    images, athena = 1_000_000, prices.athena
+    scanned = images * per_image.embedding
+    price = max(scanned, athena.minimum_mb_per_query * 1e6) / 1e12 * athena.per_tb_scanned
+    return (
+        f"Search (the embeddings table, which annotate search and annotate duplicates read): each image's embedding "
+        f"({EMBEDDING_VALUES} float32 values, the default tagger's) is {per_image.embedding / 1e3:.2f} kB of Parquet; "
+        f"a query over a million images' embeddings scans {scanned / 1e9:.2f} GB on Athena, ${price:.4f} a query."
+    )

@@ -287,7 +287,7 @@ def cost(
     from tools.bench.cost_lanes import with_lambda_cold_start
     from tools.bench.cost_months import cost_table
     from tools.bench.photo import PHOTO_LINE, at_photo_size, sizes_table
-    from tools.bench.storage import measured_bytes_per_image, network_table, storage_table
+    from tools.bench.storage import measured_bytes_per_image, network_table, search_line, storage_table
 
     if not bench_file.exists():
         raise fail(f"{bench_file} does not exist: run annotate bench to measure one, or pass --bench FILE")
@@ -312,7 +312,7 @@ def cost(
         if api_bench.is_file():
             report += "\n" + api_line(api_costs(read_report(ApiSeconds, api_bench), prices)) + "\n"
         per_image = measured_bytes_per_image(sorted(SAMPLES.iterdir()))
-        report += "\n" + storage_table(per_image, prices)
+        report += "\n" + storage_table(per_image, prices) + "\n" + search_line(per_image, prices) + "\n"
         if bulk:
             report += "\n" + bulk_line(bench, bulk, prices) + "\n\n" + lanes_table(bench, bulk, prices)
             report += "\n" + network_table(bench, bulk, prices, per_image)

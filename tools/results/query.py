@@ -29,8 +29,8 @@ class OutputFormat(StrEnum):
 
 
 def connect_local(data_dir: Path) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with views ``images``, ``detections`` and ``evaluations`` over the Parquet files under
-    ``data_dir``.
+    """A DuckDB connection with views ``images``, ``detections``, ``embeddings`` and ``evaluations`` over the
+    Parquet files under ``data_dir``.
 
     A table with no files yet is an empty view of the right schema, so queries work before the first run.
     """
@@ -64,6 +64,7 @@ def connect_local(data_dir: Path) -> duckdb.DuckDBPyConnection:
 _SCALAR_TYPES = (
     (pa.types.is_string, "string", "varchar"),
     (pa.types.is_float64, "double", "double"),
+    (pa.types.is_float32, "float", "real"),
     (pa.types.is_int32, "int", "integer"),
     (pa.types.is_int64, "bigint", "bigint"),
     (pa.types.is_timestamp, "timestamp", "timestamp(3)"),

@@ -1,0 +1,77 @@
+"""annotate search and annotate duplicates on images annotated through the workflow, with the real tiny CLIP."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from shared.settings import Settings, use_settings
+from tests.conftest import SAMPLES
+from tools.cli import app
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def annotated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The samples and a resized, re-encoded copy of the cat (a JPEG at two thirds of its size, quality 70),
+    annotated by `annotate run` (embeddings on, as every request has them by default)."""
+    images = tmp_path_factory.mktemp("images")
+    for sample in SAMPLES.iterdir():
+        shutil.copy(sample, images / sample.name)
+    with Image.open(SAMPLES / "chelsea-the-cat.jpg") as cat:
+        cat.resize((cat.width * 2 // 3, cat.height * 2 // 3)).save(images / "cat-copy.jpg", quality=70)
+    data_dir = tmp_path_factory.mktemp("data")
+    arguments = ["run", str(images), "--prompt", "cat. cup.", "--profile", "tiny", "--no-caption"]
+    result = CliRunner().invoke(app, [*arguments, "--data-dir", str(data_dir)])
+    assert result.exit_code == 0, result.output
+    return data_dir
+
+
+def _json(*arguments: str) -> list:
+    result = CliRunner().invoke(app, [*arguments, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_an_image_searched_like_itself_ranks_first_at_one(annotated: Path) -> None:
+    cat = str(SAMPLES / "chelsea-the-cat.jpg")
+    hits = _json("search", "--like", cat, "--profile", "tiny", "--data-dir", str(annotated))
+    assert hits[0]["source_uri"].endswith("/chelsea-the-cat.jpg") and hits[0]["score"] == pytest.approx(1, abs=1e-5)
+    assert len(hits) == 4 and [hit["score"] for hit in hits] == sorted((hit["score"] for hit in hits), reverse=True)
+    assert all(hit["labels"] for hit in hits)  # each hit says what was found in it
+
+
+def test_a_text_s_vector_is_clip_s_text_tower_output_as_torch_computes_it(tiny_settings: Settings) -> None:
+    from tools.models.torch_models import load_torch_tagger
+    from tools.results.search import text_vector
+
+    query = text_vector("a cat on a sofa", use_settings(tiny_settings))
+    reference = load_torch_tagger(tiny_settings.describe).encode_text(["a cat on a sofa"])[0]
+    assert query.model == "tiny:clip" and query.vector.dtype == np.float32
+    assert query.vector == pytest.approx(reference / np.linalg.norm(reference), abs=1e-5)
+
+
+def test_a_resized_re_encoded_copy_is_its_duplicate_and_different_images_are_not(annotated: Path) -> None:
+    # the tiny random-weight CLIP puts different images near each other: 0.999 separates them (search.py says so)
+    groups = _json("duplicates", "--threshold", "0.999", "--data-dir", str(annotated))
+    names = [sorted(Path(source).name for source in group) for group in groups]
+    assert names == [["cat-copy.jpg", "chelsea-rotated-exif.jpg", "chelsea-the-cat.jpg"]]
+
+
+def test_bad_searches_get_one_line_and_exit_2(annotated: Path) -> None:
+    runner, data = CliRunner(), ["--profile", "tiny", "--data-dir", str(annotated)]
+    for arguments, said in (
+        (["search", "  ", *data], "the search text is empty"),
+        (["search", "a cat", "--where", "labl = 1", *data], "--where 'labl = 1': Binder Error"),
+        (["search", "--like", str(annotated / "missing.jpg"), *data], "missing.jpg does not exist"),
+        (["search", "--like", str(SAMPLES / "coffee.webp"), "a cup", *data], "a text, or --like an image"),
+    ):
+        result = runner.invoke(app, arguments)
+        assert result.exit_code == 2 and said in result.output, (arguments, result.output)

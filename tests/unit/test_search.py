@@ -1,0 +1,129 @@
+"""annotate search's ranking and annotate duplicates' groups (tools/results/search.py) on vectors written as the
+pipeline writes them, against numpy's exact cosine ranking."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shared.contracts import Box, Detection, ImageEmbedding, ImageResult, Status
+from shared.errors import RequestRejected
+from shared.storage.objects import store_for
+from shared.storage.tables import write_table_files
+from tools.results.query import connect_local
+from tools.results.search import QueryVector, duplicate_groups, search, search_sql
+
+DAY = datetime(2026, 12, 5, tzinfo=UTC)
+MODEL = "tiny:clip"
+
+
+def unit(rows: np.ndarray) -> np.ndarray:
+    return (rows / np.linalg.norm(rows, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def result(index: int, vector: np.ndarray | None, label: str = "cat", model: str = MODEL, at: datetime = DAY):
+    embedding = None if vector is None else ImageEmbedding(model=model, vector=vector.tolist())
+    box = Detection(label=label, score=0.5 + index % 5 / 10, box=Box(x0=0, y0=0, x1=10, y1=10))
+    return ImageResult(
+        image_id=f"{index:016d}",
+        source_uri=f"s3://in/{index:04d}.jpg",
+        batch_id="b-1",
+        status=Status.SUCCEEDED,
+        prompt="cat. dog.",
+        detections=[box],
+        embedding=embedding,
+        processed_at=at,
+    )
+
+
+def written(tmp_path: Path, results: list[ImageResult], stem: str = "b-1-g-000000") -> Path:
+    write_table_files(results, str(tmp_path), stem, DAY, store_for)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def vectors() -> np.ndarray:
+    return unit(np.random.default_rng(7).normal(size=(300, 32)))
+
+
+def test_the_ranking_sql_gives_numpy_s_exact_cosine_top_k(tmp_path: Path, vectors: np.ndarray) -> None:
+    # GIVEN 300 images' vectors as the pipeline writes them, half labelled dog
+    results = [result(i, v, "dog" if i % 2 else "cat") for i, v in enumerate(vectors)]
+    connection = connect_local(written(tmp_path, results))
+    query = unit(np.random.default_rng(8).normal(size=32))
+    # WHEN searched, THEN the top 20 are numpy's, in its order, with its scores
+    hits = search(connection, QueryVector(MODEL, query), limit=20).to_pylist()
+    expected = np.argsort(-(vectors @ query), kind="stable")[:20]
+    assert [hit["source_uri"] for hit in hits] == [results[i].source_uri for i in expected]
+    assert [hit["score"] for hit in hits] == pytest.approx((vectors @ query)[expected], abs=1e-5)
+    # AND --where keeps the images with a row where it holds, still in numpy's order
+    dogs = search(connection, QueryVector(MODEL, query), "label = 'dog' AND d.score > 0.7", limit=20).to_pylist()
+    kept = [i for i in np.argsort(-(vectors @ query), kind="stable") if i % 2 and results[i].detections[0].score > 0.7]
+    assert [hit["source_uri"] for hit in dogs] == [results[i].source_uri for i in kept[:20]]
+    assert {hit["labels"] for hit in dogs} == {"dog"}
+
+
+def test_an_image_searched_with_its_own_vector_ranks_first_at_one(tmp_path: Path, vectors: np.ndarray) -> None:
+    connection = connect_local(written(tmp_path, [result(i, v) for i, v in enumerate(vectors[:50])]))
+    [first, *_] = search(connection, QueryVector(MODEL, vectors[17])).to_pylist()
+    assert first["source_uri"] == "s3://in/0017.jpg" and first["score"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_only_an_image_s_latest_row_is_ranked(tmp_path: Path, vectors: np.ndarray) -> None:
+    written(tmp_path, [result(0, vectors[0])])
+    later = result(0, vectors[1], at=DAY + timedelta(hours=1))
+    connection = connect_local(written(tmp_path, [later.model_copy(update={"batch_id": "b-2"})], "b-2-g-000000"))
+    [hit] = search(connection, QueryVector(MODEL, vectors[0])).to_pylist()
+    assert hit["score"] == pytest.approx(float(vectors[1] @ vectors[0]), abs=1e-5)
+
+
+def test_a_vector_of_another_model_or_length_is_refused_never_ranked(tmp_path: Path, vectors: np.ndarray) -> None:
+    connection = connect_local(written(tmp_path, [result(i, v) for i, v in enumerate(vectors[:3])]))
+    with pytest.raises(RequestRejected, match=r"vector is other's but the embeddings here are tiny:clip \(3 images\)"):
+        search(connection, QueryVector("other", vectors[0]))
+    with pytest.raises(RequestRejected, match="this search's vector has 16 values, the rows' 32"):
+        search(connection, QueryVector(MODEL, vectors[0][:16]))
+
+
+def test_images_without_embeddings_are_counted_and_the_fix_said(tmp_path: Path) -> None:
+    connection = connect_local(written(tmp_path, [result(i, None) for i in range(4)]))
+    with pytest.raises(RequestRejected, match=r"no image here has an embedding \(4 images lack one\): annotate them"):
+        search(connection, QueryVector(MODEL, unit(np.ones(32))))
+
+
+def test_sql_that_fails_is_the_database_s_error(tmp_path: Path, vectors: np.ndarray) -> None:
+    import duckdb
+
+    connection = connect_local(written(tmp_path, [result(0, vectors[0])]))
+    with pytest.raises(duckdb.Error, match="labl"):
+        search(connection, QueryVector(MODEL, vectors[0]), "labl = 'dog'")
+    # a column both tables have must say its table
+    with pytest.raises(duckdb.Error, match=r"[Aa]mbiguous"):
+        search(connection, QueryVector(MODEL, vectors[0]), "processed_at > DATE '2026-01-01'")
+    assert "$vector" in search_sql(None) and "$model" in search_sql(None)
+
+
+def test_copies_group_together_and_different_images_apart(tmp_path: Path, vectors: np.ndarray) -> None:
+    # GIVEN three images, a copy of the first (its vector moved a little) and two of the second
+    rng = np.random.default_rng(9)
+    copies = [
+        unit(vectors[0] + rng.normal(scale=0.01, size=32)),
+        *(unit(vectors[1] + rng.normal(scale=0.01, size=32)) for _ in range(2)),
+    ]
+    results = [result(i, v) for i, v in enumerate([*vectors[:3], *copies])]
+    groups = duplicate_groups(connect_local(written(tmp_path, results)), threshold=0.99)
+    assert groups == [
+        ["s3://in/0000.jpg", "s3://in/0003.jpg"],
+        ["s3://in/0001.jpg", "s3://in/0004.jpg", "s3://in/0005.jpg"],
+    ]
+
+
+def test_duplicates_over_several_models_need_one_named(tmp_path: Path, vectors: np.ndarray) -> None:
+    results = [result(0, vectors[0]), result(1, vectors[0], model="other")]
+    connection = connect_local(written(tmp_path, results))
+    with pytest.raises(RequestRejected, match=r"several models, other \(1 images\), tiny:clip \(1 images\)"):
+        duplicate_groups(connection)
+    assert duplicate_groups(connection, model="other") == []

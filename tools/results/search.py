@@ -1,0 +1,189 @@
+"""Find images by meaning: the images whose CLIP embedding (the ``embeddings`` table) is nearest a text's or an
+image's, filtered with the other tables' columns; and the groups of near-duplicate images.
+
+Every vector is unit length, so the cosine similarity is the dot product; a vector is compared only with vectors of
+its own model (a search whose model the rows do not have is refused, never ranked).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from shared.errors import RequestRejected
+
+if TYPE_CHECKING:
+    import duckdb
+    import numpy as np
+    import pyarrow as pa
+
+    from shared.settings import Settings
+
+# A resized or re-encoded copy of an image, or a burst of one scene: cosine similarity at least this, the threshold
+# commonly used with CLIP ViT-B/32 (unmeasured here: no real checkpoint). The tiny random-weight CLIP the tests run
+# puts every image near every other (the samples' different images at 0.989, their copies at 0.9999 and above,
+# tests/e2e/test_search.py): there, 0.999 separates them.
+DUPLICATE_THRESHOLD = 0.95
+MAX_QUERY_CHARS = 1000
+
+
+@dataclass(frozen=True)
+class QueryVector:
+    """What a search compares the rows with: a unit vector, and the model that made it."""
+
+    model: str
+    vector: np.ndarray  # float32
+
+
+def text_vector(text: str, settings: Settings) -> QueryVector:
+    """The CLIP text tower's embedding of ``text`` as written.
+
+    Raises:
+        RequestRejected: the text is empty or too long.
+    """
+    from shared.models.tagging import load_tagger
+
+    text = text.strip()
+    if not text:
+        raise RequestRejected("the search text is empty: say what to look for ('a dog on a beach')")
+    if len(text) > MAX_QUERY_CHARS:
+        raise RequestRejected(f"the search text is {len(text):,} characters; at most {MAX_QUERY_CHARS:,}")
+    tagger = load_tagger(settings.describe)
+    return QueryVector(tagger.name, tagger.embed_texts([text])[0])
+
+
+def image_vector(uri: str, settings: Settings) -> QueryVector:
+    """The CLIP image tower's embedding of the image at ``uri`` (a path or an ``s3://`` location), read and decoded
+    as the pipeline reads it, annotated or not.
+
+    Raises:
+        ImageRejected: it cannot be read as an image (missing, too large, not an image).
+    """
+    from shared.models.tagging import load_tagger
+    from shared.storage.images import load_image
+    from shared.storage.objects import store_for
+
+    image = load_image(uri, store_for, settings.image_limits)
+    tagger = load_tagger(settings.describe)
+    return QueryVector(tagger.name, tagger.embed_images([image.pixels])[0])
+
+
+def embedded_models(connection: duckdb.DuckDBPyConnection) -> dict[str, tuple[int, int]]:
+    """Each model the latest rows' embeddings are of: how many images, and its vectors' length."""
+    rows = connection.execute(
+        "SELECT e.model, count(*), min(len(e.vector)) FROM embeddings e "
+        "JOIN images_latest img ON img.image_id = e.image_id AND img.batch_id = e.batch_id GROUP BY e.model"
+    ).fetchall()
+    return {model: (int(images), int(length)) for model, images, length in rows}
+
+
+def comparable_model(connection: duckdb.DuckDBPyConnection, model: str | None, length: int | None = None) -> str:
+    """The model whose rows a search or a duplicates run compares: ``model`` (a query vector's, of ``length``) or,
+    where none is given, the only one the rows have.
+
+    Raises:
+        RequestRejected: no row has an embedding; the rows have none of ``model``'s, or vectors of another length;
+            the rows have several models and none was named.
+    """
+    models = embedded_models(connection)
+    if not models:
+        [[images]] = connection.execute("SELECT count(*) FROM images_latest").fetchall()
+        raise RequestRejected(
+            f"no image here has an embedding ({images} image{'s' if images != 1 else ''} lack one): annotate them "
+            "again (every request embeds its images unless its embeddings is none)"
+        )
+    found = ", ".join(f"{name} ({images} images)" for name, (images, _) in sorted(models.items()))
+    if model is None:
+        if len(models) > 1:
+            raise RequestRejected(f"the embeddings here are of several models, {found}: name one with --model")
+        return next(iter(models))
+    if model not in models:
+        raise RequestRejected(
+            f"this search's vector is {model}'s but the embeddings here are {found}'s: vectors of different models "
+            "cannot be compared (search with the model that made them: ANNOTATE_TAGGER_MODELS)"
+        )
+    if length is not None and models[model][1] != length:
+        raise RequestRejected(f"this search's vector has {length} values, the rows' {models[model][1]}")
+    return model
+
+
+def _filter(where: str | None) -> str:
+    """The rows a ``--where`` keeps: an image any of whose rows (its ``images`` row, joined with each of its
+    ``detections`` rows) satisfies it. A column both tables have is named with its table: i. or d."""
+    if not where:
+        return "TRUE"
+    return (
+        "EXISTS (SELECT 1 FROM images_latest i LEFT JOIN detections d "
+        "ON d.image_id = i.image_id AND d.batch_id = i.batch_id "
+        f"WHERE i.image_id = img.image_id AND i.batch_id = img.batch_id AND ({where}))"
+    )
+
+
+def search_sql(where: str | None) -> str:
+    """The ranking, in DuckDB's SQL: the latest row of each image embedded by the query's model, best first (ties
+    by source), with its labels and caption. Parameters: the model, the query vector, the limit."""
+    return f"""
+SELECT img.source_uri,
+       list_dot_product(e.vector, CAST($vector AS FLOAT[])) AS score,
+       (SELECT string_agg(DISTINCT d.label, ', ' ORDER BY d.label) FROM detections d
+        WHERE d.image_id = img.image_id AND d.batch_id = img.batch_id) AS labels,
+       img.caption
+FROM images_latest img
+JOIN embeddings e ON e.image_id = img.image_id AND e.batch_id = img.batch_id AND e.model = $model
+WHERE {_filter(where)}
+ORDER BY score DESC, img.source_uri
+LIMIT $limit
+"""
+
+
+def search(
+    connection: duckdb.DuckDBPyConnection, query: QueryVector, where: str | None = None, limit: int = 10
+) -> pa.Table:
+    """The ``limit`` images nearest ``query``, best first: source_uri, score (cosine similarity), labels, caption.
+
+    Raises:
+        RequestRejected: the rows cannot be compared with ``query`` (:func:`comparable_model`).
+        duckdb.Error: ``where`` is not SQL the tables answer.
+    """
+    model = comparable_model(connection, query.model, len(query.vector))
+    parameters = {"model": model, "vector": query.vector.tolist(), "limit": limit}
+    return connection.sql(search_sql(where), params=parameters).to_arrow_table()
+
+
+def duplicate_groups(
+    connection: duckdb.DuckDBPyConnection, threshold: float = DUPLICATE_THRESHOLD, model: str | None = None
+) -> list[list[str]]:
+    """The groups of images whose embeddings are within ``threshold`` of each other (cosine similarity at least
+    it; a group holds every image linked to another by a pair so close), each group's sources sorted, the groups by
+    their first source.
+
+    Raises:
+        RequestRejected: no embeddings, or several models and none named (:func:`comparable_model`).
+    """
+    import numpy as np
+
+    chosen = comparable_model(connection, model)
+    rows = connection.execute(
+        "SELECT img.source_uri, e.vector FROM images_latest img JOIN embeddings e "
+        "ON e.image_id = img.image_id AND e.batch_id = img.batch_id AND e.model = ? ORDER BY img.source_uri",
+        [chosen],
+    ).fetchall()
+    sources = [source for source, _ in rows]
+    vectors = np.array([vector for _, vector in rows], dtype=np.float32)
+    parent = list(range(len(sources)))
+
+    def root(index: int) -> int:
+        while parent[index] != index:
+            parent[index] = parent[parent[index]]
+            index = parent[index]
+        return index
+
+    for start in range(0, len(sources), 1024):  # a block of rows against all: memory stays at 1024 x n
+        close = vectors[start : start + 1024] @ vectors.T >= threshold
+        for row, column in zip(*np.nonzero(close), strict=True):
+            if start + row < column:
+                parent[root(int(column))] = root(start + int(row))
+    groups: dict[int, list[str]] = {}
+    for index, source in enumerate(sources):
+        groups.setdefault(root(index), []).append(source)
+    return sorted((sorted(group) for group in groups.values() if len(group) > 1), key=lambda group: group[0])

@@ -331,3 +331,59 @@ def _named_chunks(chunks: Generator[dict[str, Any]], model_name: str) -> Generat
 def server_sent_event(data: dict[str, Any]) -> bytes:
     """One event of OpenAI's stream (which ends with ``data: [DONE]``)."""
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+MAX_EMBEDDING_INPUTS = 64
+MAX_EMBEDDING_TEXT_CHARS = 1000
+
+
+def embeddings(
+    inputs: list[str], encoding_format: str, model_name: str, settings: Settings, dependencies_of: DependenciesOf
+) -> dict[str, Any]:
+    """OpenAI's embeddings answer for ``inputs`` with the Tag model's CLIP: a text's vector (the text tower, the text
+    as written), or an image's given as a ``data:`` URL or an ``s3://`` location the deployment reads (the image
+    tower on the whole image, as the pipeline embeds it); unit length, as floats or base64 of little-endian float32.
+
+    Raises:
+        RequestRejected: another model named, no input or too many, an empty or too long text.
+        ImageRejected: an image input that is not an image this pipeline accepts.
+    """
+    import numpy as np
+
+    tagger = dependencies_of(Step.TAG).tagger
+    if tagger is None:
+        raise TypeError("the Tag step's dependencies have no tagger")
+    if model_name != tagger.name:
+        raise RequestRejected(f"model: this server embeds with {tagger.name!r}, not {model_name[:80]!r}")
+    if not 1 <= len(inputs) <= MAX_EMBEDDING_INPUTS:
+        raise RequestRejected(f"input: 1 to {MAX_EMBEDDING_INPUTS} texts or images a call, not {len(inputs)}")
+    vectors: list[np.ndarray | None] = [None] * len(inputs)
+    images = [(i, text) for i, text in enumerate(inputs) if text.startswith("data:") or is_s3(text)]
+    texts = [(i, text) for i, text in enumerate(inputs) if not (text.startswith("data:") or is_s3(text))]
+    for _, text in texts:
+        if not text.strip() or len(text) > MAX_EMBEDDING_TEXT_CHARS:
+            raise RequestRejected(f"input: a text is 1 to {MAX_EMBEDDING_TEXT_CHARS:,} characters, not {len(text):,}")
+    if texts:
+        for (i, _), vector in zip(texts, tagger.embed_texts([text for _, text in texts]), strict=True):
+            vectors[i] = vector
+    for i, image in images:
+        pixels = decode_image(image_source(image, settings).data, max_pixels=settings.max_image_pixels).pixels
+        [vectors[i]] = tagger.embed_images([pixels])
+    data = [
+        {
+            "object": "embedding",
+            "index": i,
+            "embedding": base64.b64encode(vector.astype("<f4").tobytes()).decode()
+            if encoding_format == "base64"
+            else vector.tolist(),
+        }
+        for i, vector in enumerate(vectors)
+        if vector is not None
+    ]
+    tokens = sum(len(text.split()) for _, text in texts)  # words: CLIP's tokenizer is the model's, not counted here
+    return {
+        "object": "list",
+        "data": data,
+        "model": tagger.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }

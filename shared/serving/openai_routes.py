@@ -1,5 +1,5 @@
 """The API's OpenAI-compatible routes: chat completions (streamed as server-sent events, a stream abandoned by its
-caller closed so the models are free again), image generations and edits, and the models list."""
+caller closed so the models are free again), embeddings, image generations and edits, and the models list."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from shared.serving.bounds import ApiContext, ApiError, upload
 from shared.serving.calls import (
     chat_chunks,
     chat_completion,
+    embeddings,
     generate_pictures,
     image_source,
     server_sent_event,
@@ -46,6 +47,19 @@ class ImageEdit(ImageGeneration):
     """``POST /v1/images/edits``' form fields besides the picture; ``strength`` is this server's own (img2img)."""
 
     strength: float | None = None
+
+
+class EmbeddingsCall(BaseModel):
+    """``POST /v1/embeddings``: OpenAI's fields; an input that is a ``data:`` URL or an ``s3://`` location is an
+    image (this server's own reading: CLIP embeds both into one space)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    input: str | list[str]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
 
 
 class TextPart(BaseModel):
@@ -120,10 +134,20 @@ def openai_routes(context: ApiContext) -> APIRouter:
         from llama_cpp.server.types import ModelData, ModelList  # llama-cpp-python's OpenAI types
 
         owners = {settings.caption_model: "llama.cpp", ANNOTATION_MODEL: "annotate"}
+        owners |= {model: "open_clip" for model in settings.tagger_models or []}  # /v1/embeddings' (the one that loads)
         if settings.api_images:
             owners[settings.variants_model] = "stable-diffusion.cpp"
         data = [ModelData(id=name, object="model", owned_by=owner, permissions=[]) for name, owner in owners.items()]
         return dict(ModelList(object="list", data=data))
+
+    @router.post("/embeddings", summary="CLIP embeddings of texts and images (data: URLs, s3:// locations)")
+    async def embed(call: EmbeddingsCall) -> dict[str, Any]:
+        if call.dimensions is not None:
+            raise ApiError(400, "dimensions: the model's own length only; leave it out", param="dimensions")
+        inputs = [call.input] if isinstance(call.input, str) else call.input
+        return await context.run(
+            lambda: embeddings(inputs, call.encoding_format, call.model, settings, context.dependencies_of)
+        )
 
     @router.post("/chat/completions", summary="A chat completion from the caption model; stream=true for events")
     async def chat(request: Request) -> Any:

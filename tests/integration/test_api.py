@@ -71,6 +71,36 @@ def _picture(b64: str) -> Image.Image:
     return Image.open(io.BytesIO(base64.b64decode(b64)))
 
 
+def test_the_openai_client_embeds_texts_and_images_as_the_pipeline_does(
+    client: openai.OpenAI, models: DependenciesOf
+) -> None:
+    import numpy as np
+
+    from shared.pipeline.dependencies import Step
+    from shared.storage.images import decode_image
+
+    tagger = models(Step.TAG).tagger
+    assert tagger is not None and tagger.name in [model.id for model in client.models.list()]
+    # WHEN OpenAI's client embeds a text and an image given as a data URL (its default answer: base64 of float32)
+    data_url = "data:image/jpeg;base64," + base64.b64encode(CAT).decode()
+    answer = client.embeddings.create(model=tagger.name, input=["a cat on a sofa", data_url])
+    text, image = (np.array(item.embedding) for item in answer.data)
+    # THEN each is the Tag model's vector, as the embeddings table holds them; floats too, where asked
+    assert text == pytest.approx(tagger.embed_texts(["a cat on a sofa"])[0], abs=1e-6)
+    assert image == pytest.approx(tagger.embed_images([decode_image(CAT, max_pixels=10**8).pixels])[0], abs=1e-6)
+    floats = client.embeddings.create(model=tagger.name, input="a cat on a sofa", encoding_format="float")
+    assert floats.data[0].embedding == pytest.approx(text.tolist(), abs=1e-6) and answer.model == tagger.name
+    # AND another model, a length of its own, an empty text and a broken image are each refused with a 400
+    for arguments, said in (
+        ({"model": "text-embedding-3-small", "input": "a cat"}, "embeds with"),
+        ({"model": tagger.name, "input": "a cat", "dimensions": 8}, "dimensions"),
+        ({"model": tagger.name, "input": ""}, "a text is 1 to"),
+        ({"model": tagger.name, "input": "data:image/png;base64,iVBORw0K"}, "image"),
+    ):
+        with pytest.raises(openai.BadRequestError, match=said):
+            client.embeddings.create(**arguments)
+
+
 def test_the_openai_client_lists_the_models_and_gets_the_same_chat_plain_and_streamed(
     client: openai.OpenAI, api_settings: Settings
 ) -> None:

@@ -75,3 +75,24 @@ def test_bad_searches_get_one_line_and_exit_2(annotated: Path) -> None:
     ):
         result = runner.invoke(app, arguments)
         assert result.exit_code == 2 and said in result.output, (arguments, result.output)
+
+
+def test_the_label_studio_export_can_keep_one_image_of_each_group_and_the_hits_make_a_gallery(
+    annotated: Path, tmp_path: Path
+) -> None:
+    # WHEN exported for Label Studio with one image of each group of near-duplicates (copies at 0.999, as above)
+    out_dir = tmp_path / "ls"
+    arguments = ["export", "--format", "labelstudio", "--out", str(out_dir), "--data-dir", str(annotated)]
+    result = CliRunner().invoke(app, [*arguments, "--one-per-group", "--threshold", "0.999"])
+    assert result.exit_code == 0, result.output
+    # THEN the cat's two copies are left out: the coffee and the first of the cat's group remain
+    tasks = json.loads((out_dir / "tasks.json").read_text())
+    assert "2 near-duplicates left out" in result.output and len(tasks) == 2
+    # AND a search's hits, written as a gallery page, come in the ranking's order
+    gallery = tmp_path / "hits"
+    like = ["search", "--like", str(SAMPLES / "coffee.webp"), "--limit", "2", "--profile", "tiny"]
+    first, second = (Path(hit["source_uri"]).name for hit in _json(*like, "--data-dir", str(annotated)))
+    result = CliRunner().invoke(app, [*like, "--data-dir", str(annotated), "--gallery", str(gallery)])
+    assert result.exit_code == 0, result.output
+    page = (gallery / "index.html").read_text()
+    assert first == "coffee.webp" and page.index(first) < page.index(second)

@@ -18,6 +18,7 @@ GENERATED = {
     "bench/api.md": "docs/api.md",
     "bench/bulk.md": "docs/performance.md",
     "bench/photo.md": "docs/performance.md",
+    "bench/search.md": "docs/performance.md",
 }
 
 

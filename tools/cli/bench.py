@@ -81,6 +81,21 @@ def bench_photo(
     out.print((out_dir / "photo.md").read_text(), highlight=False, soft_wrap=True)
 
 
+@commands.command("bench-search")
+def bench_search(
+    repeats: Annotated[int, typer.Option(min=1, max=20, help="Alternating runs per sample")] = 3,
+    out_dir: Annotated[Path, typer.Option(help="Where search.json and search.md go")] = Path("bench"),
+) -> None:
+    """Time what an image's embedding adds (side by side, on and off) and a search on DuckDB at 10,000 and
+    100,000 images' rows; write the report."""
+    from tools.bench.search import run_search_bench
+
+    quiet_logs(False)
+    samples = [SAMPLES / "chelsea-the-cat.jpg", SAMPLES / "coffee.webp"]
+    run_search_bench(samples, repeats, out_dir, progress=lambda text: err.print(f"[dim]{text}[/dim]"))
+    out.print((out_dir / "search.md").read_text(), highlight=False, soft_wrap=True)
+
+
 @commands.command("bench-ingest")
 def bench_ingest(
     objects: Annotated[int, typer.Option(help="Objects under the prefix ingest plans")] = 100_000,

@@ -144,6 +144,13 @@ def export_command(
             "--label-config", dir_okay=False, help="labelstudio: your project's label config; tasks use its names"
         ),
     ] = None,
+    one_per_group: Annotated[
+        bool,
+        typer.Option(help="Of each group of near-duplicates (annotate duplicates), only its first image is written"),
+    ] = False,
+    threshold: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="--one-per-group: the similarity from which images are copies")
+    ] = DUPLICATE_THRESHOLD,
 ) -> None:
     """Write the annotations as a COCO or YOLO dataset (with the pictures) or as Label Studio pre-annotations."""
     from shared.errors import RequestRejected
@@ -168,6 +175,8 @@ def export_command(
     except RequestRejected as error:
         raise fail(f"--label-config {label_config}: {error}") from None
     images = _images_to_write(out_dir, where, data_dir, stack, "export")
+    if one_per_group:
+        images = _one_per_group(images, data_dir, stack, threshold)
     if chosen is ExportFormat.LABEL_STUDIO and not config:
         config = label_studio_config(images, batch_requests(images, _results_root(data_dir, stack), store_for))
     for left in project.left_to_people if project else ():
@@ -181,6 +190,25 @@ def export_command(
     for source, reason in report.skipped.items():
         err.print(f"[yellow]skipped[/yellow] {source}: {reason}", highlight=False)
     out.print(f"{report.images} images, {report.boxes} boxes written to {out_dir} ({chosen})", highlight=False)
+
+
+def _one_per_group(images: list[Any], data_dir: Path, stack: str | None, threshold: float) -> list[Any]:
+    """``images`` without the near-duplicates of an image written before them: each group's first source stays."""
+    from shared.errors import RequestRejected
+    from tools.results.query import connect_local
+    from tools.results.search import duplicate_groups
+
+    if stack:
+        raise fail("--one-per-group reads the local embeddings (annotate duplicates): leave out --stack")
+    try:
+        groups = duplicate_groups(connect_local(data_dir), threshold)
+    except RequestRejected as error:
+        raise fail(f"--one-per-group: {error}") from None
+    left_out = {source for group in groups for source in group[1:]}
+    err.print(
+        f"{len(left_out)} near-duplicates left out, one image kept of each of {len(groups)} groups", highlight=False
+    )
+    return [image for image in images if image.source_uri not in left_out]
 
 
 @commands.command()

@@ -127,3 +127,49 @@ def test_duplicates_over_several_models_need_one_named(tmp_path: Path, vectors: 
     with pytest.raises(RequestRejected, match=r"several models, other \(1 images\), tiny:clip \(1 images\)"):
         duplicate_groups(connection)
     assert duplicate_groups(connection, model="other") == []
+
+
+def test_athena_s_ranking_is_duckdb_s_where_the_dialects_agree(tmp_path: Path, vectors: np.ndarray) -> None:
+    import sqlglot
+
+    from tools.results.search import _DIALECT, athena_search_sql
+
+    # GIVEN the rows, and a query's ranking in Athena's SQL (the model and the vector written in)
+    results = [result(i, v, "dog" if i % 2 else "cat") for i, v in enumerate(vectors)]
+    connection = connect_local(written(tmp_path, results))
+    query = QueryVector(MODEL, unit(np.random.default_rng(11).normal(size=32)))
+    athena = athena_search_sql(query, "label = 'dog'", 5)
+    sqlglot.parse_one(athena, read="athena")  # Athena's (Trino's) syntax
+    assert "reduce(zip_with(e.vector, ARRAY[" in athena and "e.model = 'tiny:clip'" in athena and "LIMIT 5" in athena
+    # WHEN its two Athena-only expressions (the dot product, the labels' list) become DuckDB's, and it runs there
+    vector = "ARRAY[" + athena.split("ARRAY[", 1)[1].split("]", 1)[0] + "]"
+    athena_words, duckdb_words = _DIALECT["athena"], _DIALECT["duckdb"]
+    as_duckdb = athena.replace(
+        athena_words["score"].format(vector=vector), duckdb_words["score"].format(vector=vector)
+    ).replace(athena_words["labels"], duckdb_words["labels"])
+    hits = connection.sql(as_duckdb).to_arrow_table().to_pylist()
+    # THEN it ranks as numpy does: the vector's literals are its float32 values exactly
+    order = [i for i in np.argsort(-(vectors @ query.vector), kind="stable") if i % 2][:5]
+    assert [hit["source_uri"] for hit in hits] == [results[i].source_uri for i in order]
+    assert [hit["score"] for hit in hits] == pytest.approx((vectors @ query.vector)[order], abs=1e-6)
+
+
+def test_a_search_on_athena_checks_the_rows_model_before_it_ranks() -> None:
+    import pyarrow as pa
+
+    from tools.results.search import athena_search_sql, search_on_athena
+
+    sent: list[str] = []
+
+    def run(sql: str) -> pa.Table:
+        sent.append(sql)
+        if "GROUP BY e.model" in sql:
+            return pa.table({"model": [MODEL], "images": [3], "length": [32]})
+        return pa.table({"source_uri": ["s3://in/a.jpg"], "score": [0.9], "labels": ["cat"], "caption": [None]})
+
+    query = QueryVector(MODEL, unit(np.ones(32)))
+    assert search_on_athena(run, query, limit=3).column("source_uri").to_pylist() == ["s3://in/a.jpg"]
+    assert sent[-1] == athena_search_sql(query, None, 3)
+    with pytest.raises(RequestRejected, match="vector is other's"):
+        search_on_athena(run, QueryVector("other", query.vector))
+    assert len(sent) == 3  # the refused search sent its check only

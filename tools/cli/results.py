@@ -410,14 +410,15 @@ def search(
     output: Annotated[str, typer.Option("--format", help="table, json or csv")] = "table",
     gallery_dir: Annotated[Path | None, typer.Option("--gallery", help="Also write the hits as a gallery page")] = None,
     data_dir: DataDir = Path("annotate-data"),
+    stack: Stack = None,
     profile: Annotated[Profile, typer.Option(help="The models the images were annotated with")] = Profile.DEFAULT,
 ) -> None:
-    """The images nearest a text or an image by their CLIP embeddings, best first, with their labels and caption."""
+    """The images nearest a text or an image by their CLIP embeddings, best first, with their labels and caption:
+    locally on DuckDB, or with --stack on Athena (the query's vector made here, with the stack's model)."""
     import duckdb
 
-    from shared.errors import ImageRejected, ModelUnavailable, RequestRejected
-    from tools.results.query import OutputFormat, connect_local, format_rows
-    from tools.results.search import image_vector, search, text_vector
+    from shared.errors import ImageRejected, ModelUnavailable, RequestRejected, TransientError
+    from tools.results.query import OutputFormat, format_rows
 
     try:
         output_format = OutputFormat(output)
@@ -425,15 +426,14 @@ def search(
         raise fail(f"--format must be one of {[f.value for f in OutputFormat]}") from None
     if (text is None) == (like is None):
         raise fail("say what to look for: a text, or --like an image (one of them)")
+    if stack and gallery_dir is not None:
+        raise fail("--gallery writes the local results' pictures: leave out --stack")
     quiet_logs(False)
-    settings = use_settings(profile=profile, data_dir=data_dir)
-    connection = connect_local(data_dir)
     try:
-        query = text_vector(text, settings) if text is not None else image_vector(str(like), settings)
-        hits = search(connection, query, where, limit)
+        hits = _search_hits(text, like, where, limit, data_dir, stack, profile)
     except ImageRejected as error:
         raise fail(f"--like {like}: {error}") from None
-    except (RequestRejected, ModelUnavailable) as error:
+    except (RequestRejected, ModelUnavailable, TransientError) as error:
         raise fail(str(error)) from None
     except duckdb.Error as error:
         raise fail(f"--where {where!r}: {str(error).splitlines()[0]}") from None
@@ -443,6 +443,39 @@ def search(
         sys.stdout.write(format_rows(hits, output_format) + "\n")
     if gallery_dir is not None and hits.num_rows:
         _write_hits_gallery(hits.column("source_uri").to_pylist(), gallery_dir, data_dir)
+
+
+def _search_hits(
+    text: str | None,
+    like: str | None,
+    where: str | None,
+    limit: int,
+    data_dir: Path,
+    stack: str | None,
+    profile: Profile,
+) -> Any:
+    """``search``'s hits: on the local tables, or on the stack's (Athena), the query's vector made here with the
+    model the stack's rows are of (where its Tag function loaded it from)."""
+    from tools.results.athena import run_athena_query
+    from tools.results.query import connect_local
+    from tools.results.search import athena_models, checked_model, image_vector, search, search_on_athena, text_vector
+
+    chosen: dict[str, Any] = {}
+    if stack:
+        outputs = _stack_outputs(stack, "AthenaWorkGroupName", "GlueDatabaseName")
+        athena = Settings(
+            athena_workgroup=outputs["AthenaWorkGroupName"], athena_database=outputs["GlueDatabaseName"]
+        ).athena
+
+        def run(sql: str) -> Any:
+            return run_athena_query(sql, athena)
+
+        chosen["tagger_models"] = [checked_model(*athena_models(run), None, None)]
+    settings = use_settings(profile=profile, data_dir=data_dir, **chosen)
+    query = text_vector(text, settings) if text is not None else image_vector(str(like), settings)
+    if stack:
+        return search_on_athena(run, query, where, limit)
+    return search(connect_local(data_dir), query, where, limit)
 
 
 def _write_hits_gallery(sources: list[str], out_dir: Path, data_dir: Path) -> None:

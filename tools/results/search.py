@@ -7,6 +7,7 @@ its own model (a search whose model the rows do not have is refused, never ranke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -78,16 +79,22 @@ def embedded_models(connection: duckdb.DuckDBPyConnection) -> dict[str, tuple[in
 
 
 def comparable_model(connection: duckdb.DuckDBPyConnection, model: str | None, length: int | None = None) -> str:
-    """The model whose rows a search or a duplicates run compares: ``model`` (a query vector's, of ``length``) or,
-    where none is given, the only one the rows have.
+    """The model whose rows a search or a duplicates run compares (:func:`checked_model`, on the local tables)."""
+    models = embedded_models(connection)
+    images = 0 if models else int(connection.execute("SELECT count(*) FROM images_latest").fetchall()[0][0])
+    return checked_model(models, images, model, length)
+
+
+def checked_model(models: dict[str, tuple[int, int]], images: int, model: str | None, length: int | None) -> str:
+    """``model`` (a query vector's, of ``length``) or, where none is given, the only one of ``models`` (each model
+    the rows are of, with its images and vectors' length); ``images``: how many images there are, where none has an
+    embedding.
 
     Raises:
         RequestRejected: no row has an embedding; the rows have none of ``model``'s, or vectors of another length;
             the rows have several models and none was named.
     """
-    models = embedded_models(connection)
     if not models:
-        [[images]] = connection.execute("SELECT count(*) FROM images_latest").fetchall()
         raise RequestRejected(
             f"no image here has an embedding ({images} image{'s' if images != 1 else ''} lack one): annotate them "
             "again (every request embeds its images unless its embeddings is none)"
@@ -119,21 +126,46 @@ def _filter(where: str | None) -> str:
     )
 
 
-def search_sql(where: str | None) -> str:
-    """The ranking, in DuckDB's SQL: the latest row of each image embedded by the query's model, best first (ties
-    by source), with its labels and caption. Parameters: the model, the query vector, the limit."""
+# Where DuckDB's SQL and Athena's (Trino's) differ, in the ranking: the dot product of two arrays, and a list's text.
+_DIALECT = {
+    "duckdb": {
+        "score": "list_dot_product(e.vector, CAST({vector} AS FLOAT[]))",
+        "labels": "string_agg(DISTINCT d.label, ', ' ORDER BY d.label)",
+    },
+    "athena": {
+        "score": "reduce(zip_with(e.vector, {vector}, (a, b) -> a * b), 0.0E0, (s, x) -> s + x, s -> s)",
+        "labels": "array_join(array_sort(array_distinct(array_agg(d.label))), ', ')",
+    },
+}
+
+
+def search_sql(
+    where: str | None, dialect: str = "duckdb", vector: str = "$vector", model: str = "$model", limit: str = "$limit"
+) -> str:
+    """The ranking: the latest row of each image embedded by the query's model, best first (ties by source), with
+    its labels and caption. DuckDB's takes the parameters $model, $vector and $limit; Athena's, the values written
+    in (:func:`athena_search_sql`)."""
+    words = _DIALECT[dialect]
     return f"""
 SELECT img.source_uri,
-       list_dot_product(e.vector, CAST($vector AS FLOAT[])) AS score,
-       (SELECT string_agg(DISTINCT d.label, ', ' ORDER BY d.label) FROM detections d
+       {words["score"].format(vector=vector)} AS score,
+       (SELECT {words["labels"]} FROM detections d
         WHERE d.image_id = img.image_id AND d.batch_id = img.batch_id) AS labels,
        img.caption
 FROM images_latest img
-JOIN embeddings e ON e.image_id = img.image_id AND e.batch_id = img.batch_id AND e.model = $model
+JOIN embeddings e ON e.image_id = img.image_id AND e.batch_id = img.batch_id AND e.model = {model}
 WHERE {_filter(where)}
 ORDER BY score DESC, img.source_uri
-LIMIT $limit
+LIMIT {limit}
 """
+
+
+def athena_search_sql(query: QueryVector, where: str | None, limit: int) -> str:
+    """The ranking in Athena's SQL, the model and the vector written in (Athena's parameters are scalars): each value
+    a double literal, exactly the float32's."""
+    values = ", ".join(f"{float(value):.9e}" for value in query.vector)
+    model = "'" + query.model.replace("'", "''") + "'"
+    return search_sql(where, "athena", f"ARRAY[{values}]", model, str(int(limit)))
 
 
 def search(
@@ -187,3 +219,28 @@ def duplicate_groups(
     for index, source in enumerate(sources):
         groups.setdefault(root(index), []).append(source)
     return sorted((sorted(group) for group in groups.values() if len(group) > 1), key=lambda group: group[0])
+
+
+def athena_models(run: Callable[[str], pa.Table]) -> tuple[dict[str, tuple[int, int]], int]:
+    """The deployed tables' embedding models (images, vectors' length each) and, where there are none, how many
+    images there are: :func:`checked_model`'s inputs, from Athena (``run`` a query)."""
+    rows = run(
+        "SELECT e.model, count(*) AS images, min(cardinality(e.vector)) AS length FROM embeddings e "
+        "JOIN images_latest img ON img.image_id = e.image_id AND img.batch_id = e.batch_id GROUP BY e.model"
+    ).to_pylist()
+    models = {str(row["model"]): (int(row["images"]), int(row["length"])) for row in rows}
+    images = 0 if models else int(run("SELECT count(*) AS n FROM images_latest").to_pylist()[0]["n"])
+    return models, images
+
+
+def search_on_athena(
+    run: Callable[[str], pa.Table], query: QueryVector, where: str | None = None, limit: int = 10
+) -> pa.Table:
+    """:func:`search` over the deployed tables, in Athena's SQL.
+
+    Raises:
+        RequestRejected: the rows cannot be compared with ``query``, or Athena refused the query (its reason).
+    """
+    models, images = athena_models(run)
+    checked_model(models, images, query.model, len(query.vector))
+    return run(athena_search_sql(query, where, limit))

@@ -18,6 +18,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from shared.observability import metrics
@@ -25,6 +26,7 @@ from shared.pipeline.dependencies import Dependencies, Step, build_dependencies
 from shared.serving.bounds import (
     AnswerFailures,
     ApiContext,
+    ApiError,
     BodyLimit,
     SameSiteOnly,
     bearer_check,
@@ -66,6 +68,42 @@ ANNOTATIONS_BODY = {
 }
 
 
+# The images nearest a vector in the rows the pipeline wrote: (model, vector, limit) -> hits, best first, each with
+# source_uri, score, labels and caption. annotate serve gives it over its data dir (tools/results/search.py).
+FindSimilar = Callable[[str, list[float], int], list[dict[str, Any]]]
+
+
+class SearchCall(BaseModel):
+    """``POST /v1/search``: a phrase, and how many images."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, max_length=1000)
+    limit: int = Field(10, ge=1, le=100)
+
+
+def _search_routes(context: ApiContext, find_similar: FindSimilar | None) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/search", summary="The annotated images nearest a phrase, by their CLIP embeddings")
+    async def search_images(call: SearchCall) -> dict[str, Any]:
+        if find_similar is None:
+            raise ApiError(501, "this server has no annotated images to search: annotate serve searches its data dir")
+        if not call.query.strip():
+            raise ApiError(400, "query: say what to look for", param="query", code="invalid_value")
+
+        def nearest() -> dict[str, Any]:
+            tagger = context.dependencies_of(Step.TAG).tagger
+            if tagger is None:
+                raise TypeError("the Tag step's dependencies have no tagger")
+            [vector] = tagger.embed_texts([call.query])
+            return {"model": tagger.name, "data": find_similar(tagger.name, vector.tolist(), call.limit)}
+
+        return await context.run(nearest)
+
+    return router
+
+
 def _annotation_routes(context: ApiContext) -> APIRouter:
     router = APIRouter()
     settings = context.settings
@@ -99,10 +137,12 @@ def create_app(
     after_call: Callable[[], None] = metrics.clear_metrics,
     behind_function_url: bool = False,
     find_annotated: FindAnnotated | None = None,
+    find_similar: FindSimilar | None = None,
 ) -> FastAPI:
     """The API on ``settings``' models; ``record_rows`` writes a recorded call's table rows, ``find_annotated`` reads
-    the rows the pipeline wrote (Label Studio's tasks are answered from them). ``after_call``: what
-    becomes of the steps' metrics after each call: dropped here; on Lambda the handler flushes them as EMF.
+    the rows the pipeline wrote (Label Studio's tasks are answered from them), ``find_similar`` searches them.
+    ``after_call``: what becomes of the steps' metrics after each call: dropped here; on Lambda the handler flushes
+    them as EMF.
     ``behind_function_url``: every call was authenticated before it arrived (the URL's IAM auth, or the key), and
     it is named by the URL's own host."""
     context = ApiContext(settings, dependencies_of, record_rows, after_call)
@@ -132,6 +172,7 @@ def create_app(
     app.include_router(openai_routes(context), dependencies=authorized)
     app.include_router(image_routes(context), dependencies=authorized)
     app.include_router(label_studio_routes(context, find_annotated), dependencies=authorized)
+    app.include_router(_search_routes(context, find_similar), dependencies=authorized)
 
     @app.get("/", include_in_schema=False)
     def playground() -> HTMLResponse:
@@ -168,9 +209,11 @@ def serving_app(
     after_call: Callable[[], None] = metrics.clear_metrics,
     behind_function_url: bool = False,
     find_annotated: FindAnnotated | None = None,
+    find_similar: FindSimilar | None = None,
 ) -> FastAPI:
     """The API on the settings in force and the real models; a recorded call's rows are written here, or in AWS by
-    the stack's WriteGroupTable function; ``find_annotated`` reads the rows the pipeline wrote."""
+    the stack's WriteGroupTable function; ``find_annotated`` reads the rows the pipeline wrote, ``find_similar``
+    searches them."""
     settings = settings or get_settings()
 
     def models(step: Step) -> Dependencies:
@@ -178,4 +221,4 @@ def serving_app(
 
     function = settings.write_group_table_function
     rows = rows_by_function(function) if function else rows_in_process(models)
-    return create_app(settings, models, rows, after_call, behind_function_url, find_annotated)
+    return create_app(settings, models, rows, after_call, behind_function_url, find_annotated, find_similar)

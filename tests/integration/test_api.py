@@ -182,6 +182,30 @@ def test_a_recorded_annotation_is_kept_where_the_workflow_keeps_results_and_quer
     assert rows == [{"image_id": answer["image_id"], "status": "succeeded"}]
 
 
+def test_the_playground_s_search_finds_the_recorded_images_by_meaning(
+    http: httpx.Client, api_settings: Settings
+) -> None:
+    from tools.results.search import local_similar
+
+    # GIVEN an image recorded, with its embedding, in the server's data dir
+    recorded = http.post(
+        "/v1/annotations",
+        json={"prompt": "cat.", "caption": False, "record": True, "image": base64.b64encode(CAT).decode()},
+    ).json()
+    assert recorded["embedding"]["model"] == "tiny:clip"
+    # WHEN a server that searches that data dir (as annotate serve does) is asked for a phrase
+    app = serving_app(api_settings, find_similar=local_similar(api_settings.data_dir))
+    with serving_in_thread(app) as url, httpx.Client(base_url=url, timeout=120) as searching:
+        answer = searching.post("/v1/search", json={"query": "a cat on a sofa", "limit": 100})
+        refused = searching.post("/v1/search", json={"query": "  "})
+    # THEN the recorded image is among the hits, each with its similarity, and a blank query is refused
+    assert answer.status_code == 200 and answer.json()["model"] == "tiny:clip"
+    assert recorded["source_uri"] in [hit["source_uri"] for hit in answer.json()["data"]]
+    assert all(-1 <= hit["score"] <= 1 for hit in answer.json()["data"]) and refused.status_code == 400
+    # AND a server with no data dir to search (the Lambda API) says so
+    assert http.post("/v1/search", json={"query": "a cat"}).status_code == 501
+
+
 HOSTILE = {
     "undecodable image": (
         {"json": {"prompt": "cat.", "image": base64.b64encode(b"GIF89a not really").decode()}},

@@ -103,6 +103,7 @@ def serve(
     from shared.serving.api import serving_app
     from shared.serving.bounds import api_key
     from tools.results.annotations import athena_annotated_sources, local_annotated_sources
+    from tools.results.search import local_similar
 
     quiet_logs(verbose)
     deployed = _deployed(stack) if stack else {}
@@ -115,7 +116,7 @@ def serve(
         raise fail(f"listening on {host} lets other machines call the models: set ANNOTATE_API_KEY first")
     out.print(f"Serving on http://{host}:{port}/ (the API's documentation at /docs); Ctrl-C stops", highlight=False)
     annotated = athena_annotated_sources(settings.athena) if stack else local_annotated_sources(settings.data_dir)
-    app = serving_app(settings, find_annotated=annotated)
+    app = serving_app(settings, find_annotated=annotated, find_similar=None if stack else local_similar(data_dir))
     uvicorn.run(app, host=host, port=port, log_level="info" if verbose else "warning")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shared.errors import RequestRejected
@@ -244,3 +245,17 @@ def search_on_athena(
     models, images = athena_models(run)
     checked_model(models, images, query.model, len(query.vector))
     return run(athena_search_sql(query, where, limit))
+
+
+def local_similar(data_dir: Path) -> Callable[[str, list[float], int], list[dict[str, object]]]:
+    """The API's search (``POST /v1/search``, annotate serve) over the tables under ``data_dir``."""
+
+    def find(model: str, vector: list[float], limit: int) -> list[dict[str, object]]:
+        import numpy as np
+
+        from tools.results.query import connect_local
+
+        hits = search(connect_local(data_dir), QueryVector(model, np.array(vector, dtype=np.float32)), None, limit)
+        return list(hits.to_pylist())
+
+    return find

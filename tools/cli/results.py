@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from shared.settings import IngestSettings, Profile, Settings, use_settings
+from shared.settings import AthenaSettings, IngestSettings, Profile, Settings, use_settings
 from tools.cli.common import DataDir, err, fail, out, print_table, quiet_logs
 from tools.results.search import DUPLICATE_THRESHOLD
 
@@ -32,6 +32,12 @@ def _stack_outputs(stack: str, *required: str) -> dict[str, str]:
         return stack_outputs(stack, required)
     except RequestRejected as error:
         raise fail(str(error)) from None
+
+
+def _stack_athena(stack: str) -> AthenaSettings:
+    """The stack's Athena workgroup and Glue database, from its outputs."""
+    outputs = _stack_outputs(stack, "AthenaWorkGroupName", "GlueDatabaseName")
+    return Settings(athena_workgroup=outputs["AthenaWorkGroupName"], athena_database=outputs["GlueDatabaseName"]).athena
 
 
 def _results_root(data_dir: Path, stack: str | None) -> str:
@@ -117,10 +123,7 @@ def _annotated_images(where: str | None, data_dir: Path, stack: str | None) -> l
     from tools.results.query import run_local_query
 
     if stack:
-        outputs = _stack_outputs(stack, "AthenaWorkGroupName", "GlueDatabaseName")
-        athena = Settings(
-            athena_workgroup=outputs["AthenaWorkGroupName"], athena_database=outputs["GlueDatabaseName"]
-        ).athena
+        athena = _stack_athena(stack)
 
     def query(sql: str) -> Any:
         return run_athena_query(sql, athena) if stack else run_local_query(sql, data_dir)
@@ -462,10 +465,7 @@ def _search_hits(
 
     chosen: dict[str, Any] = {}
     if stack:
-        outputs = _stack_outputs(stack, "AthenaWorkGroupName", "GlueDatabaseName")
-        athena = Settings(
-            athena_workgroup=outputs["AthenaWorkGroupName"], athena_database=outputs["GlueDatabaseName"]
-        ).athena
+        athena = _stack_athena(stack)
 
         def run(sql: str) -> Any:
             return run_athena_query(sql, athena)

@@ -144,6 +144,9 @@ def openai_routes(context: ApiContext) -> APIRouter:
     async def embed(call: EmbeddingsCall) -> dict[str, Any]:
         if call.dimensions is not None:
             raise ApiError(400, "dimensions: the model's own length only; leave it out", param="dimensions")
+        if call.model not in (settings.tagger_models or []):
+            # OpenAI's answer to a model it does not have
+            raise ApiError(404, f"The model `{call.model[:80]}` does not exist", param="model", code="model_not_found")
         inputs = [call.input] if isinstance(call.input, str) else call.input
         return await context.run(
             lambda: embeddings(inputs, call.encoding_format, call.model, settings, context.dependencies_of)

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
-from shared.settings import AthenaSettings, IngestSettings, Profile, Settings, use_settings
-from tools.cli.common import DataDir, err, fail, out, print_table, quiet_logs
+from shared.settings import AthenaSettings, IngestSettings, Settings
+from tools.cli.common import DataDir, err, fail, out, print_table
 from tools.results.search import DUPLICATE_THRESHOLD
 
 commands = typer.Typer()
@@ -34,7 +34,7 @@ def _stack_outputs(stack: str, *required: str) -> dict[str, str]:
         raise fail(str(error)) from None
 
 
-def _stack_athena(stack: str) -> AthenaSettings:
+def stack_athena(stack: str) -> AthenaSettings:
     """The stack's Athena workgroup and Glue database, from its outputs."""
     outputs = _stack_outputs(stack, "AthenaWorkGroupName", "GlueDatabaseName")
     return Settings(athena_workgroup=outputs["AthenaWorkGroupName"], athena_database=outputs["GlueDatabaseName"]).athena
@@ -51,7 +51,7 @@ def _refuse_file_as_folder(out_dir: Path) -> None:
         raise fail(f"--out {out_dir} is a file: name a folder to write into")
 
 
-def _images_to_write(out_dir: Path, where: str | None, data_dir: Path, stack: str | None, verb: str) -> list[Any]:
+def images_to_write(out_dir: Path, where: str | None, data_dir: Path, stack: str | None, verb: str) -> list[Any]:
     """The images an export or gallery writes into ``out_dir``: a folder, outside the data folder; none is a mistake."""
     from shared.storage import layout
 
@@ -69,7 +69,7 @@ def _images_to_write(out_dir: Path, where: str | None, data_dir: Path, stack: st
 
 
 @contextmanager
-def _writing_into(out_dir: Path) -> Iterator[None]:
+def writing_into(out_dir: Path) -> Iterator[None]:
     """A folder that cannot be written (a full disk, a path no folder can be made at), or that holds what the
     command did not write, said in a line."""
     from shared.errors import RequestRejected
@@ -123,7 +123,7 @@ def _annotated_images(where: str | None, data_dir: Path, stack: str | None) -> l
     from tools.results.query import run_local_query
 
     if stack:
-        athena = _stack_athena(stack)
+        athena = stack_athena(stack)
 
     def query(sql: str) -> Any:
         return run_athena_query(sql, athena) if stack else run_local_query(sql, data_dir)
@@ -177,7 +177,7 @@ def export_command(
         project = read_label_config(config) if config else None
     except RequestRejected as error:
         raise fail(f"--label-config {label_config}: {error}") from None
-    images = _images_to_write(out_dir, where, data_dir, stack, "export")
+    images = images_to_write(out_dir, where, data_dir, stack, "export")
     if one_per_group:
         images = _one_per_group(images, data_dir, stack, threshold)
     if chosen is ExportFormat.LABEL_STUDIO and not config:
@@ -188,7 +188,7 @@ def export_command(
         err.print(
             f"[yellow]left to the backend[/yellow] Choices {choices.name!r}: CLIP chooses on the image", highlight=False
         )
-    with _writing_into(out_dir):
+    with writing_into(out_dir):
         report = export(images, chosen, out_dir, store_for, config)
     for source, reason in report.skipped.items():
         err.print(f"[yellow]skipped[/yellow] {source}: {reason}", highlight=False)
@@ -303,8 +303,8 @@ def gallery(
             bucket, key = split_s3(uri)
             return str(s3.generate_presigned_url("get_object", {"Bucket": bucket, "Key": key}, ExpiresIn=expires))
 
-    images = _images_to_write(out_dir, where, data_dir, stack, "show")
-    with _writing_into(out_dir):
+    images = images_to_write(out_dir, where, data_dir, stack, "show")
+    with writing_into(out_dir):
         index = write_gallery(images, out_dir, store_for, presign)
     out.print(f"{len(images)} images: open {index}", highlight=False)
 
@@ -397,124 +397,3 @@ def _planned_batches(message_file: Path, settings: IngestSettings) -> list[str]:
     if not isinstance(message, PromptMessage):
         raise RequestRejected(f"{message_file} is not a prompt message")
     return [batch.input.batch_id for batch in plan_batches(message, settings, store_for)]
-
-
-@commands.command()
-def search(
-    text: Annotated[str | None, typer.Argument(help="What to look for, in words: 'a dog on a beach'")] = None,
-    like: Annotated[
-        str | None, typer.Option("--like", help="Or: the images nearest this one (a path or an s3:// location)")
-    ] = None,
-    where: Annotated[
-        str | None,
-        typer.Option(help="Only images with a row where this SQL holds: images (i.) and detections (d.) columns"),
-    ] = None,
-    limit: Annotated[int, typer.Option(min=1, max=10_000, help="How many images")] = 10,
-    output: Annotated[str, typer.Option("--format", help="table, json or csv")] = "table",
-    gallery_dir: Annotated[Path | None, typer.Option("--gallery", help="Also write the hits as a gallery page")] = None,
-    data_dir: DataDir = Path("annotate-data"),
-    stack: Stack = None,
-    profile: Annotated[Profile, typer.Option(help="The models the images were annotated with")] = Profile.DEFAULT,
-) -> None:
-    """The images nearest a text or an image by their CLIP embeddings, best first, with their labels and caption:
-    locally on DuckDB, or with --stack on Athena (the query's vector made here, with the stack's model)."""
-    import duckdb
-
-    from shared.errors import ImageRejected, ModelUnavailable, RequestRejected, TransientError
-    from tools.results.query import OutputFormat, format_rows
-
-    try:
-        output_format = OutputFormat(output)
-    except ValueError:
-        raise fail(f"--format must be one of {[f.value for f in OutputFormat]}") from None
-    if (text is None) == (like is None):
-        raise fail("say what to look for: a text, or --like an image (one of them)")
-    if stack and gallery_dir is not None:
-        raise fail("--gallery writes the local results' pictures: leave out --stack")
-    quiet_logs(False)
-    try:
-        hits = _search_hits(text, like, where, limit, data_dir, stack, profile)
-    except ImageRejected as error:
-        raise fail(f"--like {like}: {error}") from None
-    except (RequestRejected, ModelUnavailable, TransientError) as error:
-        raise fail(str(error)) from None
-    except duckdb.Error as error:
-        raise fail(f"--where {where!r}: {str(error).splitlines()[0]}") from None
-    if output_format is OutputFormat.TABLE:
-        print_table(hits)
-    else:
-        sys.stdout.write(format_rows(hits, output_format) + "\n")
-    if gallery_dir is not None and hits.num_rows:
-        _write_hits_gallery(hits.column("source_uri").to_pylist(), gallery_dir, data_dir)
-
-
-def _search_hits(
-    text: str | None,
-    like: str | None,
-    where: str | None,
-    limit: int,
-    data_dir: Path,
-    stack: str | None,
-    profile: Profile,
-) -> Any:
-    """``search``'s hits: on the local tables, or on the stack's (Athena), the query's vector made here with the
-    model the stack's rows are of (where its Tag function loaded it from)."""
-    from tools.results.athena import run_athena_query
-    from tools.results.query import connect_local
-    from tools.results.search import athena_models, checked_model, image_vector, search, search_on_athena, text_vector
-
-    chosen: dict[str, Any] = {}
-    if stack:
-        athena = _stack_athena(stack)
-
-        def run(sql: str) -> Any:
-            return run_athena_query(sql, athena)
-
-        chosen["tagger_models"] = [checked_model(*athena_models(run), None, None)]
-    settings = use_settings(profile=profile, data_dir=data_dir, **chosen)
-    query = text_vector(text, settings) if text is not None else image_vector(str(like), settings)
-    if stack:
-        return search_on_athena(run, query, where, limit)
-    return search(connect_local(data_dir), query, where, limit)
-
-
-def _write_hits_gallery(sources: list[str], out_dir: Path, data_dir: Path) -> None:
-    from shared.storage.objects import store_for
-    from tools.results.gallery import write_gallery
-
-    listed = ", ".join("'" + source.replace("'", "''") + "'" for source in sources)
-    images = _images_to_write(out_dir, f"source_uri IN ({listed})", data_dir, None, "show")
-    order = {source: rank for rank, source in enumerate(sources)}
-    with _writing_into(out_dir):
-        index = write_gallery(sorted(images, key=lambda image: order[image.source_uri]), out_dir, store_for, None)
-    err.print(f"{len(images)} images: open {index}", highlight=False)
-
-
-@commands.command()
-def duplicates(
-    threshold: Annotated[
-        float, typer.Option(min=0.0, max=1.0, help="Cosine similarity from which two images are copies")
-    ] = DUPLICATE_THRESHOLD,
-    model: Annotated[str | None, typer.Option(help="The embeddings' model, where the rows have several")] = None,
-    output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
-    data_dir: DataDir = Path("annotate-data"),
-) -> None:
-    """Groups of near-duplicate images (a resized or re-encoded copy, a burst of one scene), by their embeddings."""
-    import json
-
-    from shared.errors import RequestRejected
-    from tools.results.query import connect_local
-    from tools.results.search import duplicate_groups
-
-    if output not in ("table", "json"):
-        raise fail("--format must be table or json")
-    try:
-        groups = duplicate_groups(connect_local(data_dir), threshold, model)
-    except RequestRejected as error:
-        raise fail(str(error)) from None
-    if output == "json":
-        sys.stdout.write(json.dumps(groups) + "\n")
-        return
-    for number, group in enumerate(groups, start=1):
-        out.print(f"group {number}: " + ", ".join(group), highlight=False, soft_wrap=True)
-    out.print(f"{len(groups)} group{'s' if len(groups) != 1 else ''} of near-duplicates at {threshold:g}")

@@ -88,7 +88,16 @@ def results_with_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Local tables holding a succeeded image with a described, captioned 'dog' box and a failed image."""
     from datetime import UTC, datetime
 
-    from shared.contracts import AttributeScore, Box, CaptionOutput, ClassScore, Detection, ImageResult, Status
+    from shared.contracts import (
+        AttributeScore,
+        Box,
+        CaptionOutput,
+        ClassScore,
+        Detection,
+        ImageEmbedding,
+        ImageResult,
+        Status,
+    )
     from shared.storage.objects import store_for
     from shared.storage.tables import write_table_files
 
@@ -126,6 +135,7 @@ def results_with_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
             prompt="dog.",
             detections=[dog],
             caption=caption,
+            embedding=ImageEmbedding(model="m", vector=[0.6, 0.8]),
             annotated_uri="s3://out/a.png",
             processed_at=now,
         ),

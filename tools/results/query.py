@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from enum import StrEnum
 from pathlib import Path
 
@@ -105,6 +106,23 @@ def images_latest_view(database: str) -> dict[str, object]:
         "schema": database,
         "columns": [{"name": field.name, "type": presto_type(field.type)} for field in columns],
     }
+
+
+# Athena's dot product of two arrays (Trino has no function for it), and DuckDB's: the one idiom of the project's
+# Athena SQL that sqlglot does not carry over (tools/results/search.py writes it).
+_ATHENA_DOT = re.compile(
+    r"reduce\(zip_with\(([\w.]+), ([\w.]+), \(a, b\) -> a \* b\), 0\.0E0, \(s, x\) -> s \+ x, s -> s\)"
+)
+
+
+def duckdb_of_athena(athena_sql: str) -> str:
+    """``athena_sql`` in DuckDB's dialect: sqlglot's transpilation, after the dot product of two columns."""
+    import sqlglot
+
+    [duckdb_sql] = sqlglot.transpile(
+        _ATHENA_DOT.sub(r"list_dot_product(\1, \2)", athena_sql), read="athena", write="duckdb"
+    )
+    return str(duckdb_sql)
 
 
 def run_local_query(sql: str, data_dir: Path) -> pa.Table:

@@ -17,6 +17,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from shared.contracts import AnnotationRequest, BatchInput, ImageRef, ImageResult, Status
+from shared.settings import Settings
 from shared.storage import objects as storage
 from tools.aws.moto_internals import QueryResults, athena_backends
 from tools.cli import app
@@ -230,3 +231,27 @@ def test_a_stack_of_another_template_is_named_as_such(stack: Any) -> None:
     code, output = annotate("status", "--last", "--stack", "other")
 
     assert code == 2 and "stack 'other' has no output ResultsBucketName, StateMachineArn" in output
+
+
+def test_a_search_on_the_stack_ranks_in_athena_with_a_vector_of_the_rows_model(
+    stack: Any, tiny_settings: Settings
+) -> None:
+    import numpy as np
+
+    from shared.models.tagging import load_tagger
+
+    boto3.client("athena", region_name=REGION).create_work_group(Name="annotate")
+    # GIVEN the stack's rows, embedded by the tiny CLIP (32 values), and what Athena answers the ranking
+    columns = [{"Name": n, "Type": t} for n, t in (("model", "varchar"), ("images", "bigint"), ("length", "integer"))]
+    hits = [{"Name": n, "Type": t} for n, t in (("source_uri", "varchar"), ("score", "double"), ("labels", "varchar"))]
+    queue_athena_results((columns, [["tiny:clip", "2", "32"]]), (hits, [[IMAGES[0].source_uri, "0.25", "cat"]]))
+    # WHEN a phrase is searched on the stack
+    code, output = annotate("search", "a cat", "--stack", STACK, "--profile", "tiny", "--format", "json")
+    # THEN Athena's answer is printed, typed, and the query it ran holds the tiny CLIP's vector of the phrase
+    assert code == 0, output
+    assert json.loads(output) == [{"source_uri": IMAGES[0].source_uri, "score": 0.25, "labels": "cat"}]
+    executions = athena_backends["123456789012"][REGION].executions.values()
+    ranking = next(e.query for e in executions if "zip_with" in e.query)
+    assert "e.model = 'tiny:clip'" in ranking and "LIMIT 10" in ranking
+    written = np.array([float(v) for v in ranking.split("ARRAY[", 1)[1].split("]", 1)[0].split(",")], np.float32)
+    assert np.array_equal(written, load_tagger(tiny_settings.describe).embed_texts(["a cat"])[0])

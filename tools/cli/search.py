@@ -88,11 +88,12 @@ def _search_hits(
         def run(sql: str) -> Any:
             return run_athena_query(sql, athena)
 
-        chosen["tagger_models"] = [checked_model(*athena_models(run), None, None)]
+        models = athena_models(run)
+        chosen["tagger_models"] = [checked_model(*models, None, None)]
     settings = use_settings(profile=profile, data_dir=data_dir, **chosen)
     query = text_vector(text, settings) if text is not None else image_vector(str(like), settings)
     if stack:
-        return search_on_athena(run, query, where, limit)
+        return search_on_athena(run, query, where, limit, models)
     return search(connect_local(data_dir), query, where, limit)
 
 

@@ -235,15 +235,19 @@ def athena_models(run: Callable[[str], pa.Table]) -> tuple[dict[str, tuple[int, 
 
 
 def search_on_athena(
-    run: Callable[[str], pa.Table], query: QueryVector, where: str | None = None, limit: int = 10
+    run: Callable[[str], pa.Table],
+    query: QueryVector,
+    where: str | None = None,
+    limit: int = 10,
+    models: tuple[dict[str, tuple[int, int]], int] | None = None,
 ) -> pa.Table:
-    """:func:`search` over the deployed tables, in Athena's SQL.
+    """:func:`search` over the deployed tables, in Athena's SQL; ``models``: :func:`athena_models`' answer, where the
+    caller asked already (each query is billed).
 
     Raises:
         RequestRejected: the rows cannot be compared with ``query``, or Athena refused the query (its reason).
     """
-    models, images = athena_models(run)
-    checked_model(models, images, query.model, len(query.vector))
+    checked_model(*(models or athena_models(run)), query.model, len(query.vector))
     return run(athena_search_sql(query, where, limit))
 
 

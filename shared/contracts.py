@@ -26,6 +26,7 @@ MAX_ATTRIBUTES = 8
 MAX_ATTRIBUTE_VALUES = 32
 MAX_VALUE_CHARS = 40
 MAX_TOP_K = 10
+MAX_SEARCH_TEXT_CHARS = 1000  # a text embedded to search by (annotate search, /v1/search, /v1/embeddings)
 DEFAULT_ATTRIBUTES: dict[str, list[str]] = {
     "color": ["black", "white", "gray", "brown", "beige", "red", "orange", "yellow", "green", "blue", "purple", "pink"],
     "pattern": ["solid", "striped", "spotted", "plaid", "checkered", "floral", "patchy"],

@@ -21,6 +21,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from shared.contracts import MAX_SEARCH_TEXT_CHARS
 from shared.observability import metrics
 from shared.pipeline.dependencies import Dependencies, Step, build_dependencies
 from shared.serving.bounds import (
@@ -78,7 +79,7 @@ class SearchCall(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(min_length=1, max_length=1000)
+    query: str = Field(min_length=1, max_length=MAX_SEARCH_TEXT_CHARS)
     limit: int = Field(10, ge=1, le=100)
 
 

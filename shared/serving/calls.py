@@ -18,6 +18,7 @@ from PIL import Image, ImageOps
 from pydantic import Field, model_validator
 
 from shared.contracts import (
+    MAX_SEARCH_TEXT_CHARS,
     AnnotationRequest,
     ImageOutcome,
     ImageResult,
@@ -334,7 +335,6 @@ def server_sent_event(data: dict[str, Any]) -> bytes:
 
 
 MAX_EMBEDDING_INPUTS = 64
-MAX_EMBEDDING_TEXT_CHARS = 1000
 
 
 def embeddings(
@@ -361,8 +361,8 @@ def embeddings(
     images = [(i, text) for i, text in enumerate(inputs) if text.startswith("data:") or is_s3(text)]
     texts = [(i, text) for i, text in enumerate(inputs) if not (text.startswith("data:") or is_s3(text))]
     for _, text in texts:
-        if not text.strip() or len(text) > MAX_EMBEDDING_TEXT_CHARS:
-            raise RequestRejected(f"input: a text is 1 to {MAX_EMBEDDING_TEXT_CHARS:,} characters, not {len(text):,}")
+        if not text.strip() or len(text) > MAX_SEARCH_TEXT_CHARS:
+            raise RequestRejected(f"input: a text is 1 to {MAX_SEARCH_TEXT_CHARS:,} characters, not {len(text):,}")
     if texts:
         for (i, _), vector in zip(texts, tagger.embed_texts([text for _, text in texts]), strict=True):
             vectors[i] = vector

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shared.contracts import MAX_SEARCH_TEXT_CHARS
 from shared.errors import RequestRejected
 
 if TYPE_CHECKING:
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 # puts every image near every other (the samples' different images at 0.989, their copies at 0.9999 and above,
 # tests/e2e/test_search.py): there, 0.999 separates them.
 DUPLICATE_THRESHOLD = 0.95
-MAX_QUERY_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,8 @@ def text_vector(text: str, settings: Settings) -> QueryVector:
     text = text.strip()
     if not text:
         raise RequestRejected("the search text is empty: say what to look for ('a dog on a beach')")
-    if len(text) > MAX_QUERY_CHARS:
-        raise RequestRejected(f"the search text is {len(text):,} characters; at most {MAX_QUERY_CHARS:,}")
+    if len(text) > MAX_SEARCH_TEXT_CHARS:
+        raise RequestRejected(f"the search text is {len(text):,} characters; at most {MAX_SEARCH_TEXT_CHARS:,}")
     tagger = load_tagger(settings.describe)
     return QueryVector(tagger.name, tagger.embed_texts([text])[0])
 

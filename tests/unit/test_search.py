@@ -140,6 +140,8 @@ def test_athena_s_ranking_is_duckdb_s_where_the_dialects_agree(tmp_path: Path, v
     query = QueryVector(MODEL, unit(np.random.default_rng(11).normal(size=32)))
     athena = athena_search_sql(query, "label = 'dog'", 5)
     sqlglot.parse_one(athena, read="athena")  # Athena's (Trino's) syntax
+    largest = QueryVector(MODEL, unit(np.random.default_rng(12).normal(size=1024)))
+    assert len(athena_search_sql(largest, "label = 'dog'", 10).encode()) < 262_144  # Athena's query string quota
     assert "reduce(zip_with(e.vector, ARRAY[" in athena and "e.model = 'tiny:clip'" in athena and "LIMIT 5" in athena
     # WHEN its two Athena-only expressions (the dot product, the labels' list) become DuckDB's, and it runs there
     vector = "ARRAY[" + athena.split("ARRAY[", 1)[1].split("]", 1)[0] + "]"

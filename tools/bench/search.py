@@ -28,8 +28,9 @@ IMAGES_PER_FILE = 1_000
 
 def _image_seconds(path: Path, settings: Any, results: str, embeddings: str) -> dict[str, float]:
     """One sample through the Tag step and through one process, with the request's ``embeddings``."""
-    from shared.contracts import AnnotationRequest, DescribeInput, ImageRef, ImageTask
+    from shared.contracts import AnnotationRequest, DescribeInput, ImageTask
     from shared.pipeline import steps
+    from shared.pipeline.batches import image_ref
     from shared.pipeline.dependencies import Dependencies, Step, build_dependencies
     from shared.pipeline.one_image import annotate_image
     from shared.storage.objects import local_uri
@@ -38,7 +39,7 @@ def _image_seconds(path: Path, settings: Any, results: str, embeddings: str) -> 
     task = ImageTask(
         batch_id="b-" + "0" * 20,
         request=AnnotationRequest(prompt="dog. cat.", embeddings=embeddings),
-        image=ImageRef(image_id=f"{abs(hash((uri, embeddings))):016x}"[:16], source_uri=uri),
+        image=image_ref(uri, embeddings),  # each setting's result document apart
         results_uri=results,
     )
     deps: dict[Step, Dependencies] = {
@@ -88,8 +89,13 @@ def _synthetic_tables(images: int, data_dir: Path) -> None:
     import numpy as np
     import pyarrow as pa
 
-    from shared.storage import layout
-    from shared.storage.tables import DETECTIONS_SCHEMA, EMBEDDINGS_SCHEMA, IMAGES_SCHEMA, parquet_bytes
+    from shared.storage.tables import (
+        DETECTIONS_SCHEMA,
+        EMBEDDINGS_SCHEMA,
+        IMAGES_SCHEMA,
+        parquet_bytes,
+        table_file_uris,
+    )
 
     rng = np.random.default_rng(images)
     now = datetime.now(UTC)
@@ -99,20 +105,15 @@ def _synthetic_tables(images: int, data_dir: Path) -> None:
         keys = {"image_id": ids, "source_uri": [f"s3://in/{i}.jpg" for i in ids], "batch_id": ["b-1"] * count}
         vectors = rng.normal(size=(count, SEARCH_VALUES)).astype(np.float32)
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        rows = [dict(zip(keys, row, strict=True)) | {"processed_at": now} for row in zip(*keys.values(), strict=True)]
         tables = {
             "images": pa.Table.from_pylist(
-                [
-                    dict(zip(keys, row, strict=True))
-                    | {"status": "succeeded", "prompt": "cat. dog.", "processed_at": now}
-                    for row in zip(*keys.values(), strict=True)
-                ],
-                schema=IMAGES_SCHEMA,
+                [row | {"status": "succeeded", "prompt": "cat. dog."} for row in rows], schema=IMAGES_SCHEMA
             ),
             "detections": pa.Table.from_pylist(
                 [
-                    dict(zip(keys, row, strict=True))
-                    | {"detection_index": 0, "label": "cat" if i % 2 else "dog", "score": 0.5, "processed_at": now}
-                    for i, row in enumerate(zip(*keys.values(), strict=True))
+                    row | {"detection_index": 0, "label": "cat" if i % 2 else "dog", "score": 0.5}
+                    for i, row in enumerate(rows)
                 ],
                 schema=DETECTIONS_SCHEMA,
             ),
@@ -126,8 +127,9 @@ def _synthetic_tables(images: int, data_dir: Path) -> None:
                 schema=EMBEDDINGS_SCHEMA,
             ),
         }
+        uris = table_file_uris(str(data_dir), f"b-1-g-{start:06d}", now)
         for name, table in tables.items():
-            path = Path(layout.table_file(str(data_dir), name, f"dt={now:%Y-%m-%d}", f"b-1-g-{start:06d}"))
+            path = Path(uris[name])
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(parquet_bytes(table))
 

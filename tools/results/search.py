@@ -163,7 +163,8 @@ LIMIT {limit}
 
 def athena_search_sql(query: QueryVector, where: str | None, limit: int) -> str:
     """The ranking in Athena's SQL, the model and the vector written in (Athena's parameters are scalars): each value
-    a double literal, exactly the float32's."""
+    a double literal, exactly the float32's. A 1,024-value vector makes about 18 kB of SQL, within Athena's "maximum
+    allowed query string length is 262144 bytes" (Athena service quotas; tests/unit/test_search.py)."""
     values = ", ".join(f"{float(value):.9e}" for value in query.vector)
     model = "'" + query.model.replace("'", "''") + "'"
     return search_sql(where, "athena", f"ARRAY[{values}]", model, str(int(limit)))

@@ -130,10 +130,11 @@ class AnnotationRequest(Frozen):
         "text", description="json: the LLM is constrained to {'caption': str, 'tags': [str]}"
     )
     variants: VariantsRequest | None = Field(None, description="Generate variants of each image (on Fargate)")
-    embeddings: Literal["image", "none"] = Field(
+    embeddings: Literal["image", "boxes", "none"] = Field(
         "image",
         description="image: keep the whole image's CLIP embedding (the Tag model's), a row of the embeddings table that"
-        " annotate search and annotate duplicates read; none: not computed",
+        " annotate search and annotate duplicates read; boxes: that and each box's crop embedding (the one its tags"
+        " were scored with), a row each of the box_embeddings table; none: not computed",
     )
     job_id: str | None = Field(
         None, pattern=r"^[A-Za-z0-9._:/-]{1,128}$", description="The sender's name for this work; every row keeps it"
@@ -447,16 +448,29 @@ class ImageEmbedding(Frozen):
 
     It travels in the image's state from Tag to WriteResult, within Step Functions' "Maximum input or output size for
     a task, state, or execution: 256 KiB" (Step Functions quotas): a CLIP's 512 to 1,024 values take 11 to 22 KiB of
-    it (tests/unit/test_contracts.py). A box's crop embeddings, twenty boxes of them, would not fit beside the rest.
+    it (tests/unit/test_contracts.py). The boxes' crop embeddings, up to max_detections of them, would not fit: they
+    travel as a document of their own (:class:`BoxEmbeddings`).
     """
 
     model: str
     vector: list[float]
 
 
+class BoxEmbeddings(Frozen):
+    """Each box's crop embedding (unit length, float32 values), in the detections' order; ``None`` for a box without
+    a crop. Tag writes it as a document beside the image's result document, where WriteResult reads it in: three
+    hundred boxes' vectors are megabytes, past the state's 256 KiB."""
+
+    model: str
+    vectors: list[list[float] | None]
+
+
 class TagOutput(Frozen):
     tags: list[BoxAttributes] = Field(description="One entry per detection, in order")
     embedding: ImageEmbedding | None = Field(None, description="Set when the request asks for embeddings")
+    box_embeddings_uri: str | None = Field(
+        None, description="Where the boxes' BoxEmbeddings document is, when the request asks for them"
+    )
     ms: float = Field(ge=0, description="Time this step took for the image, fetch and decode included")
     made_by: MadeBy = Field(default_factory=MadeBy)
 
@@ -561,6 +575,7 @@ class ImageResult(Frozen):
     caption: CaptionOutput | None = None
     variants: VariantsOutput | None = None
     embedding: ImageEmbedding | None = None
+    box_embeddings: BoxEmbeddings | None = None
     annotated_uri: str | None = None
     result_uri: str | None = None
     processed_at: datetime

@@ -39,6 +39,10 @@ class Tagger(Protocol):
         self, crops: list[Image.Image], box_labels: list[str], vocabularies: dict[str, list[str]]
     ) -> list[list[AttributeScore]]: ...
 
+    def tag_and_embed(
+        self, crops: list[Image.Image], box_labels: list[str], vocabularies: dict[str, list[str]]
+    ) -> tuple[list[list[AttributeScore]], np.ndarray]: ...
+
     def choose(self, image: Image.Image, choices: Mapping[str, list[str]]) -> dict[str, list[float]]: ...
 
     def embed_images(self, images: list[Image.Image]) -> np.ndarray: ...
@@ -102,7 +106,20 @@ class ClipTagger:
         """Per crop, the best value of each attribute, in one image forward for all crops."""
         if not (crops and vocabularies):
             return [[] for _ in crops]
+        return self._tags(_unit(self.encode_image(crops)), box_labels, vocabularies)
+
+    def tag_and_embed(
+        self, crops: list[Image.Image], box_labels: list[str], vocabularies: dict[str, list[str]]
+    ) -> tuple[list[list[AttributeScore]], np.ndarray]:
+        """:meth:`tag`'s answer and the crops' embeddings (as :meth:`embed_images` gives them), from the one image
+        forward: the tags are what :meth:`tag` alone finds."""
         images = _unit(self.encode_image(crops))
+        tags = self._tags(images, box_labels, vocabularies) if vocabularies else [[] for _ in crops]
+        return tags, images.astype(np.float32)
+
+    def _tags(
+        self, images: np.ndarray, box_labels: list[str], vocabularies: dict[str, list[str]]
+    ) -> list[list[AttributeScore]]:
         results = []
         for image, label in zip(images, box_labels, strict=True):
             scores = []

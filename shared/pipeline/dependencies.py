@@ -41,8 +41,9 @@ class Step(StrEnum):
 @dataclass(frozen=True)
 class Dependencies:
     """The store that holds each URI, the image limits, crop margin and pictures' size and format, and the step's
-    model (only its own). ``decoded``: where one process runs an image's steps one after another (the one-image
-    path), the images its steps decoded, so that each is decoded once."""
+    model (only its own). ``decoded`` and ``written``: where one process runs an image's steps one after another (the
+    one-image path), the images its steps decoded and the documents they wrote for a later step, so that each image
+    is decoded once and no document is read back."""
 
     store_for: StoreFor
     image_limits: ImageLimits
@@ -50,6 +51,7 @@ class Dependencies:
     picture_max_side: int = 0
     picture_format: PictureFormat = PictureFormat.JPEG
     decoded: dict[str, LoadedImage] | None = None
+    written: dict[str, bytes] | None = None
     made_by: MadeBy = field(default_factory=MadeBy)
     detector: Detector | None = None
     classifier: Classifier | None = None

@@ -52,11 +52,12 @@ def annotate_image(
     """
     if task.request.variants is not None:
         raise ValueError("variants are made by the workflow's Fargate task, not in one process")
-    # the steps share one decode of the image (a 12 MP photo's is 0.1 s)
+    # the steps share one decode of the image (a 12 MP photo's is 0.1 s), and what one writes for another
     decoded = {task.image.source_uri: decoded_image} if decoded_image else {}
+    written: dict[str, bytes] = {}
 
     def dependencies_of(step: Step) -> Dependencies:
-        return replace(dependencies_of_step(step), decoded=decoded)
+        return replace(dependencies_of_step(step), decoded=decoded, written=written)
 
     state = ImageState(task=task)
     detection = _run(lambda: steps.detect(task, dependencies_of(Step.DETECT)))

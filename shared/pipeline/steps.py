@@ -21,6 +21,7 @@ from shared.contracts import (
     BatchSummary,
     BoxAttributes,
     BoxClasses,
+    BoxEmbeddings,
     BranchFailure,
     CaptionOutput,
     ClassifyOutput,
@@ -73,6 +74,17 @@ def _image(uri: str, deps: Dependencies) -> LoadedImage:
     if uri not in deps.decoded:
         deps.decoded[uri] = load_image(uri, deps.store_for, deps.image_limits)
     return deps.decoded[uri]
+
+
+def _write_step_document(uri: str, data: bytes, deps: Dependencies) -> None:
+    """A document one step writes for a later one; kept in ``deps.written`` too, where one process runs both."""
+    deps.store_for(uri).write_bytes(uri, data, "application/json")
+    if deps.written is not None:
+        deps.written[uri] = data
+
+
+def _step_document(uri: str, deps: Dependencies) -> bytes:
+    return deps.written[uri] if deps.written and uri in deps.written else deps.store_for(uri).read_bytes(uri)
 
 
 def _elapsed_ms(started: float) -> float:
@@ -134,19 +146,34 @@ def classify(task: DescribeInput, deps: Dependencies) -> ClassifyOutput:
 
 def tag(task: DescribeInput, deps: Dependencies) -> TagOutput:
     """Tag every box of the image with the request's attribute vocabularies, in one batch; and, where the request
-    asks, embed the whole image (its own forward: the boxes' tags stay what they were without it)."""
+    asks, embed the whole image (its own forward: the boxes' tags stay what they were without it) and keep the
+    boxes' crop embeddings (the tags' own forward) in a document beside the image's result."""
     started = time.perf_counter()
     model = _required(deps.tagger, "tagger")
     deps = deps if deps.decoded is not None else replace(deps, decoded={})  # the crops and the embedding: one decode
-    vocabularies = task.task.request.attributes
-    results = _per_box(task, deps, lambda crops, labels: model.tag(crops, labels, vocabularies))
+    request, image = task.task.request, task.task.image
+    vocabularies = request.attributes
+    box_embeddings_uri = None
+    if request.embeddings == "boxes":
+        tagged = _per_box(
+            task, deps, lambda crops, labels: list(zip(*model.tag_and_embed(crops, labels, vocabularies), strict=True))
+        )
+        results = [r if isinstance(r, str) else r[0] for r in tagged]
+        vectors = BoxEmbeddings(
+            model=model.name, vectors=[None if isinstance(r, str) else r[1].tolist() for r in tagged]
+        )
+        box_embeddings_uri = layout.box_embeddings_document(task.task.results_uri, task.task.batch_id, image.image_id)
+        _write_step_document(box_embeddings_uri, vectors.model_dump_json().encode(), deps)
+    else:
+        results = _per_box(task, deps, lambda crops, labels: model.tag(crops, labels, vocabularies))
     embedding = None
-    if task.task.request.embeddings == "image":
-        [vector] = model.embed_images([_image(task.task.image.source_uri, deps).pixels])
+    if request.embeddings != "none":
+        [vector] = model.embed_images([_image(image.source_uri, deps).pixels])
         embedding = ImageEmbedding(model=model.name, vector=vector.tolist())
     return TagOutput(
         tags=[BoxAttributes(skipped=r) if isinstance(r, str) else BoxAttributes(attributes=r) for r in results],
         embedding=embedding,
+        box_embeddings_uri=box_embeddings_uri,
         ms=_elapsed_ms(started),
         made_by=deps.made_by,
     )
@@ -232,6 +259,7 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
     if state.variants_task is not None:
         variants, failure = _variants_document(state, deps)
         failures |= {FailedStep.VARIANTS: failure} if failure else {}
+    tag = state.description.tag if state.description and isinstance(state.description.tag, TagOutput) else None
     annotated_uri = None
     if state.detection is not None:
         image = _image(task.image.source_uri, deps)
@@ -256,9 +284,8 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
         made_by=_made_by(state),
         caption=state.caption,
         variants=variants,
-        embedding=state.description.tag.embedding
-        if state.description and isinstance(state.description.tag, TagOutput)
-        else None,
+        embedding=tag.embedding if tag else None,
+        box_embeddings=_box_embeddings(tag, deps),
         annotated_uri=annotated_uri,
         result_uri=json_uri,
         processed_at=datetime.now(UTC),
@@ -266,6 +293,13 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
     deps.store_for(json_uri).write_bytes(json_uri, result.model_dump_json(indent=2).encode(), "application/json")
     logger.info("result written", extra={"image_id": result.image_id, "status": result.status, "error": result.error})
     return result
+
+
+def _box_embeddings(tag: TagOutput | None, deps: Dependencies) -> BoxEmbeddings | None:
+    """The boxes' embeddings Tag wrote for the image, where the request asked for them."""
+    if tag is None or tag.box_embeddings_uri is None:
+        return None
+    return BoxEmbeddings.model_validate_json(_step_document(tag.box_embeddings_uri, deps))
 
 
 def _made_by(state: ImageState) -> dict[str, MadeBy]:

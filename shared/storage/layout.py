@@ -22,6 +22,14 @@ def result_document(root: str, batch_id: str, image_id: str) -> str:
     return join_uri(root, RESULTS, batch_id, image_id) + ".json"
 
 
+STEP_DOCUMENT_SUFFIXES = (".variants.json", ".boxes.json")  # what steps write beside a result document
+
+
+def is_result_document(uri: str) -> bool:
+    """Whether ``uri``, in a batch's results folder, is an image's result document (not a step's beside it)."""
+    return uri.endswith(".json") and not uri.endswith(STEP_DOCUMENT_SUFFIXES)
+
+
 def batch_results(root: str, batch_id: str) -> str:
     """The folder of a batch's result documents, with its trailing slash."""
     return join_uri(root, RESULTS, batch_id) + "/"
@@ -33,7 +41,12 @@ def picture(root: str, batch_id: str, image_id: str, picture_format: PictureForm
 
 def variants_document(root: str, batch_id: str, image_id: str) -> str:
     """Beside the image's own result document."""
-    return join_uri(root, RESULTS, batch_id, image_id) + ".variants.json"
+    return join_uri(root, RESULTS, batch_id, image_id) + STEP_DOCUMENT_SUFFIXES[0]
+
+
+def box_embeddings_document(root: str, batch_id: str, image_id: str) -> str:
+    """Beside the image's own result document: Tag writes it, WriteResult reads it in."""
+    return join_uri(root, RESULTS, batch_id, image_id) + STEP_DOCUMENT_SUFFIXES[1]
 
 
 def variant_picture(root: str, batch_id: str, image_id: str, index: int) -> str:

@@ -1,7 +1,8 @@
-"""The Parquet tables: ``images`` (one row per input image), ``detections`` (one row per box) and ``embeddings``
-(one row per image embedded: its CLIP vector, which ``annotate search`` and ``annotate duplicates`` compare).
+"""The Parquet tables: ``images`` (one row per input image), ``detections`` (one row per box), ``embeddings``
+(one row per image embedded: its CLIP vector, which ``annotate search`` and ``annotate duplicates`` compare) and
+``box_embeddings`` (one row per box embedded, where a request asked).
 
-Both are partitioned by ``dt=YYYY-MM-DD`` (the day ingest planned the batch) and hold one file per group of images,
+All are partitioned by ``dt=YYYY-MM-DD`` (the day ingest planned the batch) and hold one file per group of images,
 named by the batch and group, so running a batch again replaces its rows instead of adding a second copy.
 """
 
@@ -116,7 +117,24 @@ EMBEDDINGS_SCHEMA = pa.schema(
     ]
 )
 
-SCHEMAS = {"images": IMAGES_SCHEMA, "detections": DETECTIONS_SCHEMA, "embeddings": EMBEDDINGS_SCHEMA}
+# A box's crop embedding, where its request asked (embeddings: boxes): the box is its image's detection_index.
+BOX_EMBEDDINGS_SCHEMA = pa.schema(
+    [
+        *IMAGE_KEY_FIELDS,
+        ("detection_index", pa.int32()),
+        ("label", pa.string()),
+        ("model", pa.string()),
+        ("vector", pa.list_(pa.float32())),
+        ("processed_at", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+
+SCHEMAS = {
+    "images": IMAGES_SCHEMA,
+    "detections": DETECTIONS_SCHEMA,
+    "embeddings": EMBEDDINGS_SCHEMA,
+    "box_embeddings": BOX_EMBEDDINGS_SCHEMA,
+}
 
 # `annotate evaluate`'s rows: per label (and for every label together, ``label`` null), how the pipeline's boxes
 # compared with labels a person reviewed; written beside the other tables, one file per evaluation.
@@ -198,12 +216,14 @@ def images_table(results: list[ImageResult]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=IMAGES_SCHEMA)
 
 
+def _image_key(result: ImageResult) -> dict[str, str]:
+    return {name: getattr(result, name) for name, _ in IMAGE_KEY_FIELDS}
+
+
 def detections_table(results: list[ImageResult]) -> pa.Table:
     rows = [
         {
-            "image_id": result.image_id,
-            "source_uri": result.source_uri,
-            "batch_id": result.batch_id,
+            **_image_key(result),
             "detection_index": index,
             **_detection_row(detection),
             **_flat_attributes(detection),
@@ -218,9 +238,7 @@ def detections_table(results: list[ImageResult]) -> pa.Table:
 def embeddings_table(results: list[ImageResult]) -> pa.Table:
     rows = [
         {
-            "image_id": result.image_id,
-            "source_uri": result.source_uri,
-            "batch_id": result.batch_id,
+            **_image_key(result),
             "model": result.embedding.model,
             "vector": result.embedding.vector,
             "processed_at": result.processed_at,
@@ -231,7 +249,30 @@ def embeddings_table(results: list[ImageResult]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=EMBEDDINGS_SCHEMA)
 
 
-TABLE_ROWS = {"images": images_table, "detections": detections_table, "embeddings": embeddings_table}
+def box_embeddings_table(results: list[ImageResult]) -> pa.Table:
+    rows = [
+        {
+            **_image_key(result),
+            "detection_index": index,
+            "label": detection.label,
+            "model": result.box_embeddings.model,
+            "vector": vector,
+            "processed_at": result.processed_at,
+        }
+        for result in results
+        if result.box_embeddings is not None
+        for index, (detection, vector) in enumerate(zip(result.detections, result.box_embeddings.vectors, strict=True))
+        if vector is not None
+    ]
+    return pa.Table.from_pylist(rows, schema=BOX_EMBEDDINGS_SCHEMA)
+
+
+TABLE_ROWS = {
+    "images": images_table,
+    "detections": detections_table,
+    "embeddings": embeddings_table,
+    "box_embeddings": box_embeddings_table,
+}
 
 
 def table_file_uris(results_root: str, file_stem: str, day: datetime) -> dict[str, str]:

@@ -20,6 +20,7 @@ from shared.pipeline.bulk import Stopped, run_job
 from shared.pipeline.dependencies import dependencies_of
 from shared.pipeline.ingest import start_batches
 from shared.settings import Settings, use_settings
+from shared.storage import layout
 from shared.storage.objects import LocalStore, store_for
 from tests.conftest import SAMPLES
 from tools.bench.cost_lanes import BULK_S3_GETS_PER_IMAGE
@@ -29,6 +30,7 @@ from tools.results.query import run_local_query
 
 pytestmark = pytest.mark.slow
 ROWS = "SELECT image_id, status, len(detections) AS boxes, caption FROM images ORDER BY image_id"
+BOX_ROWS = "SELECT image_id, detection_index, label, vector FROM box_embeddings ORDER BY image_id, detection_index"
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +43,14 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _annotate_run(images: Path, data: Path, lane: str) -> None:
-    result = CliRunner().invoke(
-        app,
-        ["run", str(images), "--prompt", "dog. cat.", "--profile", "tiny", "--data-dir", str(data), "--lane", lane],
-    )
+    arguments = ["run", str(images), "--prompt", "dog. cat.", "--profile", "tiny", "--embeddings", "boxes"]
+    result = CliRunner().invoke(app, [*arguments, "--data-dir", str(data), "--lane", lane])
     assert result.exit_code == 1 and "3 succeeded, 1 failed" in result.output, result.output
 
 
 @pytest.fixture(scope="module")
 def by_workflow(inputs: Path, tmp_path_factory: pytest.TempPathFactory, tiny_settings: Settings) -> Path:
-    """The inputs annotated by the workflow in the Lambda lane, captions on."""
+    """The inputs annotated by the workflow in the Lambda lane, captions on, the boxes' embeddings kept."""
     data = tmp_path_factory.mktemp("lambda-lane")
     _annotate_run(inputs, data, "lambda")
     return data
@@ -75,10 +75,10 @@ def _job(workflow: Path, results_uri: str) -> BulkJob:
 def _documents(root: Path) -> dict[str, dict[str, object]]:
     found = {}
     for path in root.glob("results/b-*/*.json"):
-        if path.name.count(".") == 1:
+        if layout.is_result_document(path.name):
             result = ImageResult.model_validate_json(path.read_bytes())
             found[result.image_id] = result.model_dump(
-                mode="json", include={"status", "error", "detections", "width", "height"}
+                mode="json", include={"status", "error", "detections", "width", "height", "embedding", "box_embeddings"}
             ) | {"caption": result.caption and result.caption.caption}
     return found
 
@@ -88,12 +88,14 @@ def test_the_bulk_worker_writes_the_lambda_lanes_documents_and_rows(by_workflow:
     job = _job(by_workflow, str(settings_in.data_dir.resolve()))
     # WHEN the worker runs it
     annotated = run_job(job, dependencies_of)
-    # THEN every image has the workflow's document (boxes, classes, attributes, caption, failure) and row
+    # THEN every image has the workflow's document (boxes, classes, attributes, caption, embeddings, failure) and row
     assert annotated == 4
     # AND the steps' metrics, which no handler emits here, are not kept from one group to the next
     assert not metrics.metric_set
     assert _documents(settings_in.data_dir) == _documents(by_workflow) != {}
     assert run_local_query(ROWS, settings_in.data_dir).to_pylist() == run_local_query(ROWS, by_workflow).to_pylist()
+    boxes = run_local_query(BOX_ROWS, by_workflow).to_pylist()
+    assert run_local_query(BOX_ROWS, settings_in.data_dir).to_pylist() == boxes != []
 
 
 def test_the_worker_asks_the_store_for_each_image_once_and_reads_nothing_back(
@@ -112,7 +114,8 @@ def test_the_worker_asks_the_store_for_each_image_once_and_reads_nothing_back(
     # WHEN the worker runs it
     run_job(job, dependencies_of)
     # THEN it read each image once (its steps share the bytes) and asked once whether its result was written (a
-    # retried job's skip): the GETs annotate cost prices; what it wrote, it did not read back for the table
+    # retried job's skip): the GETs annotate cost prices; what it wrote (the boxes' embeddings, the result), it did
+    # not read back
     images = [image.source_uri for group in job.groups for image in group.images]
     assert sorted(uri for uri in reads if uri in images) == sorted(images)
     assert reads.total() == len(images) * BULK_S3_GETS_PER_IMAGE

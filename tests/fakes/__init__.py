@@ -77,6 +77,11 @@ class FakeTagger:
         _fail(self.failure)
         return [[AttributeScore(name=n, value=v[0], score=0.8) for n, v in vocabularies.items()] for _ in crops]
 
+    def tag_and_embed(
+        self, crops: list[Image.Image], box_labels: list[str], vocabularies: dict[str, list[str]]
+    ) -> tuple[list[list[AttributeScore]], np.ndarray]:
+        return self.tag(crops, box_labels, vocabularies), self.embed_images(crops)
+
     def choose(self, image: Image.Image, choices: Mapping[str, list[str]]) -> dict[str, list[float]]:
         _fail(self.failure)
         return {name: [1.0 if index == 0 else 0.0 for index in range(len(texts))] for name, texts in choices.items()}

@@ -61,7 +61,7 @@ def run_batch(
     documents = [
         ImageResult.model_validate_json(data)
         for uri, data in fakes.store.objects.items()
-        if uri.startswith(folder) and uri.endswith(".json") and not uri.endswith(".variants.json")
+        if uri.startswith(folder) and layout.is_result_document(uri)
     ]
     return result, {document.source_uri: document for document in documents}
 
@@ -198,6 +198,26 @@ def test_an_image_without_boxes_is_embedded_not_classified_and_still_gets_a_capt
     assert document.embedding is not None and document.embedding.model == "fake-tagger"
     assert document.caption is not None and document.caption.caption == "Found nothing."
     assert fakes.store.reads["s3://in/a.jpg"] == 3  # Detect, Tag (its embedding) and WriteResult
+
+
+def test_boxes_asked_for_are_kept_as_rows_of_their_own_beside_the_image_s(workflow, fakes: FakeModels) -> None:
+    _, documents = run_batch(workflow, fakes, embeddings="boxes")
+
+    document = documents["s3://in/a.jpg"]
+    assert document.box_embeddings is not None and document.box_embeddings.model == "fake-tagger"
+    assert len(document.box_embeddings.vectors) == 2 and document.embedding is not None
+    assert all(d.attributes for d in document.detections)  # tagged as without them
+    rows = table_rows(fakes, "box_embeddings")
+    assert [(row["detection_index"], row["label"]) for row in rows] == [(0, "dog"), (1, "cat")]
+    assert [row["vector"] for row in rows] == document.box_embeddings.vectors  # float32 values, as written
+    assert len(table_rows(fakes, "embeddings")) == 1
+
+
+def test_no_box_embeddings_are_kept_unless_asked_for(workflow, fakes: FakeModels) -> None:
+    _, documents = run_batch(workflow, fakes)
+
+    assert documents["s3://in/a.jpg"].box_embeddings is None and table_rows(fakes, "box_embeddings") == []
+    assert not any(uri.endswith(".boxes.json") for uri in fakes.store.objects)
 
 
 def test_an_image_without_boxes_skips_describe_where_no_embedding_is_asked_for(workflow, fakes: FakeModels) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from shared.contracts import AnnotationRequest, Box, DescribeInput, Detection, ImageRef, ImageTask
+from shared.contracts import AnnotationRequest, Box, BoxEmbeddings, DescribeInput, Detection, ImageRef, ImageTask
 from shared.errors import ModelUnavailable
 from shared.models.classification import LABELS_FILE, TORCHSCRIPT_FILE, allowed_class_ids, load_classifier
 from shared.models.sources import resolve_model_dir
@@ -115,6 +116,27 @@ def test_tags_use_the_request_vocabularies(tiny_settings: Settings) -> None:
     for box in output.tags:
         assert [(a.name, a.value in {"small", "large"}) for a in box.attributes] == [("size", True), ("mood", False)]
         assert box.attributes[1].value == "calm" and box.attributes[1].score == 1.0
+
+
+def test_boxes_asked_for_keep_each_crop_s_embedding_and_the_same_tags(tiny_settings: Settings, tmp_path: Path) -> None:
+    boxes = [("cat", Box(x0=500, y0=400, x1=600, y1=500)), *BOXES]  # the first box has no crop
+
+    def task(embeddings: str) -> DescribeInput:
+        described = describe_input(boxes, embeddings=embeddings)
+        return described.model_copy(update={"task": described.task.model_copy(update={"results_uri": str(tmp_path)})})
+
+    tag = deps(tiny_settings, Step.TAG)
+    image_only, with_boxes = steps.tag(task("image"), tag), steps.tag(task("boxes"), tag)
+
+    assert with_boxes.tags == image_only.tags and with_boxes.embedding == image_only.embedding
+    assert image_only.box_embeddings_uri is None and with_boxes.box_embeddings_uri is not None
+    document = BoxEmbeddings.model_validate_json(Path(with_boxes.box_embeddings_uri).read_bytes())
+    assert document.model == "tiny:clip" and document.vectors[0] is None
+    # each vector is the CLIP image tower's on the box's crop, unit length (the tags were scored with it)
+    crops = steps.box_crops(task("boxes"), tag)[1:]
+    expected = load_tagger(tiny_settings.describe).embed_images(crops)  # type: ignore[arg-type]
+    assert np.array_equal(np.array(document.vectors[1:], np.float32), expected)
+    assert np.linalg.norm(expected, axis=1) == pytest.approx([1, 1], abs=1e-6)
 
 
 def test_text_embeddings_are_computed_once_per_vocabulary_and_label(tiny_settings: Settings) -> None:

@@ -109,8 +109,8 @@ def test_fargate_runs_enough_always_on_tasks_for_the_peak_day() -> None:
     hourly = 2 * 0.04048 + 8 * 0.004445 + 0.005  # and its public IPv4 address
     assert fargate_month(BENCH, PRICES, IDLE) == pytest.approx(hourly * 720)  # one task, even idle
     # and its results' S3 requests, as every option writes them: the image and the result check read, the JSON and
-    # the picture written, four files per group of 40 (three tables and the summary)
-    requests = (250_000 * (2 * 0.0004 + 2 * 0.005) + 6_250 * 4 * 0.005) / 1000
+    # the picture written, five files per group of 40 (four tables and the summary)
+    requests = (250_000 * (2 * 0.0004 + 2 * 0.005) + 6_250 * 5 * 0.005) / 1000
     assert fargate_month(BENCH, PRICES, BURSTS) == pytest.approx(2 * hourly * 720 + requests)  # 25,000 > 21,600 a task
 
 
@@ -224,8 +224,8 @@ def test_a_million_images_in_the_bulk_lane_matches_the_hand_computation() -> Non
     assert lane.parts["compute"] == pytest.approx(task_seconds / 3600 * hourly)
     # each task's public IPv4 address for as long as it runs
     assert lane.parts["public IPv4"] == pytest.approx(task_seconds / 3600 * 0.005)
-    # the image read and its result checked, its JSON and picture written; four files per group
-    assert lane.parts["S3 requests"] == pytest.approx((1e6 * (2 * 0.0004 + 2 * 0.005) + 25_000 * 4 * 0.005) / 1000)
+    # the image read and its result checked, its JSON and picture written; five files per group
+    assert lane.parts["S3 requests"] == pytest.approx((1e6 * (2 * 0.0004 + 2 * 0.005) + 25_000 * 5 * 0.005) / 1000)
     assert lane.parts["orchestration"] == pytest.approx((5 + 1_000 * 3) * 0.025 / 1000)
     assert lane.parts["Athena"] == pytest.approx(1e6 * 17_000 / 1e12 * 5)
     # AND 10 rounds of 100 tasks, each 69 s and 1,000 images

@@ -48,10 +48,10 @@ ARGUMENTS = {
 
 
 def _keys() -> dict[str, str]:
-    """Every key function of the layout, called with typed arguments."""
+    """Every key function of the layout (not its predicates), called with typed arguments."""
     keys = {}
     for name, function in inspect.getmembers(layout, inspect.isfunction):
-        if function.__module__ == layout.__name__:
+        if function.__module__ == layout.__name__ and not name.startswith("is_"):
             keys[name] = function(
                 **{parameter: ARGUMENTS[parameter] for parameter in inspect.signature(function).parameters}
             )
@@ -72,3 +72,10 @@ def test_no_two_things_share_a_key_and_a_batch_s_round_names_its_own_manifests()
     assert layout.round_groups(BATCH) == layout.groups_manifest(ROOT, BATCH.batch_id, 2) != layout.all_groups(BATCH)
     assert layout.bulk_manifest(BATCH).endswith(f"/{BATCH.batch_id}.bulk.2.json")
     assert layout.picture(ROOT, BATCH.batch_id, "i", PictureFormat.PNG).endswith("/i.png")
+
+
+def test_a_result_document_is_told_from_the_steps_documents_beside_it() -> None:
+    image = (ROOT, BATCH.batch_id, "0123456789abcdef")
+    assert layout.is_result_document(layout.result_document(*image))
+    assert not layout.is_result_document(layout.variants_document(*image))
+    assert not layout.is_result_document(layout.box_embeddings_document(*image))

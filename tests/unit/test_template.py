@@ -35,8 +35,9 @@ def statements(resource: dict[str, Any]) -> list[dict[str, Any]]:
     return [_when_deployed(statement) for document in documents for statement in document["Statement"]]
 
 
-# Wildcards that still name their resource: objects under a named bucket's prefix, streams of a named log group.
-NAMED_WILDCARD = re.compile(r"(Arn\}/|s3:::\$\{[^}]+\}/).*\*$|\.Arn\}:\*$")
+# Wildcards that still name their resource: objects under a named bucket's prefix (or of a named suffix there),
+# streams of a named log group.
+NAMED_WILDCARD = re.compile(r"(Arn\}/|s3:::\$\{[^}]+\}/).*\*[\w.-]*$|\.Arn\}:\*$")
 
 
 def test_every_wildcard_in_a_policy_is_justified_by_a_comment_on_its_line() -> None:
@@ -90,7 +91,7 @@ def test_queues_are_encrypted_and_have_dead_letter_queues() -> None:
             assert properties["RedrivePolicy"]["maxReceiveCount"] >= 1
 
 
-@pytest.mark.parametrize("table", ["images", "detections", "embeddings", "evaluations"])
+@pytest.mark.parametrize("table", ["images", "detections", "embeddings", "box_embeddings", "evaluations"])
 def test_glue_columns_equal_the_parquet_schema_the_code_writes(table: str) -> None:
     [glue] = [
         r

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from shared.storage.tables import SCHEMAS
 from tools.bench.cost_inputs import (
     HOURS_PER_MONTH,
     SECONDS_PER_MONTH,
@@ -46,9 +47,9 @@ SUMMARY_GB_SECONDS = 1.0 * 2.0  # SummarizeBatch per batch: about a second at 2 
 S3_GETS_PER_IMAGE, S3_PUTS_PER_IMAGE = 5, 2
 # In the bulk lane, per image: the image read once (its steps share the bytes) and a check for its result (a retried
 # job's skip; the table write reads nothing back); its JSON and picture written. Per group (BulkImagesPerGroup images
-# in the bulk lane, ImagesPerGroup in the Lambda lane's): its three table files (images, detections, embeddings) and
+# in the bulk lane, ImagesPerGroup in the Lambda lane's): a file of each table (written even where it has no rows) and
 # its summary.
-BULK_S3_GETS_PER_IMAGE, BULK_S3_PUTS_PER_IMAGE, S3_PUTS_PER_GROUP = 2, 2, 4
+BULK_S3_GETS_PER_IMAGE, BULK_S3_PUTS_PER_IMAGE, S3_PUTS_PER_GROUP = 2, 2, len(SCHEMAS) + 1
 SQS_REQUESTS_PER_IMAGE = 3  # send, receive, delete
 # A dropped image's claim is written three times: in progress, the execution it starts in, started
 # (shared/pipeline/claims.py)

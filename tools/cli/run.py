@@ -43,6 +43,9 @@ def run(
     variant_steps: Annotated[int, typer.Option(help="Sampling steps")] = 2,
     variant_size: Annotated[int, typer.Option(help="Width and height of the variants")] = 512,
     variant_seed: Annotated[int | None, typer.Option(help="Seed of the first variant")] = None,
+    embeddings: Annotated[
+        str, typer.Option(help="image (each image's CLIP vector), boxes (and each box's: box_embeddings) or none")
+    ] = "image",
     lane: Annotated[
         str, typer.Option(help="lambda, bulk (a Fargate task's worker, here in this process) or auto (by batch size)")
     ] = "auto",
@@ -58,6 +61,7 @@ def run(
         "text_threshold": text_threshold,
         "top_k": top_k,
         "caption": caption,
+        "embeddings": embeddings,
         "lane": lane,
     }
     if attribute:

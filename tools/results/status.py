@@ -105,7 +105,7 @@ def batch_status(
     except ImageRejected as error:
         raise RequestRejected(f"no batch {batch_id} under {results_root} (no {input_uri})") from error
     folder = layout.batch_results(results_root, batch_id)
-    results = [_result(store_for, uri) for uri in store_for(folder).list_uris(folder) if _is_result_document(uri)]
+    results = [_result(store_for, uri) for uri in store_for(folder).list_uris(folder) if layout.is_result_document(uri)]
     failures = [
         Failure(source_uri=result.source_uri, reason=result.error or "failed")
         for result in results
@@ -124,10 +124,6 @@ def batch_status(
         lane=batch.lane,
         lane_reason=batch.lane_reason,
     )
-
-
-def _is_result_document(uri: str) -> bool:
-    return uri.endswith(".json") and not uri.endswith(".variants.json")
 
 
 def _result(store_for: StoreFor, uri: str) -> ImageResult:

@@ -28,6 +28,7 @@ def a_prompt_message_is_annotated(
         "prompt": "cat. cup.",
         "images": [f"s3://{stack.outputs['InputBucketName']}/incoming/"],
         "caption": False,
+        "embeddings": "boxes",
     }
     if with_variants:
         message["variants"] = {"prompt": "a watercolor painting", "count": 1, "steps": 1}

@@ -59,6 +59,16 @@ def _check_rows(report: Report, local: Path, images: int, batches: int, with_var
     )
     if with_variants:
         report.check(any(r["variants_model"] for r in rows), f"no row carries variants: {rows}")
+    # the prompt message asked for its boxes' embeddings: Tag wrote them, WriteResult read them in
+    boxes = run_local_query(
+        "SELECT b.label, d.label AS detected FROM box_embeddings b JOIN detections d "
+        "USING (image_id, batch_id, detection_index)",
+        local,
+    ).to_pylist()
+    report.check(
+        bool(boxes) and all(row["label"] == row["detected"] for row in boxes),
+        f"the boxes' embeddings are not their detections' rows: {boxes}",
+    )
     report.steps.append(f"{len(rows)} image rows ({len(failed)} failed) where the Glue tables' projection reads them")
 
 

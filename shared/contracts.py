@@ -443,8 +443,8 @@ class BoxAttributes(Frozen):
 
 
 class ImageEmbedding(Frozen):
-    """The whole image's CLIP image embedding: unit length, float32 values, and the model that made it (a vector is
-    only comparable with vectors of the same model).
+    """The whole image's CLIP image embedding: unit length, float32 values, and the model that made it, by its name
+    and its weights' revision (a vector is only comparable with vectors of the same model and revision).
 
     It travels in the image's state from Tag to WriteResult, within Step Functions' "Maximum input or output size for
     a task, state, or execution: 256 KiB" (Step Functions quotas): a CLIP's 512 to 1,024 values take 11 to 22 KiB of
@@ -453,6 +453,7 @@ class ImageEmbedding(Frozen):
     """
 
     model: str
+    revision: str = Field(description="The model's weights' identity: vectors compare within one model and revision")
     vector: list[float]
 
 
@@ -462,6 +463,7 @@ class BoxEmbeddings(Frozen):
     hundred boxes' vectors are megabytes, past the state's 256 KiB."""
 
     model: str
+    revision: str
     vectors: list[list[float] | None]
 
 

@@ -135,7 +135,7 @@ def results_with_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
             prompt="dog.",
             detections=[dog],
             caption=caption,
-            embedding=ImageEmbedding(model="m", vector=[0.6, 0.8]),
+            embedding=ImageEmbedding(model="m", revision="r", vector=[0.6, 0.8]),
             annotated_uri="s3://out/a.png",
             processed_at=now,
         ),

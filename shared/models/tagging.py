@@ -7,11 +7,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 from PIL import Image
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from shared.contracts import AttributeScore
 from shared.errors import ModelUnavailable
@@ -26,7 +27,7 @@ from shared.models.onnx_runtime import (
     softmax,
 )
 from shared.observability import logger
-from shared.settings import DescribeSettings
+from shared.settings import DescribeSettings, ModelFiles
 
 PROMPT_TEMPLATE = "a photo of a {value} {label}"
 IMAGE_PROMPT_TEMPLATE = "a photo of {value}"  # a whole image's choice: often not a noun ("Benign", "Adult content")
@@ -34,6 +35,7 @@ IMAGE_PROMPT_TEMPLATE = "a photo of {value}"  # a whole image's choice: often no
 
 class Tagger(Protocol):
     name: str
+    revision: str
 
     def tag(
         self, crops: list[Image.Image], box_labels: list[str], vocabularies: dict[str, list[str]]
@@ -51,6 +53,8 @@ class Tagger(Protocol):
 
 
 TAGGER_MANIFEST = "clip-export.json"
+# What a cached export is keyed by, beyond the checkpoint: a manifest without its weights' revision is made again.
+CLIP_EXPORT_VERSION = "with-revision"
 IMAGE_GRAPH, TEXT_GRAPH, TOKENIZER_FILE = "clip-image.onnx", "clip-text.onnx", "tokenizer.json"
 
 
@@ -60,6 +64,10 @@ class ClipExport(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     source: str
+    revision: str = Field(
+        description="The weights' identity (tools/models/describe_export.py weights_revision): a vector is comparable"
+        " only with vectors of the same model and revision"
+    )
     image_size: int
     image_mean: list[float]
     image_std: list[float]
@@ -91,6 +99,7 @@ class ClipTagger:
     """CLIP image and text towers; text embeddings are cached per (vocabulary, label) for the process."""
 
     name: str
+    revision: str  # the weights' identity (ClipExport.revision), which every embedding names beside the model
     encode_image: Callable[[list[Image.Image]], np.ndarray]  # crops -> features
     encode_text: Callable[[list[str]], np.ndarray]  # texts -> features
     logit_scale: float
@@ -201,16 +210,22 @@ def load_tagger(settings: DescribeSettings) -> ClipTagger:
     raise ModelUnavailable("no tagger model could be loaded: " + " | ".join(reasons))
 
 
+def clip_export_dir(source: str, files: ModelFiles) -> Path:
+    """The export folder of the open_clip model ``source`` (:func:`find_export`)."""
+    return find_export(source, files, TAGGER_MANIFEST, CLIP_EXPORT_VERSION)
+
+
 def _exported_tagger(source: str, settings: DescribeSettings) -> ClipTagger:
     from tokenizers import Tokenizer
 
-    folder = find_export(source, settings, TAGGER_MANIFEST)
+    folder = clip_export_dir(source, settings)
     export = ClipExport.model_validate_json((folder / TAGGER_MANIFEST).read_text())
     image_session = ort_session(folder / IMAGE_GRAPH, settings.torch_threads)
     text_session = ort_session(folder / TEXT_GRAPH, settings.torch_threads)
     tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
     return ClipTagger(
         source,
+        revision=export.revision,
         encode_image=lambda crops: image_session.run(None, {"pixels": export.preprocess(crops)})[0],
         encode_text=lambda texts: text_session.run(None, {"tokens": export.tokens(tokenizer, texts)})[0],
         logit_scale=export.logit_scale,

@@ -160,7 +160,9 @@ def tag(task: DescribeInput, deps: Dependencies) -> TagOutput:
         )
         results = [r if isinstance(r, str) else r[0] for r in tagged]
         vectors = BoxEmbeddings(
-            model=model.name, vectors=[None if isinstance(r, str) else r[1].tolist() for r in tagged]
+            model=model.name,
+            revision=model.revision,
+            vectors=[None if isinstance(r, str) else r[1].tolist() for r in tagged],
         )
         box_embeddings_uri = layout.box_embeddings_document(task.task.results_uri, task.task.batch_id, image.image_id)
         _write_step_document(box_embeddings_uri, vectors.model_dump_json().encode(), deps)
@@ -169,7 +171,7 @@ def tag(task: DescribeInput, deps: Dependencies) -> TagOutput:
     embedding = None
     if request.embeddings != "none":
         [vector] = model.embed_images([_image(image.source_uri, deps).pixels])
-        embedding = ImageEmbedding(model=model.name, vector=vector.tolist())
+        embedding = ImageEmbedding(model=model.name, revision=model.revision, vector=vector.tolist())
     return TagOutput(
         tags=[BoxAttributes(skipped=r) if isinstance(r, str) else BoxAttributes(attributes=r) for r in results],
         embedding=embedding,

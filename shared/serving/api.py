@@ -71,7 +71,7 @@ ANNOTATIONS_BODY = {
 
 # The images nearest a vector in the rows the pipeline wrote: (model, vector, limit) -> hits, best first, each with
 # source_uri, score, labels and caption. annotate serve gives it over its data dir (tools/results/search.py).
-FindSimilar = Callable[[str, list[float], int], list[dict[str, Any]]]
+FindSimilar = Callable[[str, str, list[float], int], list[dict[str, Any]]]  # model, revision, vector, limit
 
 
 class SearchCall(BaseModel):
@@ -98,7 +98,10 @@ def _search_routes(context: ApiContext, find_similar: FindSimilar | None) -> API
             if tagger is None:
                 raise TypeError("the Tag step's dependencies have no tagger")
             [vector] = tagger.embed_texts([call.query])
-            return {"model": tagger.name, "data": find_similar(tagger.name, vector.tolist(), call.limit)}
+            return {
+                "model": tagger.name,
+                "data": find_similar(tagger.name, tagger.revision, vector.tolist(), call.limit),
+            }
 
         return await context.run(nearest)
 

@@ -107,11 +107,13 @@ DETECTIONS_SCHEMA = pa.schema(
     ]
 )
 
-# A vector is comparable only with vectors of its model: every query filters on `model` (tools/results/search.py).
+# A vector is comparable only with vectors of its model and revision (its weights' identity): every query filters on
+# both (tools/results/search.py).
+EMBEDDING_MODEL_FIELDS = [("model", pa.string()), ("model_revision", pa.string())]
 EMBEDDINGS_SCHEMA = pa.schema(
     [
         *IMAGE_KEY_FIELDS,
-        ("model", pa.string()),
+        *EMBEDDING_MODEL_FIELDS,
         ("vector", pa.list_(pa.float32())),
         ("processed_at", pa.timestamp("ms", tz="UTC")),
     ]
@@ -123,7 +125,7 @@ BOX_EMBEDDINGS_SCHEMA = pa.schema(
         *IMAGE_KEY_FIELDS,
         ("detection_index", pa.int32()),
         ("label", pa.string()),
-        ("model", pa.string()),
+        *EMBEDDING_MODEL_FIELDS,
         ("vector", pa.list_(pa.float32())),
         ("processed_at", pa.timestamp("ms", tz="UTC")),
     ]
@@ -240,6 +242,7 @@ def embeddings_table(results: list[ImageResult]) -> pa.Table:
         {
             **_image_key(result),
             "model": result.embedding.model,
+            "model_revision": result.embedding.revision,
             "vector": result.embedding.vector,
             "processed_at": result.processed_at,
         }
@@ -256,6 +259,7 @@ def box_embeddings_table(results: list[ImageResult]) -> pa.Table:
             "detection_index": index,
             "label": detection.label,
             "model": result.box_embeddings.model,
+            "model_revision": result.box_embeddings.revision,
             "vector": vector,
             "processed_at": result.processed_at,
         }

@@ -70,6 +70,7 @@ class FakeTagger:
 
     failure: Exception | None = None
     name: str = "fake-tagger"
+    revision: str = "fake-revision"
 
     def tag(
         self, crops: list[Image.Image], box_labels: list[str], vocabularies: dict[str, list[str]]

@@ -14,11 +14,19 @@ import torch
 from shared.models.cache import forget_loaded_models
 from shared.models.classification import CLASSIFIER_GRAPH, CLASSIFIER_MANIFEST, ClassifierExport, load_classifier
 from shared.models.onnx_runtime import find_export, openvino_graph_file, openvino_session, ort_session, weights_file
-from shared.models.tagging import IMAGE_GRAPH, TAGGER_MANIFEST, TEXT_GRAPH, TOKENIZER_FILE, ClipExport, load_tagger
+from shared.models.tagging import (
+    IMAGE_GRAPH,
+    TAGGER_MANIFEST,
+    TEXT_GRAPH,
+    TOKENIZER_FILE,
+    ClipExport,
+    clip_export_dir,
+    load_tagger,
+)
 from shared.settings import Settings
 from tests.integration.test_describe import CAT
 from tools.models.tiny_models import build_model
-from tools.models.torch_models import load_torch_classifier, load_torch_tagger
+from tools.models.torch_models import load_torch_classifier, load_torch_tagger, weights_revision
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +105,7 @@ def test_the_onnx_clip_towers_give_torchs_features(tiny_settings: Settings) -> N
     import open_clip
 
     source = (tiny_settings.tagger_models or [""])[0]
-    folder = find_export(source, tiny_settings.model_files, TAGGER_MANIFEST)
+    folder = clip_export_dir(source, tiny_settings.model_files)
     export = ClipExport.model_validate_json((folder / TAGGER_MANIFEST).read_text())
     checkpoint = build_model(source, tiny_settings.model_files)
     model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{checkpoint}")
@@ -126,3 +134,9 @@ def test_the_onnx_clip_towers_give_torchs_features(tiny_settings: Settings) -> N
     assert [[a.value for a in r] for r in ours] == [[a.value for a in r] for r in theirs]
     for mine, other in zip(ours, theirs, strict=True):
         assert all(abs(a.score - b.score) < 1e-3 for a, b in zip(mine, other, strict=True))
+    # AND both name the weights' one revision, which other weights under the same name do not share
+    assert onnx_side.revision == torch_side.revision == export.revision == weights_revision(model)
+    assert len(export.revision) == 16 and int(export.revision, 16) >= 0
+    with torch.no_grad():
+        next(model.parameters()).add_(1e-3)
+    assert weights_revision(model) != export.revision

@@ -133,7 +133,9 @@ def test_an_image_s_embedding_takes_a_small_part_of_the_state_s_256_kib() -> Non
     # the largest CLIP the defaults name has 768 values; a ViT-L's 1,024, float32 values dumped as JSON
     vector = np.random.default_rng(0).normal(size=1024).astype(np.float32)
     vector /= np.linalg.norm(vector)
-    output = TagOutput(tags=[], ms=1.0, embedding=ImageEmbedding(model="timm/vit_large", vector=vector.tolist()))
+    output = TagOutput(
+        tags=[], ms=1.0, embedding=ImageEmbedding(model="timm/vit_large", revision="0" * 16, vector=vector.tolist())
+    )
     dumped = output.model_dump_json().encode()
     assert len(dumped) < 24 * 1024 < 256 * 1024
     # AND the vector survives the state's JSON exactly, as float32

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.bench.search import EMBEDDING, _synthetic_tables, markdown_report
+from tools.bench.search import EMBEDDING, SYNTHETIC_REVISION, _synthetic_tables, markdown_report
 
 
 def test_the_report_has_an_image_s_seconds_on_and_off_and_a_search_s_by_rows() -> None:
@@ -34,6 +34,7 @@ def test_the_synthetic_rows_are_searched_as_the_pipeline_s_are(tmp_path: Path) -
     connection = connect_local(tmp_path)
     assert connection.execute("SELECT count(*) FROM embeddings").fetchone() == (2_500,)
     [vector] = connection.execute("SELECT vector FROM embeddings WHERE image_id = '0000000000001234'").fetchone()
-    hits = search(connection, QueryVector("random:clip-vit-b-32", np.array(vector, np.float32)), "label = 'dog'")
+    query = QueryVector("random:clip-vit-b-32", SYNTHETIC_REVISION, np.array(vector, np.float32))
+    hits = search(connection, query, "label = 'dog'")
     assert hits.column("source_uri")[0].as_py() == "s3://in/0000000000001234.jpg"
     assert set(hits.column("labels").to_pylist()) == {"dog"}

@@ -23,6 +23,7 @@ from tools.bench.models import FULL_SIZE_RANDOM
 EMBEDDING = "the embedding adds (median of pairs)"
 SEARCH_SIZES = (10_000, 100_000)
 SEARCH_VALUES = 512  # CLIP ViT-B/32's
+SYNTHETIC_REVISION = "synthetic"  # the synthetic rows' and their query's: random vectors, no weights
 IMAGES_PER_FILE = 1_000
 
 
@@ -121,6 +122,7 @@ def _synthetic_tables(images: int, data_dir: Path) -> None:
                 keys
                 | {
                     "model": ["random:clip-vit-b-32"] * count,
+                    "model_revision": [SYNTHETIC_REVISION] * count,
                     "vector": pa.array(list(vectors), type=pa.list_(pa.float32())),
                     "processed_at": pa.array([now] * count, type=pa.timestamp("ms", tz="UTC")),
                 },
@@ -146,7 +148,7 @@ def search_seconds(repeats: int, progress: Callable[[str], None]) -> dict[str, d
             progress(f"{images:,} images' rows")
             _synthetic_tables(images, Path(folder))
             vector = np.random.default_rng(0).normal(size=SEARCH_VALUES).astype(np.float32)
-            query = QueryVector("random:clip-vit-b-32", vector / np.linalg.norm(vector))
+            query = QueryVector("random:clip-vit-b-32", SYNTHETIC_REVISION, vector / np.linalg.norm(vector))
             row: dict[str, float] = {}
             for name, where in (("search, top 10", None), ("search, top 10, --where label = 'cat'", "label = 'cat'")):
                 seconds = []

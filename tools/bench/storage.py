@@ -126,7 +126,7 @@ def embedding_bytes_per_image(values: int = EMBEDDING_VALUES, images: int = 1000
             batch_id="b-" + "0" * 20,
             status=Status.SUCCEEDED,
             prompt="dog. cat.",
-            embedding=ImageEmbedding(model="Marqo/marqo-fashionSigLIP", vector=vector.tolist()),
+            embedding=ImageEmbedding(model="Marqo/marqo-fashionSigLIP", revision="0" * 16, vector=vector.tolist()),
             processed_at=datetime.now(UTC),
         )
         for index, vector in enumerate(vectors)

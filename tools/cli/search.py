@@ -89,7 +89,7 @@ def _search_hits(
             return run_athena_query(sql, athena)
 
         models = athena_models(run)
-        chosen["tagger_models"] = [checked_model(*models, None, None)]
+        chosen["tagger_models"] = [checked_model(*models, None, None)[0]]
     settings = use_settings(profile=profile, data_dir=data_dir, **chosen)
     query = text_vector(text, settings) if text is not None else image_vector(str(like), settings)
     if stack:

@@ -11,10 +11,17 @@ from typing import Any
 from shared.errors import ModelUnavailable
 from shared.models.classification import CLASSIFIER_GRAPH, CLASSIFIER_MANIFEST, TORCHSCRIPT_FILE, ClassifierExport
 from shared.models.onnx_runtime import weights_file
-from shared.models.tagging import IMAGE_GRAPH, TAGGER_MANIFEST, TEXT_GRAPH, TOKENIZER_FILE, ClipExport
+from shared.models.tagging import (
+    CLIP_EXPORT_VERSION,
+    IMAGE_GRAPH,
+    TAGGER_MANIFEST,
+    TEXT_GRAPH,
+    TOKENIZER_FILE,
+    ClipExport,
+)
 from shared.settings import DescribeSettings, ModelFiles
 from tools.models.onnx_graphs import finish_graphs
-from tools.models.torch_models import export_once, torchscript_labels, torchscript_preprocessing
+from tools.models.torch_models import export_once, torchscript_labels, torchscript_preprocessing, weights_revision
 
 
 def exported_classifier_dir(settings: DescribeSettings) -> Path:
@@ -24,7 +31,7 @@ def exported_classifier_dir(settings: DescribeSettings) -> Path:
 
 def exported_tagger_dir(source: str, files: ModelFiles) -> Path:
     """The export of the open_clip model ``source``, made here unless it is there already."""
-    return export_once(source, files, TAGGER_MANIFEST, export_clip)
+    return export_once(source, files, TAGGER_MANIFEST, export_clip, CLIP_EXPORT_VERSION)
 
 
 def export_classifier(model_dir: Path, out_dir: Path) -> None:
@@ -77,6 +84,7 @@ def export_clip(model_dir: Path, out_dir: Path) -> None:
     config = model.visual.preprocess_cfg if hasattr(model.visual, "preprocess_cfg") else {}
     manifest = ClipExport(
         source=str(model_dir),
+        revision=weights_revision(model),
         image_size=size,
         image_mean=list(config.get("mean", open_clip.OPENAI_DATASET_MEAN)),
         image_std=list(config.get("std", open_clip.OPENAI_DATASET_STD)),

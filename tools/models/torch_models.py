@@ -185,7 +185,22 @@ def load_torch_tagger(settings: DescribeSettings) -> ClipTagger:
         with torch.inference_mode():
             return model.encode_text(tokenizer(texts)).float().numpy()
 
-    return ClipTagger(source, encode_image, encode_text, float(model.logit_scale.exp()))
+    return ClipTagger(source, weights_revision(model), encode_image, encode_text, float(model.logit_scale.exp()))
+
+
+def weights_revision(model: Any) -> str:
+    """A torch model's weights' identity: the first 16 hex digits of the SHA-256 over each tensor's name, type, shape
+    and bytes, in name order. Two exports of one checkpoint share it, wherever they were made; other weights under
+    the same name (a checkpoint trained further, pushed again) do not."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 _announced: list[float] = []  # when the exports under way started

@@ -2,7 +2,7 @@
 image's, filtered with the other tables' columns; and the groups of near-duplicate images.
 
 Every vector is unit length, so the cosine similarity is the dot product; a vector is compared only with vectors of
-its own model (a search whose model the rows do not have is refused, never ranked).
+its own model and revision (a search whose model the rows do not have is refused, never ranked).
 """
 
 from __future__ import annotations
@@ -31,10 +31,16 @@ DUPLICATE_THRESHOLD = 0.95
 
 @dataclass(frozen=True)
 class QueryVector:
-    """What a search compares the rows with: a unit vector, and the model that made it."""
+    """What a search compares the rows with: a unit vector, and the model (its name and weights' revision) that
+    made it."""
 
     model: str
+    revision: str
     vector: np.ndarray  # float32
+
+
+# Each (model, revision) the rows' embeddings are of: how many images, and its vectors' length.
+EmbeddedModels = dict[tuple[str, str], tuple[int, int]]
 
 
 def text_vector(text: str, settings: Settings) -> QueryVector:
@@ -51,7 +57,7 @@ def text_vector(text: str, settings: Settings) -> QueryVector:
     if len(text) > MAX_SEARCH_TEXT_CHARS:
         raise RequestRejected(f"the search text is {len(text):,} characters; at most {MAX_SEARCH_TEXT_CHARS:,}")
     tagger = load_tagger(settings.describe)
-    return QueryVector(tagger.name, tagger.embed_texts([text])[0])
+    return QueryVector(tagger.name, tagger.revision, tagger.embed_texts([text])[0])
 
 
 def image_vector(uri: str, settings: Settings) -> QueryVector:
@@ -67,52 +73,71 @@ def image_vector(uri: str, settings: Settings) -> QueryVector:
 
     image = load_image(uri, store_for, settings.image_limits)
     tagger = load_tagger(settings.describe)
-    return QueryVector(tagger.name, tagger.embed_images([image.pixels])[0])
+    return QueryVector(tagger.name, tagger.revision, tagger.embed_images([image.pixels])[0])
 
 
-def embedded_models(connection: duckdb.DuckDBPyConnection) -> dict[str, tuple[int, int]]:
-    """Each model the latest rows' embeddings are of: how many images, and its vectors' length."""
-    rows = connection.execute(
-        "SELECT e.model, count(*), min(len(e.vector)) FROM embeddings e "
-        "JOIN images_latest img ON img.image_id = e.image_id AND img.batch_id = e.batch_id GROUP BY e.model"
-    ).fetchall()
-    return {model: (int(images), int(length)) for model, images, length in rows}
+# Each model and revision of the latest rows' embeddings, with its images and vectors' length (DuckDB's and Athena's
+# names for a list's length).
+_MODELS_SQL = (
+    "SELECT e.model, e.model_revision, count(*) AS images, min({length}(e.vector)) AS length FROM embeddings e "
+    "JOIN images_latest img ON img.image_id = e.image_id AND img.batch_id = e.batch_id "
+    "GROUP BY e.model, e.model_revision"
+)
 
 
-def comparable_model(connection: duckdb.DuckDBPyConnection, model: str | None, length: int | None = None) -> str:
-    """The model whose rows a search or a duplicates run compares (:func:`checked_model`, on the local tables)."""
+def embedded_models(connection: duckdb.DuckDBPyConnection) -> EmbeddedModels:
+    """Each model and revision the latest rows' embeddings are of: how many images, and its vectors' length."""
+    rows = connection.execute(_MODELS_SQL.format(length="len")).fetchall()
+    return {(model, revision): (int(images), int(length)) for model, revision, images, length in rows}
+
+
+def comparable_model(
+    connection: duckdb.DuckDBPyConnection, model: str | None, length: int | None = None, revision: str | None = None
+) -> tuple[str, str]:
+    """The model and revision whose rows a search or a duplicates run compares (:func:`checked_model`, on the local
+    tables)."""
     models = embedded_models(connection)
     images = 0 if models else int(connection.execute("SELECT count(*) FROM images_latest").fetchall()[0][0])
-    return checked_model(models, images, model, length)
+    return checked_model(models, images, model, length, revision)
 
 
-def checked_model(models: dict[str, tuple[int, int]], images: int, model: str | None, length: int | None) -> str:
-    """``model`` (a query vector's, of ``length``) or, where none is given, the only one of ``models`` (each model
-    the rows are of, with its images and vectors' length); ``images``: how many images there are, where none has an
+def checked_model(
+    models: EmbeddedModels, images: int, model: str | None, length: int | None, revision: str | None = None
+) -> tuple[str, str]:
+    """``model`` and ``revision`` (a query vector's, of ``length``) or, where none is given, the only model and
+    revision of ``models`` (those the rows are of); ``images``: how many images there are, where none has an
     embedding.
 
     Raises:
-        RequestRejected: no row has an embedding; the rows have none of ``model``'s, or vectors of another length;
-            the rows have several models and none was named.
+        RequestRejected: no row has an embedding; the rows have none of ``model``'s, or of its ``revision`` (the
+            same name, other weights), or vectors of another length; the rows have several models or revisions and
+            the call does not say which.
     """
     if not models:
         raise RequestRejected(
             f"no image here has an embedding ({images} image{'s' if images != 1 else ''} lack one): annotate them "
             "again (every request embeds its images unless its embeddings is none)"
         )
-    found = ", ".join(f"{name} ({images} images)" for name, (images, _) in sorted(models.items()))
-    if model is None:
-        if len(models) > 1:
-            raise RequestRejected(f"the embeddings here are of several models, {found}: name one with --model")
-        return next(iter(models))
-    if model not in models:
+    found = ", ".join(f"{name} revision {rev} ({count} images)" for (name, rev), (count, _) in sorted(models.items()))
+    named = [key for key in models if model is None or key[0] == model]
+    if not named:
         raise RequestRejected(
-            f"this search's vector is {model}'s but the embeddings here are {found}'s: vectors of different models "
+            f"this search's vector is {model}'s but the embeddings here are {found}: vectors of different models "
             "cannot be compared (search with the model that made them: ANNOTATE_TAGGER_MODELS)"
         )
-    if length is not None and models[model][1] != length:
-        raise RequestRejected(f"this search's vector has {length} values, the rows' {models[model][1]}")
-    return model
+    if revision is not None and (model, revision) not in models:
+        raise RequestRejected(
+            f"this search's vector is {model} revision {revision}, the embeddings here are {found}: the same name "
+            "with other weights, whose vectors cannot be compared (annotate the images again with this model, or "
+            "search with the export that made them)"
+        )
+    if revision is None and len(named) > 1:
+        fix = "name one with --model" if model is None else "annotate them again with one"
+        raise RequestRejected(f"the embeddings here are of several models or revisions, {found}: {fix}")
+    chosen = (model, revision) if model is not None and revision is not None else named[0]
+    if length is not None and models[chosen][1] != length:
+        raise RequestRejected(f"this search's vector has {length} values, the rows' {models[chosen][1]}")
+    return chosen
 
 
 def _filter(where: str | None) -> str:
@@ -141,11 +166,16 @@ _DIALECT = {
 
 
 def search_sql(
-    where: str | None, dialect: str = "duckdb", vector: str = "$vector", model: str = "$model", limit: str = "$limit"
+    where: str | None,
+    dialect: str = "duckdb",
+    vector: str = "$vector",
+    model: str = "$model",
+    revision: str = "$revision",
+    limit: str = "$limit",
 ) -> str:
-    """The ranking: the latest row of each image embedded by the query's model, best first (ties by source), with
-    its labels and caption. DuckDB's takes the parameters $model, $vector and $limit; Athena's, the values written
-    in (:func:`athena_search_sql`)."""
+    """The ranking: the latest row of each image embedded by the query's model and revision, best first (ties by
+    source), with its labels and caption. DuckDB's takes the parameters $model, $revision, $vector and $limit;
+    Athena's, the values written in (:func:`athena_search_sql`)."""
     words = _DIALECT[dialect]
     return f"""
 SELECT img.source_uri,
@@ -154,7 +184,8 @@ SELECT img.source_uri,
         WHERE d.image_id = img.image_id AND d.batch_id = img.batch_id) AS labels,
        img.caption
 FROM images_latest img
-JOIN embeddings e ON e.image_id = img.image_id AND e.batch_id = img.batch_id AND e.model = {model}
+JOIN embeddings e ON e.image_id = img.image_id AND e.batch_id = img.batch_id
+ AND e.model = {model} AND e.model_revision = {revision}
 WHERE {_filter(where)}
 ORDER BY score DESC, img.source_uri
 LIMIT {limit}
@@ -162,12 +193,13 @@ LIMIT {limit}
 
 
 def athena_search_sql(query: QueryVector, where: str | None, limit: int) -> str:
-    """The ranking in Athena's SQL, the model and the vector written in (Athena's parameters are scalars): each value
-    a double literal, exactly the float32's. A 1,024-value vector makes about 18 kB of SQL, within Athena's "maximum
-    allowed query string length is 262144 bytes" (Athena service quotas; tests/unit/test_search.py)."""
+    """The ranking in Athena's SQL, the model, its revision and the vector written in (Athena's parameters are
+    scalars): each value a double literal, exactly the float32's. A 1,024-value vector makes about 18 kB of SQL,
+    within Athena's "maximum allowed query string length is 262144 bytes" (Athena service quotas;
+    tests/unit/test_search.py)."""
     values = ", ".join(f"{float(value):.9e}" for value in query.vector)
-    model = "'" + query.model.replace("'", "''") + "'"
-    return search_sql(where, "athena", f"ARRAY[{values}]", model, str(int(limit)))
+    model, revision = ("'" + text.replace("'", "''") + "'" for text in (query.model, query.revision))
+    return search_sql(where, "athena", f"ARRAY[{values}]", model, revision, str(int(limit)))
 
 
 def search(
@@ -179,8 +211,8 @@ def search(
         RequestRejected: the rows cannot be compared with ``query`` (:func:`comparable_model`).
         duckdb.Error: ``where`` is not SQL the tables answer.
     """
-    model = comparable_model(connection, query.model, len(query.vector))
-    parameters = {"model": model, "vector": query.vector.tolist(), "limit": limit}
+    model, revision = comparable_model(connection, query.model, len(query.vector), query.revision)
+    parameters = {"model": model, "revision": revision, "vector": query.vector.tolist(), "limit": limit}
     return connection.sql(search_sql(where), params=parameters).to_arrow_table()
 
 
@@ -196,11 +228,11 @@ def duplicate_groups(
     """
     import numpy as np
 
-    chosen = comparable_model(connection, model)
     rows = connection.execute(
         "SELECT img.source_uri, e.vector FROM images_latest img JOIN embeddings e "
-        "ON e.image_id = img.image_id AND e.batch_id = img.batch_id AND e.model = ? ORDER BY img.source_uri",
-        [chosen],
+        "ON e.image_id = img.image_id AND e.batch_id = img.batch_id AND e.model = ? AND e.model_revision = ? "
+        "ORDER BY img.source_uri",
+        list(comparable_model(connection, model)),
     ).fetchall()
     sources = [source for source, _ in rows]
     vectors = np.array([vector for _, vector in rows], dtype=np.float32)
@@ -223,14 +255,11 @@ def duplicate_groups(
     return sorted((sorted(group) for group in groups.values() if len(group) > 1), key=lambda group: group[0])
 
 
-def athena_models(run: Callable[[str], pa.Table]) -> tuple[dict[str, tuple[int, int]], int]:
-    """The deployed tables' embedding models (images, vectors' length each) and, where there are none, how many
-    images there are: :func:`checked_model`'s inputs, from Athena (``run`` a query)."""
-    rows = run(
-        "SELECT e.model, count(*) AS images, min(cardinality(e.vector)) AS length FROM embeddings e "
-        "JOIN images_latest img ON img.image_id = e.image_id AND img.batch_id = e.batch_id GROUP BY e.model"
-    ).to_pylist()
-    models = {str(row["model"]): (int(row["images"]), int(row["length"])) for row in rows}
+def athena_models(run: Callable[[str], pa.Table]) -> tuple[EmbeddedModels, int]:
+    """The deployed tables' embedding models and revisions (images, vectors' length each) and, where there are none,
+    how many images there are: :func:`checked_model`'s inputs, from Athena (``run`` a query)."""
+    rows = run(_MODELS_SQL.format(length="cardinality")).to_pylist()
+    models = {(str(row["model"]), str(row["model_revision"])): (int(row["images"]), int(row["length"])) for row in rows}
     images = 0 if models else int(run("SELECT count(*) AS n FROM images_latest").to_pylist()[0]["n"])
     return models, images
 
@@ -240,7 +269,7 @@ def search_on_athena(
     query: QueryVector,
     where: str | None = None,
     limit: int = 10,
-    models: tuple[dict[str, tuple[int, int]], int] | None = None,
+    models: tuple[EmbeddedModels, int] | None = None,
 ) -> pa.Table:
     """:func:`search` over the deployed tables, in Athena's SQL; ``models``: :func:`athena_models`' answer, where the
     caller asked already (each query is billed).
@@ -248,19 +277,20 @@ def search_on_athena(
     Raises:
         RequestRejected: the rows cannot be compared with ``query``, or Athena refused the query (its reason).
     """
-    checked_model(*(models or athena_models(run)), query.model, len(query.vector))
+    checked_model(*(models or athena_models(run)), query.model, len(query.vector), query.revision)
     return run(athena_search_sql(query, where, limit))
 
 
-def local_similar(data_dir: Path) -> Callable[[str, list[float], int], list[dict[str, object]]]:
+def local_similar(data_dir: Path) -> Callable[[str, str, list[float], int], list[dict[str, object]]]:
     """The API's search (``POST /v1/search``, annotate serve) over the tables under ``data_dir``."""
 
-    def find(model: str, vector: list[float], limit: int) -> list[dict[str, object]]:
+    def find(model: str, revision: str, vector: list[float], limit: int) -> list[dict[str, object]]:
         import numpy as np
 
         from tools.results.query import connect_local
 
-        hits = search(connect_local(data_dir), QueryVector(model, np.array(vector, dtype=np.float32)), None, limit)
+        query = QueryVector(model, revision, np.array(vector, dtype=np.float32))
+        hits = search(connect_local(data_dir), query, None, limit)
         return list(hits.to_pylist())
 
     return find

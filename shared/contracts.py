@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -442,6 +443,13 @@ class BoxAttributes(Frozen):
     skipped: str | None = None
 
 
+def float32_values(values: Iterable[Any]) -> list[float]:
+    """A vector's float32 values (numpy's) as floats that print as the shortest decimal of each, which is the float32
+    again when read: at most 9 digits where the float64 the value also is prints up to 17, so a vector's JSON is a
+    third smaller and its rows the same."""
+    return [float(str(value)) for value in values]
+
+
 class ImageEmbedding(Frozen):
     """The whole image's CLIP image embedding: unit length, float32 values, and the model that made it, by its name
     and its weights' revision (a vector is only comparable with vectors of the same model and revision).
@@ -581,6 +589,10 @@ class ImageResult(Frozen):
     annotated_uri: str | None = None
     result_uri: str | None = None
     processed_at: datetime
+
+    def document(self) -> bytes:
+        """The result document as WriteResult writes it: indented JSON, for people to read too."""
+        return self.model_dump_json(indent=2).encode()
 
 
 class WriteGroupTableInput(Frozen):

@@ -45,6 +45,7 @@ from shared.contracts import (
     TagOutput,
     VariantsOutput,
     WriteGroupTableInput,
+    float32_values,
 )
 from shared.errors import ImageRejected
 from shared.models.captioning import image_facts
@@ -162,7 +163,7 @@ def tag(task: DescribeInput, deps: Dependencies) -> TagOutput:
         vectors = BoxEmbeddings(
             model=model.name,
             revision=model.revision,
-            vectors=[None if isinstance(r, str) else r[1].tolist() for r in tagged],
+            vectors=[None if isinstance(r, str) else float32_values(r[1]) for r in tagged],
         )
         box_embeddings_uri = layout.box_embeddings_document(task.task.results_uri, task.task.batch_id, image.image_id)
         _write_step_document(box_embeddings_uri, vectors.model_dump_json().encode(), deps)
@@ -171,7 +172,7 @@ def tag(task: DescribeInput, deps: Dependencies) -> TagOutput:
     embedding = None
     if request.embeddings != "none":
         [vector] = model.embed_images([_image(image.source_uri, deps).pixels])
-        embedding = ImageEmbedding(model=model.name, revision=model.revision, vector=vector.tolist())
+        embedding = ImageEmbedding(model=model.name, revision=model.revision, vector=float32_values(vector))
     return TagOutput(
         tags=[BoxAttributes(skipped=r) if isinstance(r, str) else BoxAttributes(attributes=r) for r in results],
         embedding=embedding,
@@ -292,7 +293,7 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
         result_uri=json_uri,
         processed_at=datetime.now(UTC),
     )
-    deps.store_for(json_uri).write_bytes(json_uri, result.model_dump_json(indent=2).encode(), "application/json")
+    deps.store_for(json_uri).write_bytes(json_uri, result.document(), "application/json")
     logger.info("result written", extra={"image_id": result.image_id, "status": result.status, "error": result.error})
     return result
 

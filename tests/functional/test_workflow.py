@@ -7,6 +7,7 @@ import io
 import json
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
@@ -209,7 +210,9 @@ def test_boxes_asked_for_are_kept_as_rows_of_their_own_beside_the_image_s(workfl
     assert all(d.attributes for d in document.detections)  # tagged as without them
     rows = table_rows(fakes, "box_embeddings")
     assert [(row["detection_index"], row["label"]) for row in rows] == [(0, "dog"), (1, "cat")]
-    assert [row["vector"] for row in rows] == document.box_embeddings.vectors  # float32 values, as written
+    # the same float32 values (the document writes each as its shortest decimal)
+    as_written = np.array(document.box_embeddings.vectors, np.float32)
+    assert np.array_equal(np.array([row["vector"] for row in rows], np.float32), as_written)
     assert len(table_rows(fakes, "embeddings")) == 1
 
 

@@ -141,3 +141,16 @@ def test_an_image_s_embedding_takes_a_small_part_of_the_state_s_256_kib() -> Non
     # AND the vector survives the state's JSON exactly, as float32
     again = TagOutput.model_validate_json(dumped).embedding
     assert again is not None and np.array_equal(np.array(again.vector, dtype=np.float32), vector)
+
+
+def test_a_vector_s_values_are_written_short_and_read_back_as_the_same_float32s() -> None:
+    import numpy as np
+
+    from shared.contracts import float32_values
+
+    rng = np.random.default_rng(1)
+    for scale in (1e-8, 1e-3, 1.0, 1e5):
+        values = (rng.normal(size=100_000) * scale).astype(np.float32)
+        written = float32_values(values)
+        assert np.array_equal(np.array(written, np.float32), values)
+        assert max(len(repr(value)) for value in written) <= 15  # sign, 9 digits, point, exponent

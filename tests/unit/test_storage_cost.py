@@ -64,11 +64,13 @@ def test_an_embedding_is_its_float32_values_in_parquet_and_a_search_scans_the_ta
     from tools.bench.storage import embedding_bytes_per_image, search_line
 
     # float32 values barely compress: 768 of them are about 3 kB, with the row's keys
-    per_image = embedding_bytes_per_image(768, images=200)
+    per_image, in_document = embedding_bytes_per_image(768, images=200)
     assert 0.85 * 768 * 4 < per_image < 1.15 * 768 * 4
-    assert embedding_bytes_per_image(512, images=200) < per_image
+    assert embedding_bytes_per_image(512, images=200)[0] < per_image
+    # in the indented document a value a line, each at most float32's 9 digits: under 20 bytes (float64's 17: 28)
+    assert 768 * 12 < in_document < 768 * 20
     # a million images' embeddings at 3 kB: 3 GB scanned, at $5 a TB
-    line = search_line(BytesPerImage(source=0, picture=0, embedding=3_000), PRICES)
+    line = search_line(BytesPerImage(source=0, picture=0, embedding=3_000, document=10_000), PRICES)
     assert "scans 3.00 GB on Athena, $0.0150 a query" in line
 
 

@@ -23,11 +23,10 @@ MONTHS_OF_DOCUMENTS = 12  # documents and tables are kept for good: priced as th
 # The photo priced: a phone's 12 MP (the pixel bound is 40 MP). A larger photo of a scene holds less detail per
 # pixel than the samples do, so their bytes per pixel make the figures upper bounds.
 PHOTO_MEGAPIXELS = 12.0
-# A result document: make demo's are 11 to 14 kB (2026-12-02; the tiny models find many boxes); its embedding, as
-# its indented JSON writes it (a value a line), 22 kB more at 768 values (measured, 2026-12-05). Tables: the images'
-# and detections' Parquet per image, cost_lanes.ATHENA_BYTES_PER_IMAGE, and the embeddings', measured
-# (embedding_bytes_per_image).
-DOCUMENT_BYTES = 14_000 + 22_000
+# A result document: make demo's are 11 to 14 kB (2026-12-02; the tiny models find many boxes), and its embedding
+# as WriteResult writes it (embedding_bytes_per_image). Tables: the images' and detections' Parquet per image,
+# cost_lanes.ATHENA_BYTES_PER_IMAGE, and the embeddings', measured (embedding_bytes_per_image).
+DOCUMENT_BYTES = 14_000
 # The default tagger's vectors (Marqo-fashionSigLIP, ViT-B-16-SigLIP: 768 values; the fallback ViT-B/32's are 512).
 EMBEDDING_VALUES = 768
 # Read by each bulk task from S3 as it starts, estimates: its image (about 1.3 GB, as cost_lanes.TASK_START_S says) and
@@ -72,7 +71,7 @@ class BytesPerImage:
     source: float
     picture: float
     embedding: float  # its row of the embeddings table
-    document: float = DOCUMENT_BYTES
+    document: float  # its result document, its embedding's values in it
     tables: float = ATHENA_BYTES_PER_IMAGE
 
     @property
@@ -100,21 +99,24 @@ def measured_bytes_per_image(
         source.append(len(data) / (width * height))
         picture.append(len(draw_detections(pixels, [drawn], picture_format=picture_format)) / (width * height))
     per_photo = megapixels * 1e6
+    row, in_document = embedding_bytes_per_image()
     return BytesPerImage(
         source=per_photo * sum(source) / len(source),
         picture=per_photo * sum(picture) / len(picture),
-        embedding=embedding_bytes_per_image(),
+        embedding=row,
+        document=DOCUMENT_BYTES + in_document,
     )
 
 
-def embedding_bytes_per_image(values: int = EMBEDDING_VALUES, images: int = 1000) -> float:
-    """The embeddings table's Parquet bytes per image, as WriteGroupTable writes it (zstd), for ``images`` unit
-    vectors of ``values`` float32 each: what an image adds to storage and to a search's bytes scanned."""
+def embedding_bytes_per_image(values: int = EMBEDDING_VALUES, images: int = 1000) -> tuple[float, float]:
+    """What an image's embedding (a unit vector of ``values`` float32) adds to storage, over ``images`` of them: its
+    row of the embeddings table, as WriteGroupTable writes it (zstd), which is also what it adds to a search's bytes
+    scanned; and its values in its result document, as WriteResult writes it."""
     from datetime import UTC, datetime
 
     import numpy as np
 
-    from shared.contracts import ImageEmbedding, ImageResult, Status
+    from shared.contracts import ImageEmbedding, ImageResult, Status, float32_values
     from shared.storage.tables import embeddings_table, parquet_bytes
 
     vectors = np.random.default_rng(0).normal(size=(images, values))
@@ -126,12 +128,15 @@ def embedding_bytes_per_image(values: int = EMBEDDING_VALUES, images: int = 1000
             batch_id="b-" + "0" * 20,
             status=Status.SUCCEEDED,
             prompt="dog. cat.",
-            embedding=ImageEmbedding(model="Marqo/marqo-fashionSigLIP", revision="0" * 16, vector=vector.tolist()),
+            embedding=ImageEmbedding(
+                model="Marqo/marqo-fashionSigLIP", revision="0" * 16, vector=float32_values(vector)
+            ),
             processed_at=datetime.now(UTC),
         )
         for index, vector in enumerate(vectors)
     ]
-    return len(parquet_bytes(embeddings_table(results))) / images
+    in_documents = sum(len(r.document()) - len(r.model_copy(update={"embedding": None}).document()) for r in results)
+    return len(parquet_bytes(embeddings_table(results))) / images, in_documents / images
 
 
 def storage_month(

@@ -21,14 +21,24 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def annotated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The samples and a resized, re-encoded copy of the cat (a JPEG at two thirds of its size, quality 70),
-    annotated by `annotate run` (embeddings on, as every request has them by default)."""
+    annotated by `annotate run`, the boxes' embeddings kept too."""
     images = tmp_path_factory.mktemp("images")
     for sample in SAMPLES.iterdir():
         shutil.copy(sample, images / sample.name)
     with Image.open(SAMPLES / "chelsea-the-cat.jpg") as cat:
         cat.resize((cat.width * 2 // 3, cat.height * 2 // 3)).save(images / "cat-copy.jpg", quality=70)
     data_dir = tmp_path_factory.mktemp("data")
-    arguments = ["run", str(images), "--prompt", "cat. cup.", "--profile", "tiny", "--no-caption"]
+    arguments = [
+        "run",
+        str(images),
+        "--prompt",
+        "cat. cup.",
+        "--profile",
+        "tiny",
+        "--no-caption",
+        "--embeddings",
+        "boxes",
+    ]
     result = CliRunner().invoke(app, [*arguments, "--data-dir", str(data_dir)])
     assert result.exit_code == 0, result.output
     return data_dir
@@ -46,6 +56,35 @@ def test_an_image_searched_like_itself_ranks_first_at_one(annotated: Path) -> No
     assert hits[0]["source_uri"].endswith("/chelsea-the-cat.jpg") and hits[0]["score"] == pytest.approx(1, abs=1e-5)
     assert len(hits) == 4 and [hit["score"] for hit in hits] == sorted((hit["score"] for hit in hits), reverse=True)
     assert all(hit["labels"] for hit in hits)  # each hit says what was found in it
+
+
+def test_a_box_s_crop_searched_like_itself_ranks_first_among_the_boxes(
+    annotated: Path, tmp_path: Path, tiny_settings: Settings
+) -> None:
+    from shared.contracts import Box
+    from shared.pipeline.crops import crop_boxes
+    from shared.storage.images import load_image
+    from shared.storage.objects import store_for
+    from tools.results.query import run_local_query
+
+    # GIVEN a box of the cat's, cropped from the image as Tag crops it, saved as a picture of its own
+    [box] = run_local_query(
+        "SELECT d.source_uri, d.detection_index, d.x0, d.y0, d.x1, d.y1 FROM box_embeddings b "
+        "JOIN detections d USING (image_id, batch_id, detection_index) "
+        "WHERE d.source_uri LIKE '%/chelsea-the-cat.jpg' ORDER BY d.detection_index LIMIT 1",
+        annotated,
+    ).to_pylist()
+    image = load_image(box["source_uri"], store_for, tiny_settings.image_limits).pixels
+    corners = {name: box[name] for name in ("x0", "y0", "x1", "y1")}
+    [crop] = crop_boxes(image, [Box(**corners)], tiny_settings.crop_margin)
+    assert not isinstance(crop, str)
+    crop.save(tmp_path / "crop.png")
+    # WHEN the boxes are searched like it, THEN that box ranks first, at 1
+    arguments = ["--boxes", "--profile", "tiny", "--data-dir", str(annotated)]
+    hits = _json("search", "--like", str(tmp_path / "crop.png"), *arguments)
+    assert (hits[0]["source_uri"], hits[0]["detection_index"]) == (box["source_uri"], box["detection_index"])
+    assert hits[0]["score"] == pytest.approx(1, abs=1e-5) and hits[0]["label"]
+    assert len({(hit["source_uri"], hit["detection_index"]) for hit in hits}) == len(hits) > 1
 
 
 def test_a_text_s_vector_is_clip_s_text_tower_output_as_torch_computes_it(tiny_settings: Settings) -> None:

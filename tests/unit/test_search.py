@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared.contracts import Box, Detection, ImageEmbedding, ImageResult, Status
+from shared.contracts import Box, BoxEmbeddings, Detection, ImageEmbedding, ImageResult, Status, float32_values
 from shared.errors import RequestRejected
 from shared.storage.objects import store_for
 from shared.storage.tables import write_table_files
 from tools.results.query import connect_local
-from tools.results.search import QueryVector, duplicate_groups, search, search_sql
+from tools.results.search import BOXES, QueryVector, duplicate_groups, search, search_sql
 
 DAY = datetime(2026, 12, 5, tzinfo=UTC)
 MODEL, REVISION = "tiny:clip", "3f0c5e9a1b2d4c6e"
@@ -205,3 +205,54 @@ def test_a_search_on_athena_checks_the_rows_model_before_it_ranks() -> None:
     with pytest.raises(RequestRejected, match="vector is other's"):
         search_on_athena(run, QueryVector("other", REVISION, query.vector))
     assert len(sent) == 3  # the refused search sent its check only
+
+
+def test_boxes_are_ranked_by_their_crops_vectors_as_numpy_ranks_them(tmp_path: Path, vectors: np.ndarray) -> None:
+    import sqlglot
+
+    from tools.results.search import _DIALECT, athena_search_sql
+
+    # GIVEN 100 images, each with a dog's box and a cat's (a vector each) and a box that had no crop
+    corners = Box(x0=0, y0=0, x1=10, y1=10)
+    boxes = [Detection(label=label, score=0.9, box=corners) for label in ("dog", "cat", "cat")]
+    results = [
+        result(i, vectors[i]).model_copy(
+            update={
+                "detections": boxes,
+                "box_embeddings": BoxEmbeddings(
+                    model=MODEL,
+                    revision=REVISION,
+                    vectors=[float32_values(vectors[100 + 2 * i]), float32_values(vectors[101 + 2 * i]), None],
+                ),
+            }
+        )
+        for i in range(100)
+    ]
+    connection = connect_local(written(tmp_path, results))
+    query = QueryVector(MODEL, REVISION, unit(np.random.default_rng(13).normal(size=32)))
+    # WHEN the boxes are searched, the cats only
+    hits = search(connection, query, "d.label = 'cat'", limit=10, ranked=BOXES).to_pylist()
+    # THEN the cats' boxes come in numpy's order, with its scores; no box without a vector is ranked
+    cats = vectors[101:300:2]
+    expected = np.argsort(-(cats @ query.vector), kind="stable")[:10]
+    assert [(hit["source_uri"], hit["detection_index"]) for hit in hits] == [
+        (results[i].source_uri, 1) for i in expected
+    ]
+    assert [hit["score"] for hit in hits] == pytest.approx((cats @ query.vector)[expected], abs=1e-5)
+    assert {hit["label"] for hit in hits} == {"cat"} and hits[0]["x1"] == 10
+    # AND Athena's SQL for it, its dot product swapped for DuckDB's, ranks them alike
+    athena = athena_search_sql(query, "d.label = 'cat'", 10, BOXES)
+    sqlglot.parse_one(athena, read="athena")
+    vector = "ARRAY[" + athena.split("ARRAY[", 1)[1].split("]", 1)[0] + "]"
+    as_duckdb = athena.replace(
+        _DIALECT["athena"]["score"].format(vector=vector), _DIALECT["duckdb"]["score"].format(vector=vector)
+    )
+    assert connection.sql(as_duckdb).to_arrow_table().to_pylist() == hits
+
+
+def test_boxes_without_embeddings_are_refused_with_what_to_run(tmp_path: Path, vectors: np.ndarray) -> None:
+    connection = connect_local(written(tmp_path, [result(i, v) for i, v in enumerate(vectors[:3])]))
+    with pytest.raises(
+        RequestRejected, match=r"no box here has an embedding \(3 images lack one\): .* --embeddings boxes"
+    ):
+        search(connection, QueryVector(MODEL, REVISION, vectors[0]), ranked=BOXES)

@@ -27,15 +27,20 @@ def search(
         str | None,
         typer.Option(help="Only images with a row where this SQL holds: images (i.) and detections (d.) columns"),
     ] = None,
-    limit: Annotated[int, typer.Option(min=1, max=10_000, help="How many images")] = 10,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="How many images (or boxes)")] = 10,
+    boxes: Annotated[
+        bool,
+        typer.Option("--boxes", help="Rank boxes by their crops' vectors (box_embeddings; --where: the box's d. row)"),
+    ] = False,
     output: Annotated[str, typer.Option("--format", help="table, json or csv")] = "table",
     gallery_dir: Annotated[Path | None, typer.Option("--gallery", help="Also write the hits as a gallery page")] = None,
     data_dir: DataDir = Path("annotate-data"),
     stack: Stack = None,
     profile: Annotated[Profile, typer.Option(help="The models the images were annotated with")] = Profile.DEFAULT,
 ) -> None:
-    """The images nearest a text or an image by their CLIP embeddings, best first, with their labels and caption:
-    locally on DuckDB, or with --stack on Athena (the query's vector made here, with the stack's model)."""
+    """The images nearest a text or an image by their CLIP embeddings, best first, with their labels and caption (or,
+    --boxes, the boxes nearest by their crops'): locally on DuckDB, or with --stack on Athena (the query's vector made
+    here, with the stack's model)."""
     import duckdb
 
     from shared.errors import ImageRejected, ModelUnavailable, RequestRejected, TransientError
@@ -51,7 +56,7 @@ def search(
         raise fail("--gallery writes the local results' pictures: leave out --stack")
     quiet_logs(False)
     try:
-        hits = _search_hits(text, like, where, limit, data_dir, stack, profile)
+        hits = _search_hits(text, like, where, limit, data_dir, stack, profile, boxes)
     except ImageRejected as error:
         raise fail(f"--like {like}: {error}") from None
     except (RequestRejected, ModelUnavailable, TransientError) as error:
@@ -63,7 +68,7 @@ def search(
     else:
         sys.stdout.write(format_rows(hits, output_format) + "\n")
     if gallery_dir is not None and hits.num_rows:
-        _write_hits_gallery(hits.column("source_uri").to_pylist(), gallery_dir, data_dir)
+        _write_hits_gallery(list(dict.fromkeys(hits.column("source_uri").to_pylist())), gallery_dir, data_dir)
 
 
 def _search_hits(
@@ -74,13 +79,24 @@ def _search_hits(
     data_dir: Path,
     stack: str | None,
     profile: Profile,
+    boxes: bool,
 ) -> Any:
     """``search``'s hits: on the local tables, or on the stack's (Athena), the query's vector made here with the
     model the stack's rows are of (where its Tag function loaded it from)."""
     from tools.results.athena import run_athena_query
     from tools.results.query import connect_local
-    from tools.results.search import athena_models, checked_model, image_vector, search, search_on_athena, text_vector
+    from tools.results.search import (
+        BOXES,
+        IMAGES,
+        athena_models,
+        checked_model,
+        image_vector,
+        search,
+        search_on_athena,
+        text_vector,
+    )
 
+    ranked = BOXES if boxes else IMAGES
     chosen: dict[str, Any] = {}
     if stack:
         athena = stack_athena(stack)
@@ -88,13 +104,13 @@ def _search_hits(
         def run(sql: str) -> Any:
             return run_athena_query(sql, athena)
 
-        models = athena_models(run)
-        chosen["tagger_models"] = [checked_model(*models, None, None)[0]]
+        models = athena_models(run, ranked)
+        chosen["tagger_models"] = [checked_model(*models, None, None, None, ranked)[0]]
     settings = use_settings(profile=profile, data_dir=data_dir, **chosen)
     query = text_vector(text, settings) if text is not None else image_vector(str(like), settings)
     if stack:
-        return search_on_athena(run, query, where, limit, models)
-    return search(connect_local(data_dir), query, where, limit)
+        return search_on_athena(run, query, where, limit, models, ranked)
+    return search(connect_local(data_dir), query, where, limit, ranked)
 
 
 def _write_hits_gallery(sources: list[str], out_dir: Path, data_dir: Path) -> None:

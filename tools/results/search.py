@@ -39,8 +39,23 @@ class QueryVector:
     vector: np.ndarray  # float32
 
 
-# Each (model, revision) the rows' embeddings are of: how many images, and its vectors' length.
+# Each (model, revision) the rows' embeddings are of: how many rows, and its vectors' length.
 EmbeddedModels = dict[tuple[str, str], tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """What a search ranks: images (their vectors in ``embeddings``) or boxes (their crops' in ``box_embeddings``)."""
+
+    table: str
+    noun: str
+    fix: str  # what to run where no row has one
+
+
+IMAGES = Ranked(
+    "embeddings", "image", "annotate them again (every request embeds its images unless its embeddings is none)"
+)
+BOXES = Ranked("box_embeddings", "box", "annotate them again with embeddings boxes (annotate run --embeddings boxes)")
 
 
 def text_vector(text: str, settings: Settings) -> QueryVector:
@@ -76,33 +91,43 @@ def image_vector(uri: str, settings: Settings) -> QueryVector:
     return QueryVector(tagger.name, tagger.revision, tagger.embed_images([image.pixels])[0])
 
 
-# Each model and revision of the latest rows' embeddings, with its images and vectors' length (DuckDB's and Athena's
-# names for a list's length).
-_MODELS_SQL = (
-    "SELECT e.model, e.model_revision, count(*) AS images, min({length}(e.vector)) AS length FROM embeddings e "
-    "JOIN images_latest img ON img.image_id = e.image_id AND img.batch_id = e.batch_id "
-    "GROUP BY e.model, e.model_revision"
-)
+def _models_sql(ranked: Ranked, length: str) -> str:
+    """Each model and revision of the latest images' rows in ``ranked``'s table, with its rows and vectors' length
+    (``length``: DuckDB's or Athena's name for a list's length)."""
+    return (
+        f"SELECT e.model, e.model_revision, count(*) AS images, min({length}(e.vector)) AS length "
+        f"FROM {ranked.table} e JOIN images_latest img ON img.image_id = e.image_id AND img.batch_id = e.batch_id "
+        "GROUP BY e.model, e.model_revision"
+    )
 
 
-def embedded_models(connection: duckdb.DuckDBPyConnection) -> EmbeddedModels:
-    """Each model and revision the latest rows' embeddings are of: how many images, and its vectors' length."""
-    rows = connection.execute(_MODELS_SQL.format(length="len")).fetchall()
+def embedded_models(connection: duckdb.DuckDBPyConnection, ranked: Ranked = IMAGES) -> EmbeddedModels:
+    """Each model and revision the latest rows' embeddings are of: how many rows, and its vectors' length."""
+    rows = connection.execute(_models_sql(ranked, "len")).fetchall()
     return {(model, revision): (int(images), int(length)) for model, revision, images, length in rows}
 
 
 def comparable_model(
-    connection: duckdb.DuckDBPyConnection, model: str | None, length: int | None = None, revision: str | None = None
+    connection: duckdb.DuckDBPyConnection,
+    model: str | None,
+    length: int | None = None,
+    revision: str | None = None,
+    ranked: Ranked = IMAGES,
 ) -> tuple[str, str]:
     """The model and revision whose rows a search or a duplicates run compares (:func:`checked_model`, on the local
     tables)."""
-    models = embedded_models(connection)
+    models = embedded_models(connection, ranked)
     images = 0 if models else int(connection.execute("SELECT count(*) FROM images_latest").fetchall()[0][0])
-    return checked_model(models, images, model, length, revision)
+    return checked_model(models, images, model, length, revision, ranked)
 
 
 def checked_model(
-    models: EmbeddedModels, images: int, model: str | None, length: int | None, revision: str | None = None
+    models: EmbeddedModels,
+    images: int,
+    model: str | None,
+    length: int | None,
+    revision: str | None = None,
+    ranked: Ranked = IMAGES,
 ) -> tuple[str, str]:
     """``model`` and ``revision`` (a query vector's, of ``length``) or, where none is given, the only model and
     revision of ``models`` (those the rows are of); ``images``: how many images there are, where none has an
@@ -115,10 +140,13 @@ def checked_model(
     """
     if not models:
         raise RequestRejected(
-            f"no image here has an embedding ({images} image{'s' if images != 1 else ''} lack one): annotate them "
-            "again (every request embeds its images unless its embeddings is none)"
+            f"no {ranked.noun} here has an embedding ({images} image{'s' if images != 1 else ''} lack one): "
+            + ranked.fix
         )
-    found = ", ".join(f"{name} revision {rev} ({count} images)" for (name, rev), (count, _) in sorted(models.items()))
+    found = ", ".join(
+        f"{name} revision {rev} ({count} {ranked.noun}{'es' if ranked is BOXES else 's'})"
+        for (name, rev), (count, _) in sorted(models.items())
+    )
     named = [key for key in models if model is None or key[0] == model]
     if not named:
         raise RequestRejected(
@@ -172,11 +200,25 @@ def search_sql(
     model: str = "$model",
     revision: str = "$revision",
     limit: str = "$limit",
+    ranked: Ranked = IMAGES,
 ) -> str:
     """The ranking: the latest row of each image embedded by the query's model and revision, best first (ties by
-    source), with its labels and caption. DuckDB's takes the parameters $model, $revision, $vector and $limit;
-    Athena's, the values written in (:func:`athena_search_sql`)."""
+    source), with its labels and caption; or of each box, with its label, class and corners. DuckDB's takes the
+    parameters $model, $revision, $vector and $limit; Athena's, the values written in (:func:`athena_search_sql`)."""
     words = _DIALECT[dialect]
+    if ranked is BOXES:  # each box of the latest images with the box's own detection row, where --where applies
+        return f"""
+SELECT e.source_uri, e.detection_index, d.label, d.class_label,
+       {words["score"].format(vector=vector)} AS score,
+       d.x0, d.y0, d.x1, d.y1, i.caption
+FROM images_latest i
+JOIN box_embeddings e ON e.image_id = i.image_id AND e.batch_id = i.batch_id
+ AND e.model = {model} AND e.model_revision = {revision}
+JOIN detections d ON d.image_id = e.image_id AND d.batch_id = e.batch_id AND d.detection_index = e.detection_index
+WHERE ({where or "TRUE"})
+ORDER BY score DESC, e.source_uri, e.detection_index
+LIMIT {limit}
+"""
     return f"""
 SELECT img.source_uri,
        {words["score"].format(vector=vector)} AS score,
@@ -192,28 +234,33 @@ LIMIT {limit}
 """
 
 
-def athena_search_sql(query: QueryVector, where: str | None, limit: int) -> str:
+def athena_search_sql(query: QueryVector, where: str | None, limit: int, ranked: Ranked = IMAGES) -> str:
     """The ranking in Athena's SQL, the model, its revision and the vector written in (Athena's parameters are
     scalars): each value a double literal, exactly the float32's. A 1,024-value vector makes about 18 kB of SQL,
     within Athena's "maximum allowed query string length is 262144 bytes" (Athena service quotas;
     tests/unit/test_search.py)."""
     values = ", ".join(f"{float(value):.9e}" for value in query.vector)
     model, revision = ("'" + text.replace("'", "''") + "'" for text in (query.model, query.revision))
-    return search_sql(where, "athena", f"ARRAY[{values}]", model, revision, str(int(limit)))
+    return search_sql(where, "athena", f"ARRAY[{values}]", model, revision, str(int(limit)), ranked)
 
 
 def search(
-    connection: duckdb.DuckDBPyConnection, query: QueryVector, where: str | None = None, limit: int = 10
+    connection: duckdb.DuckDBPyConnection,
+    query: QueryVector,
+    where: str | None = None,
+    limit: int = 10,
+    ranked: Ranked = IMAGES,
 ) -> pa.Table:
-    """The ``limit`` images nearest ``query``, best first: source_uri, score (cosine similarity), labels, caption.
+    """The ``limit`` images nearest ``query``, best first: source_uri, score (cosine similarity), labels, caption;
+    or boxes: source_uri, detection_index, label, class_label, score, x0, y0, x1, y1, caption.
 
     Raises:
         RequestRejected: the rows cannot be compared with ``query`` (:func:`comparable_model`).
         duckdb.Error: ``where`` is not SQL the tables answer.
     """
-    model, revision = comparable_model(connection, query.model, len(query.vector), query.revision)
+    model, revision = comparable_model(connection, query.model, len(query.vector), query.revision, ranked)
     parameters = {"model": model, "revision": revision, "vector": query.vector.tolist(), "limit": limit}
-    return connection.sql(search_sql(where), params=parameters).to_arrow_table()
+    return connection.sql(search_sql(where, ranked=ranked), params=parameters).to_arrow_table()
 
 
 def duplicate_groups(
@@ -255,10 +302,10 @@ def duplicate_groups(
     return sorted((sorted(group) for group in groups.values() if len(group) > 1), key=lambda group: group[0])
 
 
-def athena_models(run: Callable[[str], pa.Table]) -> tuple[EmbeddedModels, int]:
+def athena_models(run: Callable[[str], pa.Table], ranked: Ranked = IMAGES) -> tuple[EmbeddedModels, int]:
     """The deployed tables' embedding models and revisions (images, vectors' length each) and, where there are none,
     how many images there are: :func:`checked_model`'s inputs, from Athena (``run`` a query)."""
-    rows = run(_MODELS_SQL.format(length="cardinality")).to_pylist()
+    rows = run(_models_sql(ranked, "cardinality")).to_pylist()
     models = {(str(row["model"]), str(row["model_revision"])): (int(row["images"]), int(row["length"])) for row in rows}
     images = 0 if models else int(run("SELECT count(*) AS n FROM images_latest").to_pylist()[0]["n"])
     return models, images
@@ -270,6 +317,7 @@ def search_on_athena(
     where: str | None = None,
     limit: int = 10,
     models: tuple[EmbeddedModels, int] | None = None,
+    ranked: Ranked = IMAGES,
 ) -> pa.Table:
     """:func:`search` over the deployed tables, in Athena's SQL; ``models``: :func:`athena_models`' answer, where the
     caller asked already (each query is billed).
@@ -277,8 +325,8 @@ def search_on_athena(
     Raises:
         RequestRejected: the rows cannot be compared with ``query``, or Athena refused the query (its reason).
     """
-    checked_model(*(models or athena_models(run)), query.model, len(query.vector), query.revision)
-    return run(athena_search_sql(query, where, limit))
+    checked_model(*(models or athena_models(run, ranked)), query.model, len(query.vector), query.revision, ranked)
+    return run(athena_search_sql(query, where, limit, ranked))
 
 
 def local_similar(data_dir: Path) -> Callable[[str, str, list[float], int], list[dict[str, object]]]:

@@ -69,9 +69,9 @@ ANNOTATIONS_BODY = {
 }
 
 
-# The images nearest a vector in the rows the pipeline wrote: (model, vector, limit) -> hits, best first, each with
-# source_uri, score, labels and caption. annotate serve gives it over its data dir (tools/results/search.py).
-FindSimilar = Callable[[str, str, list[float], int], list[dict[str, Any]]]  # model, revision, vector, limit
+# The images nearest a vector in the rows the pipeline wrote: (model, revision, vector, limit) -> hits, best first,
+# each with source_uri, score, labels and caption. annotate serve gives it over its data dir (tools/results/search.py).
+FindSimilar = Callable[[str, str, list[float], int], list[dict[str, Any]]]
 
 
 class SearchCall(BaseModel):

@@ -241,10 +241,13 @@ def test_a_search_on_the_stack_ranks_in_athena_with_a_vector_of_the_rows_model(
     from shared.models.tagging import load_tagger
 
     boto3.client("athena", region_name=REGION).create_work_group(Name="annotate")
+    tagger = load_tagger(tiny_settings.describe)
     # GIVEN the stack's rows, embedded by the tiny CLIP (32 values), and what Athena answers the ranking
-    columns = [{"Name": n, "Type": t} for n, t in (("model", "varchar"), ("images", "bigint"), ("length", "integer"))]
+    models = (("model", "varchar"), ("model_revision", "varchar"), ("images", "bigint"), ("length", "integer"))
+    columns = [{"Name": n, "Type": t} for n, t in models]
     hits = [{"Name": n, "Type": t} for n, t in (("source_uri", "varchar"), ("score", "double"), ("labels", "varchar"))]
-    queue_athena_results((columns, [["tiny:clip", "2", "32"]]), (hits, [[IMAGES[0].source_uri, "0.25", "cat"]]))
+    rows = [["tiny:clip", tagger.revision, "2", "32"]]
+    queue_athena_results((columns, rows), (hits, [[IMAGES[0].source_uri, "0.25", "cat"]]))
     # WHEN a phrase is searched on the stack
     code, output = annotate("search", "a cat", "--stack", STACK, "--profile", "tiny", "--format", "json")
     # THEN Athena's answer is printed, typed, and the query it ran holds the tiny CLIP's vector of the phrase
@@ -252,6 +255,6 @@ def test_a_search_on_the_stack_ranks_in_athena_with_a_vector_of_the_rows_model(
     assert json.loads(output) == [{"source_uri": IMAGES[0].source_uri, "score": 0.25, "labels": "cat"}]
     executions = athena_backends["123456789012"][REGION].executions.values()
     ranking = next(e.query for e in executions if "zip_with" in e.query)
-    assert "e.model = 'tiny:clip'" in ranking and "LIMIT 10" in ranking
+    assert f"e.model = 'tiny:clip' AND e.model_revision = '{tagger.revision}'" in ranking and "LIMIT 10" in ranking
     written = np.array([float(v) for v in ranking.split("ARRAY[", 1)[1].split("]", 1)[0].split(",")], np.float32)
-    assert np.array_equal(written, load_tagger(tiny_settings.describe).embed_texts(["a cat"])[0])
+    assert np.array_equal(written, tagger.embed_texts(["a cat"])[0])

@@ -455,8 +455,8 @@ class ImageEmbedding(Frozen):
     and its weights' revision (a vector is only comparable with vectors of the same model and revision).
 
     It travels in the image's state from Tag to WriteResult, within Step Functions' "Maximum input or output size for
-    a task, state, or execution: 256 KiB" (Step Functions quotas): a CLIP's 512 to 1,024 values take 11 to 22 KiB of
-    it (tests/unit/test_contracts.py). The boxes' crop embeddings, up to max_detections of them, would not fit: they
+    a task, state, or execution: 256 KiB" (Step Functions quotas): a CLIP's 512 to 1,024 values take 6 to 13 kB of it
+    (tests/unit/test_contracts.py). The boxes' crop embeddings, up to max_detections of them, would not fit: they
     travel as a document of their own (:class:`BoxEmbeddings`).
     """
 

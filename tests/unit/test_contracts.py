@@ -128,16 +128,18 @@ def test_with_variants_a_request_is_measured_as_ecs_receives_it_and_the_largest_
 def test_an_image_s_embedding_takes_a_small_part_of_the_state_s_256_kib() -> None:
     import numpy as np
 
-    from shared.contracts import ImageEmbedding, TagOutput
+    from shared.contracts import ImageEmbedding, TagOutput, float32_values
 
-    # the largest CLIP the defaults name has 768 values; a ViT-L's 1,024, float32 values dumped as JSON
+    # the largest CLIP the defaults name has 768 values; a ViT-L's 1,024, float32 values dumped as Tag writes them
     vector = np.random.default_rng(0).normal(size=1024).astype(np.float32)
     vector /= np.linalg.norm(vector)
     output = TagOutput(
-        tags=[], ms=1.0, embedding=ImageEmbedding(model="timm/vit_large", revision="0" * 16, vector=vector.tolist())
+        tags=[],
+        ms=1.0,
+        embedding=ImageEmbedding(model="timm/vit_large", revision="0" * 16, vector=float32_values(vector)),
     )
     dumped = output.model_dump_json().encode()
-    assert len(dumped) < 24 * 1024 < 256 * 1024
+    assert len(dumped) < 14 * 1024 < 256 * 1024
     # AND the vector survives the state's JSON exactly, as float32
     again = TagOutput.model_validate_json(dumped).embedding
     assert again is not None and np.array_equal(np.array(again.vector, dtype=np.float32), vector)

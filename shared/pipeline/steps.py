@@ -155,7 +155,7 @@ def tag(task: DescribeInput, deps: Dependencies) -> TagOutput:
     request, image = task.task.request, task.task.image
     vocabularies = request.attributes
     box_embeddings_uri = None
-    if request.embeddings == "boxes":
+    if request.embeddings == "boxes" and task.detections:
         tagged = _per_box(
             task, deps, lambda crops, labels: list(zip(*model.tag_and_embed(crops, labels, vocabularies), strict=True))
         )

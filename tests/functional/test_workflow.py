@@ -216,6 +216,16 @@ def test_boxes_asked_for_are_kept_as_rows_of_their_own_beside_the_image_s(workfl
     assert len(table_rows(fakes, "embeddings")) == 1
 
 
+def test_an_image_without_boxes_has_no_box_embeddings_written(workflow, fakes: FakeModels) -> None:
+    fakes.detector.boxes = []
+
+    _, documents = run_batch(workflow, fakes, embeddings="boxes")
+
+    document = documents["s3://in/a.jpg"]
+    assert document.embedding is not None and document.box_embeddings is None
+    assert not any(uri.endswith(".boxes.json") for uri in fakes.store.objects)
+
+
 def test_no_box_embeddings_are_kept_unless_asked_for(workflow, fakes: FakeModels) -> None:
     _, documents = run_batch(workflow, fakes)
 

@@ -49,13 +49,19 @@ class Ranked:
 
     table: str
     noun: str
+    nouns: str
     fix: str  # what to run where no row has one
 
 
 IMAGES = Ranked(
-    "embeddings", "image", "annotate them again (every request embeds its images unless its embeddings is none)"
+    "embeddings",
+    "image",
+    "images",
+    "annotate them again (every request embeds its images unless its embeddings is none)",
 )
-BOXES = Ranked("box_embeddings", "box", "annotate them again with embeddings boxes (annotate run --embeddings boxes)")
+BOXES = Ranked(
+    "box_embeddings", "box", "boxes", "annotate them again with embeddings boxes (annotate run --embeddings boxes)"
+)
 
 
 def text_vector(text: str, settings: Settings) -> QueryVector:
@@ -144,8 +150,7 @@ def checked_model(
             + ranked.fix
         )
     found = ", ".join(
-        f"{name} revision {rev} ({count} {ranked.noun}{'es' if ranked is BOXES else 's'})"
-        for (name, rev), (count, _) in sorted(models.items())
+        f"{name} revision {rev} ({count} {ranked.nouns})" for (name, rev), (count, _) in sorted(models.items())
     )
     named = [key for key in models if model is None or key[0] == model]
     if not named:

@@ -341,7 +341,7 @@ class IngestSettings(ResultsPlace):
         ge=1,
         le=MAX_IMAGES_PER_GROUP,
         description="Images per group (and per table file) in the bulk lane, where a group is not a child workflow:"
-        " its three files cost S3 writes per group, and Athena reads few large files faster than many small ones",
+        " its table files cost S3 writes per group, and Athena reads few large files faster than many small ones",
     )
     groups_per_bulk_job: int = Field(
         25, ge=1, le=10_000, description="Most groups one bulk task annotates (fewer when that leaves tasks idle)"

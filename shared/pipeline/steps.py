@@ -262,7 +262,7 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
     if state.variants_task is not None:
         variants, failure = _variants_document(state, deps)
         failures |= {FailedStep.VARIANTS: failure} if failure else {}
-    tag = state.description.tag if state.description and isinstance(state.description.tag, TagOutput) else None
+    tagged = state.description.tag if state.description and isinstance(state.description.tag, TagOutput) else None
     annotated_uri = None
     if state.detection is not None:
         image = _image(task.image.source_uri, deps)
@@ -287,8 +287,8 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
         made_by=_made_by(state),
         caption=state.caption,
         variants=variants,
-        embedding=tag.embedding if tag else None,
-        box_embeddings=_box_embeddings(tag, deps),
+        embedding=tagged.embedding if tagged else None,
+        box_embeddings=_box_embeddings(tagged, deps),
         annotated_uri=annotated_uri,
         result_uri=json_uri,
         processed_at=datetime.now(UTC),

@@ -59,7 +59,7 @@ CAPTION_FIELDS = [
 # The steps whose model a row names, and its column: detector_model, classifier_model, tagger_model.
 MADE_BY_ROLES = {"detect": "detector", "classify": "classifier", "tag": "tagger"}
 
-# Which image a row is about: the first columns of both tables.
+# Which image a row is about: the first columns of every table.
 IMAGE_KEY_FIELDS = [("image_id", pa.string()), ("source_uri", pa.string()), ("batch_id", pa.string())]
 
 IMAGES_SCHEMA = pa.schema(

@@ -167,13 +167,16 @@ def test_an_annotation_by_upload_or_json_is_the_one_image_path_s_result(
     assert as_json.json()["picture_media_type"] == "image/jpeg"
 
 
+def _recorded_cat(http: httpx.Client) -> dict[str, Any]:
+    """The cat annotated with record=true: kept where the workflow keeps results, with its rows."""
+    body = {"prompt": "cat.", "caption": False, "record": True, "image": base64.b64encode(CAT).decode()}
+    return dict(http.post("/v1/annotations", json=body).json())
+
+
 def test_a_recorded_annotation_is_kept_where_the_workflow_keeps_results_and_query_finds_it(
     http: httpx.Client, api_settings: Settings
 ) -> None:
-    answer = http.post(
-        "/v1/annotations",
-        json={"prompt": "cat.", "caption": False, "record": True, "image": base64.b64encode(CAT).decode()},
-    ).json()
+    answer = _recorded_cat(http)
 
     assert Path(answer["result_uri"]).is_file() and Path(answer["annotated_uri"]).is_file()
     assert Path(answer["source_uri"]).read_bytes() == CAT  # the upload is kept under uploads/
@@ -189,10 +192,7 @@ def test_the_playground_s_search_finds_the_recorded_images_by_meaning(
     from tools.results.search import local_similar
 
     # GIVEN an image recorded, with its embedding, in the server's data dir
-    recorded = http.post(
-        "/v1/annotations",
-        json={"prompt": "cat.", "caption": False, "record": True, "image": base64.b64encode(CAT).decode()},
-    ).json()
+    recorded = _recorded_cat(http)
     assert recorded["embedding"]["model"] == "tiny:clip"
     # WHEN a server that searches that data dir (as annotate serve does) is asked for a phrase
     app = serving_app(api_settings, find_similar=local_similar(api_settings.data_dir))

@@ -90,8 +90,8 @@ def embedding_seconds(
 
 
 def _synthetic_tables(images: int, data_dir: Path) -> None:
-    """``images`` images' rows in the three tables, in files of :data:`IMAGES_PER_FILE`: a unit vector each, a
-    detection each (half cats, half dogs)."""
+    """``images`` images' rows in the images, detections and embeddings tables, in files of
+    :data:`IMAGES_PER_FILE`: a unit vector each, a detection each (half cats, half dogs)."""
     import numpy as np
     import pyarrow as pa
 

@@ -264,15 +264,7 @@ class BatchInput(Frozen):
         0, ge=0, le=MAX_HAND_BACKS, description="Lambda lane: how often groups that could not finish run again"
     )
     hand_back_wait_s: int = Field(60, ge=1, le=3600, description="The wait before the first hand-back's run")
-    execution: str = Field(
-        "", max_length=80, description="The execution's name, under which it holds its share of the account's quotas"
-    )
-
-    @property
-    def share_holder(self) -> str:
-        """Who holds the batch's share of the account's quotas: its execution (a batch started twice, as a message
-        sent twice, runs twice), or the batch where no name was given."""
-        return self.execution or self.batch_id
+    execution: str = Field("", max_length=80, description="The execution's name (ingest's, from its delivery)")
 
 
 class GroupTask(Frozen):
@@ -370,13 +362,23 @@ class StepFailure(BaseModel):
 
     @property
     def reason(self) -> str:
-        """'ImageRejected: file is empty' from a Lambda error's JSON cause, else the raw cause."""
+        """'ImageRejected: file is empty' from a Lambda error's JSON cause; from a Batch job's (its description,
+        as ``submitJob.sync`` fails with it) its status reason and its last attempt's container's; else the raw
+        cause."""
         try:
             cause = json.loads(self.Cause)
         except ValueError:
             cause = None
         if isinstance(cause, dict) and "errorMessage" in cause:
             return f"{cause.get('errorType', self.Error)}: {cause['errorMessage']}"
+        if isinstance(cause, dict) and ("StatusReason" in cause or "statusReason" in cause):
+            attempts = cause.get("Attempts") or cause.get("attempts") or [{}]
+            container = attempts[-1].get("Container") or attempts[-1].get("container") or {}
+            said = [
+                cause.get("StatusReason") or cause.get("statusReason"),
+                container.get("Reason") or container.get("reason"),
+            ]
+            return f"{self.Error}: " + ": ".join(part for part in said if part)
         return f"{self.Error}: {self.Cause}" if self.Cause else self.Error
 
 
@@ -513,9 +515,9 @@ class CaptionOutput(Frozen):
 
 
 class VariantsTaskRun(Frozen):
-    """The Variants step's record in the image's state: the ECS task that ran (its logs are the task's)."""
+    """The Variants step's record in the image's state: the Batch job that ran (its logs are the job's)."""
 
-    task_arn: str
+    job_id: str
 
 
 class Variant(Frozen):
@@ -622,6 +624,32 @@ class SummarizeInput(BatchInput):
 
     map_run: dict[str, Any] | None = Field(None, description="The Map's ResultWriter details")
     error: StepFailure | None = None
+
+
+class ExecutionStatusDetail(BaseModel):
+    """The detail of Step Functions' "Step Functions Execution Status Change" event: "Step Functions sends events to
+    Amazon EventBridge for each Standard workflow execution status change", the input included while under 248 KiB
+    (Step Functions Developer Guide, "Automating Step Functions event delivery with EventBridge")."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    execution_arn: str = Field(alias="executionArn")
+    state_machine_arn: str = Field(alias="stateMachineArn")
+    name: str
+    status: Literal["TIMED_OUT", "FAILED", "ABORTED", "SUCCEEDED", "RUNNING", "PENDING_REDRIVE"]
+    input: str | None = None
+    error: str | None = None
+    cause: str | None = None
+
+
+class ExecutionStatusChange(BaseModel):
+    """EventBridge's envelope of an execution's status change, as the rule delivers it to BatchEnded."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    source: Literal["aws.states"]
+    detail_type: Literal["Step Functions Execution Status Change"] = Field(alias="detail-type")
+    detail: ExecutionStatusDetail
 
 
 class HandBack(Frozen):

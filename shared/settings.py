@@ -290,10 +290,11 @@ class IngestSettings(ResultsPlace):
         1000,
         ge=2,
         le=1_000_000,
-        description="Lambda invocations the batches share: the account's concurrency quota (1,000 by default; a new"
-        " account's may be 10), less what else runs there. A Lambda-lane batch's fan-out (images per group x groups at"
-        " once x 2, Classify and Tag side by side) stays within it, and within what the batches running leave where"
-        " the idempotency table holds the ledger (the template's LambdaConcurrency)",
+        description="Lambda invocations a batch may use at once: the account's concurrency quota (1,000 by default; a"
+        " new account's may be 10), less what the stack reserves and what else runs there (the template's"
+        " LambdaConcurrency). A Lambda-lane batch's fan-out (images per group x groups at once x 2, Classify and Tag"
+        " side by side) stays within it, so a batch alone is never throttled; batches at once are throttled by Lambda"
+        " and retried by the workflow",
     )
     group_concurrency: int = Field(
         40,
@@ -320,7 +321,11 @@ class IngestSettings(ResultsPlace):
         "", description="DynamoDB table that remembers S3 events already started (empty: no check, local mode)"
     )
     idempotency_expiry_s: int = Field(
-        345_600, ge=60, le=1_209_600, description="How long an S3 event is remembered (SQS's retention, 4 days)"
+        1_382_400,
+        ge=60,
+        le=31_536_000,
+        description="How long an S3 event is remembered: longer than a copy of it can wait (EventBridge retries it for"
+        " a day, then the ingest queue keeps it 14 days), or that copy would start it again",
     )
     input_buckets: list[str] = Field(
         default_factory=list,
@@ -353,9 +358,9 @@ class IngestSettings(ResultsPlace):
         200,
         ge=1,
         le=100_000,
-        description="Fargate vCPUs the batches share: the account's quota, Spot's and on-demand's each (a new account's"
-        " may be 6). The bulk lane and the Variants step run at most this many vCPUs of tasks at once, less what the"
-        " batches running hold where the idempotency table holds the ledger (the template's FargateVcpus)",
+        description="Fargate Spot vCPUs the stack's Batch jobs share (the template's FargateVcpus: its Spot compute"
+        " environment's maxvCpus, within the account's quota; a new account's may be 6). A batch plans its bulk or"
+        " Variants jobs within it, so that a batch alone never waits; batches at once wait in Batch's job queue",
     )
     bulk_task_cpu: int = Field(2048, ge=256, le=16384, description="CPU units of a bulk task (the template's BulkCpu)")
     variants_task_cpu: int = Field(

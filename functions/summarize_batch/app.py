@@ -9,11 +9,11 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from shared.contracts import SummarizeInput
 from shared.observability import logger
-from shared.pipeline import steps
+from shared.pipeline.batch_steps import summarize_batch
 from shared.pipeline.dependencies import Step, dependencies_of
 
 
 @logger.inject_lambda_context(clear_state=True)
 @event_parser(model=SummarizeInput)
 def handler(event: SummarizeInput, context: LambdaContext) -> dict[str, Any]:
-    return steps.summarize_batch(event, dependencies_of(Step.SUMMARIZE_BATCH)).model_dump(mode="json")
+    return summarize_batch(event, dependencies_of(Step.SUMMARIZE_BATCH)).model_dump(mode="json")

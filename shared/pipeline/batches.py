@@ -89,7 +89,12 @@ class PlannedBatch:
 
     input: BatchInput
     groups: list[ImageGroup]
-    groups_per_job: int = 0  # the bulk lane's
+
+    @property
+    def groups_per_job(self) -> int:
+        """The bulk lane's: the batch's groups shared evenly by its jobs, in every round (a function of the input
+        alone, so that a job's document is the same whoever writes it)."""
+        return -(-self.input.groups // max(1, self.input.bulk_jobs))
 
     def image_uris(self) -> list[str]:
         return [image.source_uri for group in self.groups for image in group.images]
@@ -154,15 +159,12 @@ def choose_lane(message: PromptMessage, images: int, settings: IngestSettings) -
     return LaneChoice(message.lane, "the message asked for it")
 
 
-def gathered_lane(
-    images: int, settings: IngestSettings, wait_s: float | None = None, free_cpu: int | None = None
-) -> LaneChoice:
+def gathered_lane(images: int, settings: IngestSettings, wait_s: float | None = None) -> LaneChoice:
     """The cheapest lane that ends gathered images within the wait (``max_wait_minutes``): the bulk lane's Fargate
     Spot tasks from ``gathered_bulk_from_images`` images (where a task's start and model load costs less than Lambda
     would for them), each task taking at most what it annotates within the wait, as long as the tasks that needs
-    may run at once (within ``free_cpu``, the Fargate CPU units other batches leave free, where known); Lambda
-    otherwise, whose fan-out ends any batch in minutes. ``wait_s``: the wait, if not the stack's (``annotate watch``
-    takes fractions of a minute)."""
+    may run at once; Lambda otherwise, whose fan-out ends any batch in minutes. ``wait_s``: the wait, if not the
+    stack's (``annotate watch`` takes fractions of a minute)."""
     wait_s = settings.max_wait_minutes * 60 if wait_s is None else wait_s
     wait = f"{wait_s / 60:g} min"
     start_s, per_image_s = settings.bulk_task_start_s, settings.bulk_seconds_per_image
@@ -178,13 +180,9 @@ def gathered_lane(
     if per_task < 1:
         return LaneChoice("lambda", f"a bulk task's start and model load ({start_s:.0f} s) outlasts the wait")
     tasks, at_once = -(-images // per_task), bulk_tasks_at_once(settings)
-    if free_cpu is not None:
-        at_once = min(at_once, free_cpu // settings.bulk_task_cpu)
     if tasks > at_once:
         return LaneChoice(
-            "lambda",
-            f"{images} images need {tasks} bulk tasks to end within {wait}; {at_once} may run at once"
-            + (" beside the batches running" if free_cpu is not None else ""),
+            "lambda", f"{images} images need {tasks} bulk tasks to end within {wait}; {at_once} may run at once"
         )
     ends_s = start_s + -(-images // tasks) * per_image_s  # the images shared evenly between the tasks
     return LaneChoice(
@@ -196,9 +194,9 @@ def gathered_lane(
 
 
 def bulk_tasks_at_once(settings: IngestSettings) -> int:
-    """``bulk_concurrency``, within the account's Fargate vCPUs: a RunTask past the quota fails ("You've reached the
-    limit on the number of vCPUs you can run concurrently", ECS's service quotas), and the task would go to
-    on-demand or fail instead of waiting."""
+    """``bulk_concurrency``, within the stack's Fargate Spot vCPUs: past them Batch holds a job RUNNABLE "until vCPUs
+    are available" in its compute environments (AWS Batch User Guide, "Job states"), which the batches running at
+    once share; planned within them, a batch alone never waits."""
     return max(1, min(settings.bulk_concurrency, settings.fargate_vcpus * 1024 // settings.bulk_task_cpu))
 
 
@@ -209,8 +207,8 @@ def groups_per_bulk_job(groups: int, settings: IngestSettings) -> int:
 
 
 def variants_tasks_at_once(settings: IngestSettings) -> int:
-    """Variants tasks a batch runs at once: as many as the account's Fargate vCPUs hold (one at the least), since
-    ECS refuses a task past them, which ``runTask.sync`` reports as ``AmazonECS.Unknown``."""
+    """Variants jobs a batch runs at once: as many as the stack's Fargate Spot vCPUs hold (one at the least), so that
+    a batch alone never waits in Batch's queue, a wait its children's time would pay for."""
     return max(1, settings.fargate_vcpus * 1024 // settings.variants_task_cpu)
 
 
@@ -226,11 +224,12 @@ INVOCATIONS_PER_IMAGE = 2
 
 
 def lambda_fan_out(settings: IngestSettings) -> tuple[int, int]:
-    """(images per group, groups at once) of a Lambda-lane batch, within the account's concurrency: past it Lambda
-    refuses invocations (TooManyRequestsException), which a child retries for seconds before it hands its group back
-    to the parent to wait minutes: planned within the quota, a batch alone is never throttled. One invocation is left
-    for Ingest. Groups shrink before their count does: a
-    group's images all run at once, so a child's time stays one image's, within Express's 5 minutes."""
+    """(images per group, groups at once) of a Lambda-lane batch, within the concurrency it may use: past it Lambda
+    refuses invocations (TooManyRequestsException), which a child retries for seconds, with backoff and jitter,
+    before it hands its group back to the parent to wait minutes: planned within it, a batch alone is never
+    throttled, and batches at once are throttled by Lambda itself. One invocation is left for Ingest, for an account
+    whose quota leaves nothing to reserve. Groups shrink before their count does: a group's images all run at once,
+    so a child's time stays one image's, within Express's 5 minutes."""
     budget = max(INVOCATIONS_PER_IMAGE, settings.lambda_concurrency - 1)
     images = max(1, min(settings.images_per_group, budget // INVOCATIONS_PER_IMAGE))
     groups = max(1, min(settings.group_concurrency, budget // (images * INVOCATIONS_PER_IMAGE)))
@@ -297,5 +296,5 @@ def plan_batches(
             hand_backs=settings.hand_backs,
             hand_back_wait_s=settings.hand_back_wait_s,
         )
-        batches.append(PlannedBatch(input=batch, groups=groups, groups_per_job=per_job))
+        batches.append(PlannedBatch(input=batch, groups=groups))
     return batches

@@ -175,13 +175,22 @@ def read_job(job_uri: str, store_for: StoreFor) -> BulkJob:
         raise ValueError(f"malformed job {job_uri}: {validation_reason(error)}") from error
 
 
+# The exit code of a task told to stop (SIGTERM, as the shell reports a process it ended: 128 + 15): a Spot
+# interruption, which the job definition's retry strategy runs again (template.yaml, BulkJobDefinition)
+EXIT_STOPPED = 143
+
+
 def run_task(stopping: Callable[[], bool]) -> int:
-    """The task's job (ANNOTATE_BULK_JOB), run to its end: 0 when every group's rows are written; 1 (the reason
-    logged) otherwise, so that Step Functions runs the job again, which skips what is done."""
+    """The task's job (ANNOTATE_BULK_JOB), run to its end: 0 when every group's rows are written; ``EXIT_STOPPED``
+    when told to stop between two images, which Batch runs again (skipping what is done); 1 (the reason logged)
+    otherwise: the job fails, and the workflow hands its groups back to a later round."""
     try:
         job = read_job(get_settings().bulk_job, dependencies_of(Step.WRITE_RESULT).store_for)
         annotated = run_job(job, dependencies_of, stopping)
-    except (Stopped, ValueError, AnnotateError, OSError) as error:
+    except Stopped as stopped:
+        logger.warning("bulk job stopped between two images", extra={"reason": str(stopped)})
+        return EXIT_STOPPED
+    except (ValueError, AnnotateError, OSError) as error:
         logger.error("bulk job ended early", extra={"reason": f"{type(error).__name__}: {error}"})
         return 1
     logger.info("bulk job done", extra={"groups": len(job.groups), "annotated": annotated})
@@ -191,7 +200,7 @@ def run_task(stopping: Callable[[], bool]) -> int:
 def main() -> int:
     """The container's entrypoint."""
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # ECS's stop (a Spot interruption): end between images
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # Fargate's stop (a Spot interruption): end between images
     return run_task(stop.is_set)
 
 

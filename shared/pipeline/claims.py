@@ -12,13 +12,17 @@ its marks end before Lambda ends it.
 
 Each step is a conditional write on one DynamoDB item (the table template.yaml makes, TTL on ``expiration``):
 "Condition expressions ... the write succeeds only if the condition evaluates to true" (DynamoDB Developer Guide,
-"Condition expressions"), so two passes never both hold one event.
+"Condition expressions"), so two passes never both hold one event. A claim past its ``expiration`` is no claim,
+whether DynamoDB's TTL has deleted it yet or not: "Items that have expired, but haven't yet been deleted by TTL,
+still appear in reads, queries, and scans" (DynamoDB Developer Guide, "Time to Live"), and TTL deletes them "within a
+few days". An event is remembered for longer than any copy of it can wait (shared/settings.py, idempotency_expiry_s).
 """
 
 from __future__ import annotations
 
 import contextvars
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,11 +30,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from shared.aws import PARALLEL_CALLS, is_throttle
 from shared.observability import logger
 
-# Calls a pass makes at once: DynamoDB answers each in milliseconds, so a gathering of 10,000 events claims them in
-# seconds instead of minutes (boto3's clients are thread-safe)
-PARALLEL_CALLS = 16
+# Calls a pass makes at once (within the clients' connection pool, shared/aws.py): DynamoDB answers each in
+# milliseconds, so a gathering of 10,000 events claims them in seconds instead of minutes (boto3's clients are
+# thread-safe)
 _CALLS = ThreadPoolExecutor(PARALLEL_CALLS, thread_name_prefix="aws-calls")
 
 T = TypeVar("T")
@@ -85,12 +90,14 @@ class ClaimTable:
         return {"N": str(int(self.clock()) + self.expiry_s)}
 
     def claim_all(self, identities: Iterable[str], holder: Pass) -> dict[str, Claim]:
-        """Each event's claim by ``holder`` (in parallel)."""
+        """Each event's claim by ``holder`` (in parallel). Whether the execution a dead pass named exists is asked
+        once per execution, however many of its events this pass meets."""
         identities = list(identities)
-        claims = self.run_all(lambda identity: self.claim(identity, holder), identities)
+        exists = _AskedOnce(self.execution_exists)
+        claims = self.run_all(lambda identity: self.claim(identity, holder, exists), identities)
         return dict(zip(identities, claims, strict=True))
 
-    def claim(self, identity: str, holder: Pass) -> Claim:
+    def claim(self, identity: str, holder: Pass, exists: Callable[[str], bool] | None = None) -> Claim:
         from botocore.exceptions import ClientError
 
         item = self.key(identity) | {
@@ -103,7 +110,9 @@ class ClaimTable:
             self.client.put_item(
                 TableName=self.table,
                 Item=item,
-                ConditionExpression="attribute_not_exists(id)",
+                ConditionExpression="attribute_not_exists(id) OR #expiration < :now",
+                ExpressionAttributeNames={"#expiration": "expiration"},
+                ExpressionAttributeValues={":now": {"N": str(int(self.clock()))}},
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
             return Claim.NEW
@@ -115,10 +124,14 @@ class ClaimTable:
             return Claim.STARTED
         if float(earlier.get("until", {}).get("N", "0")) >= self.clock():
             return Claim.IN_FLIGHT
-        return self._after_a_dead_pass(identity, item, earlier)
+        return self._after_a_dead_pass(identity, item, earlier, exists or self.execution_exists)
 
-    def _after_a_dead_pass(self, identity: str, item: dict[str, Any], earlier: dict[str, Any]) -> Claim:
-        """The claim of a pass past its deadline: started, if the execution it names exists; else taken over."""
+    def _after_a_dead_pass(
+        self, identity: str, item: dict[str, Any], earlier: dict[str, Any], exists: Callable[[str], bool]
+    ) -> Claim:
+        """The claim of a pass past its deadline: started, if the execution it names exists; else taken over. Step
+        Functions throttling the question (past botocore's retries) leaves the claim in flight, for a later pass:
+        the event's record comes back to the queue, and no pass fails for it."""
         from botocore.exceptions import ClientError
 
         dead, execution = earlier.get("pass", {}).get("S", ""), earlier.get("execution", {}).get("S", "")
@@ -128,7 +141,7 @@ class ClaimTable:
         }
         values = {":in_progress": {"S": "in_progress"}, ":dead": {"S": dead}, ":now": {"N": str(self.clock())}}
         try:
-            if execution and self.execution_exists(execution):
+            if execution and exists(execution):
                 self.client.update_item(
                     TableName=self.table,
                     Key=self.key(identity),
@@ -141,6 +154,9 @@ class ClaimTable:
             self.client.put_item(TableName=self.table, Item=item, ExpressionAttributeValues=values, **condition)
             return Claim.NEW
         except ClientError as error:
+            if is_throttle(error):
+                logger.info("a dead pass's claim left in flight: a throttle", extra={"execution": execution})
+                return Claim.IN_FLIGHT
             if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
             return Claim.IN_FLIGHT  # another pass got there first
@@ -194,3 +210,21 @@ class ClaimTable:
         except ClientError as error:
             if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
+
+
+class _AskedOnce:
+    """``ask``'s answer for each argument, asked once however many threads want it at once."""
+
+    def __init__(self, ask: Callable[[str], bool]) -> None:
+        self._ask, self._answers, self._lock = ask, dict[str, bool](), threading.Lock()
+        self._asking: dict[str, threading.Lock] = {}
+
+    def __call__(self, name: str) -> bool:
+        with self._lock:
+            if name in self._answers:
+                return self._answers[name]
+            asking = self._asking.setdefault(name, threading.Lock())
+        with asking:
+            if name not in self._answers:
+                self._answers[name] = self._ask(name)  # a throttle raises, and is asked again by the next
+            return self._answers[name]

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from shared.models.detection import Detector
     from shared.models.tagging import Tagger
     from shared.models.variants import Generator
-    from shared.pipeline.capacity import CapacityLedger
     from shared.storage.images import LoadedImage
 
 
@@ -35,6 +34,7 @@ class Step(StrEnum):
     WRITE_RESULT = "write_result"
     WRITE_GROUP_TABLE = "write_group_table"
     SUMMARIZE_BATCH = "summarize_batch"
+    BATCH_ENDED = "batch_ended"  # not a state: EventBridge's target for an execution that ended without its summary
     VARIANTS = "variants"
 
 
@@ -58,7 +58,6 @@ class Dependencies:
     tagger: Tagger | None = None
     captioner: Captioner | None = None
     generator: Generator | None = None
-    ledger: CapacityLedger | None = None  # the account's quotas (SummarizeBatch gives a batch's share back)
 
 
 def _detect(settings: Settings) -> dict[str, Any]:
@@ -109,12 +108,6 @@ def _caption(settings: Settings) -> dict[str, Any]:
     return {"captioner": load_captioner(settings.caption)}
 
 
-def _summarize_batch(settings: Settings) -> dict[str, Any]:
-    from shared.pipeline.ingest import capacity_ledger
-
-    return {"ledger": capacity_ledger(settings.ingest)} if settings.idempotency_table else {}
-
-
 def _variants(settings: Settings) -> dict[str, Any]:
     from shared.models.variants import load_generator
 
@@ -124,7 +117,7 @@ def _variants(settings: Settings) -> dict[str, Any]:
 @dataclass(frozen=True)
 class StepPort:
     """What a step works with beyond the store, limits and pictures every step has: the field of
-    :class:`Dependencies` it fills (its model, or the ledger), and how that is loaded from the settings (once per
+    :class:`Dependencies` it fills (its model), and how that is loaded from the settings (once per
     process, heavy imports inside), with what made the step's output."""
 
     fills: str
@@ -138,7 +131,6 @@ STEP_PORTS: dict[Step, StepPort] = {
     Step.CLASSIFY: StepPort("classifier", _classify),
     Step.TAG: StepPort("tagger", _tag),
     Step.CAPTION: StepPort("captioner", _caption),
-    Step.SUMMARIZE_BATCH: StepPort("ledger", _summarize_batch),
     Step.VARIANTS: StepPort("generator", _variants),
 }
 

@@ -19,16 +19,9 @@ from pydantic import BaseModel
 
 from shared.errors import RequestRejected
 from shared.observability import MetricUnit, logger, metrics
-from shared.pipeline.batches import INVOCATIONS_PER_IMAGE, LaneChoice, gathered_lane, lambda_fan_out
-from shared.pipeline.capacity import CapacityLedger, Quota, limits
+from shared.pipeline.batches import LaneChoice, gathered_lane
 from shared.pipeline.claims import ClaimTable, Pass, RunAll, in_parallel
-from shared.pipeline.ingest import (
-    WorkflowStarter,
-    capacity_ledger,
-    dynamodb_client,
-    ingest_sqs_batch,
-    parse_body,
-)
+from shared.pipeline.ingest import WorkflowStarter, dynamodb_client, ingest_sqs_batch, parse_body
 from shared.settings import IngestSettings
 from shared.storage.objects import StoreFor
 
@@ -121,7 +114,6 @@ def gather_drops(
     holder: Pass,
     allowed_buckets: Collection[str] | None = None,
     claims: ClaimTable | None = None,
-    ledger: CapacityLedger | None = None,
 ) -> GatherReport:
     """One look at the queue: if gathering is due, start what waits as one batch and delete what started.
 
@@ -129,31 +121,22 @@ def gather_drops(
     comes back, and counts toward the queue's maxReceiveCount (3) before the dead-letter queue ("the number of times
     a message is delivered to the source queue before being moved to the dead-letter queue", Amazon SQS Developer
     Guide, "Using dead-letter queues"), so a pass takes no more than it can start in time.
-
-    With the account's quotas in ``ledger`` (the claims' table's, by default), nothing is gathered while the batches
-    running leave no room for one more (the images wait in the queue for a later look), and the bulk lane is chosen
-    only where the Fargate CPU they leave holds its tasks."""
+    """
     waiting = queue.waiting()
     due = gather_due(now, clock.last(), waiting, settings)
     if not due:
         logger.info("not gathering yet", extra={"waiting": waiting})
         return GatherReport(waiting=waiting)
-    if ledger is None and settings.idempotency_table:
-        ledger = capacity_ledger(settings)
-    free_cpu = ledger.free(Quota.FARGATE, limits(settings)[Quota.FARGATE]) if ledger else None
-    if ledger and free_cpu is not None and not _room_for_a_batch(ledger, waiting, free_cpu, settings):
-        logger.info("not gathering: the batches running hold the account's quotas", extra={"waiting": waiting})
-        return GatherReport(waiting=waiting, due=f"{due}, once the batches running leave room")
     receive_until_s = holder.left_s() * 2 / 3
     records = queue.receive(MAX_GATHERED, lambda: holder.left_s() > receive_until_s)
     chosen: list[LaneChoice] = []
 
     def lane_for(images: int) -> LaneChoice:
-        chosen.append(gathered_lane(images, settings, free_cpu=free_cpu))
+        chosen.append(gathered_lane(images, settings))
         return chosen[-1]
 
     response = ingest_sqs_batch(
-        {"Records": records}, settings, starter, store_for, allowed_buckets, holder, lane_for, claims, ledger
+        {"Records": records}, settings, starter, store_for, allowed_buckets, holder, lane_for, claims
     )
     returned = {failure["itemIdentifier"] for failure in response["batchItemFailures"]}
     queue.delete([record for record in records if record["messageId"] not in returned])
@@ -174,15 +157,6 @@ def gather_drops(
     logger.info("gathered", extra=report.model_dump())
     metrics.add_metric(name="ImagesGathered", unit=MetricUnit.Count, value=len(records) - len(returned))
     return report
-
-
-def _room_for_a_batch(ledger: CapacityLedger, waiting: int, free_cpu: int, settings: IngestSettings) -> bool:
-    """Whether the images waiting fit in what the batches running leave free: in the bulk lane's tasks, or at least
-    one group at once in the Lambda lane."""
-    if gathered_lane(waiting, settings, free_cpu=free_cpu).lane == "bulk":
-        return True
-    images_per_group, _ = lambda_fan_out(settings)
-    return ledger.free(Quota.LAMBDA, limits(settings)[Quota.LAMBDA]) >= images_per_group * INVOCATIONS_PER_IMAGE
 
 
 class SqsDropQueue:

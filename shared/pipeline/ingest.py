@@ -18,20 +18,23 @@ from typing import Any, Protocol
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
-from shared.contracts import AnnotationRequest, BatchInput, PromptMessage
+from shared.aws import client, is_throttle
+from shared.contracts import AnnotationRequest, BatchInput, ImageGroup, PromptMessage
 from shared.errors import RequestRejected, TransientError, validation_reason
 from shared.observability import MetricUnit, logger, metrics
-from shared.pipeline.batches import LaneChoice, PlannedBatch, plan_batches
-from shared.pipeline.capacity import CapacityLedger, give_back_share, take_share
+from shared.pipeline.batches import LaneChoice, PlannedBatch, groups_per_bulk_job, plan_batches
 from shared.pipeline.claims import Claim, ClaimTable, Pass
 from shared.pipeline.tracing import tracer
 from shared.settings import IngestSettings
 from shared.storage import layout
 from shared.storage.objects import StoreFor, is_s3, split_s3
 
-MAX_MESSAGE_BYTES = 256 * 1024  # SQS's own limit; a local file may not exceed it either
+# "Amazon SQS, Amazon EventBridge, and AWS Lambda asynchronous invocations now support payloads of up to 1 MB" (AWS
+# Compute Blog, "More room to build: serverless services now support payloads up to 1 MB", 2026-01-29): what the
+# queues accept is read; a local file may not exceed it either
+MAX_MESSAGE_BYTES = 1024 * 1024
 
 
 class WorkflowStarter(Protocol):
@@ -119,7 +122,8 @@ def start_batches(
     choice: LaneChoice | None = None,
     fingerprints: Mapping[str, str] | None = None,
     intend: Callable[[dict[str, list[str]]], None] | None = None,
-    ledger: CapacityLedger | None = None,
+    before_start: Callable[[], None] | None = None,
+    started: Callable[[str, list[str]], None] | None = None,
 ) -> list[str]:
     """Plan the message's batches (in ``choice``'s lane, if given), write each one's input and groups manifest beside
     the results, and start one execution each (one per message unless it names more than ``max_images_per_batch``
@@ -128,8 +132,8 @@ def start_batches(
     ``allowed_buckets`` is AWS mode: only ``s3://`` locations in those buckets are accepted (None: local mode).
     ``fingerprints``: what the images' content is known to be (an S3 event's ETag), not asked of S3 again.
     ``intend``: told, before anything starts, each execution's name and the images (URIs) it annotates.
-    ``ledger``: the account's quotas, each batch taking its share of what is free (None: each batch plans within
-    the whole quota, as locally, where nothing else runs).
+    ``before_start``: called before each start (it raises to start nothing more: a pass out of time).
+    ``started``: told each execution's name and its images (URIs) once it started, before the next is planned.
     """
     if allowed_buckets is not None:
         refuse_outside_buckets(message.images, allowed_buckets)
@@ -145,37 +149,50 @@ def start_batches(
     ]
     if intend is not None:
         intend({name: batch.image_uris() for name, batch in zip(names, batches, strict=True)})
-    if ledger is not None:
-        batches = [take_share(ledger, batch, settings) for batch in batches]
-    started: list[str] = []
-    try:
-        for name, batch in zip(names, batches, strict=True):
-            started.append(_start(name, batch, settings, starter, store_for))
-    except Exception:
-        if ledger is not None:  # what did not start holds nothing
-            for batch in batches[len(started) :]:
-                give_back_share(ledger, batch.input.share_holder)
-        raise
+    executions: list[str] = []
+    for name, batch in zip(names, batches, strict=True):
+        if before_start is not None:
+            before_start()
+        written = written_once(batch, store_for, settings)
+        executions.append(starter.start(written.input, name))
+        if started is not None:
+            started(name, written.image_uris())
     logger.info(
         "batches started",
-        extra={"delivery": delivery, "lane": batches[0].input.lane, "batches": len(started), "executions": started},
+        extra={
+            "delivery": delivery,
+            "lane": batches[0].input.lane,
+            "batches": len(executions),
+            "executions": executions,
+        },
     )
-    metrics.add_metric(name="BatchesStarted", unit=MetricUnit.Count, value=len(started))
+    metrics.add_metric(name="BatchesStarted", unit=MetricUnit.Count, value=len(executions))
     metrics.add_metric(name="ImagesStarted", unit=MetricUnit.Count, value=sum(b.input.images for b in batches))
-    return started
+    return executions
 
 
-def _start(
-    name: str, batch: PlannedBatch, settings: IngestSettings, starter: WorkflowStarter, store_for: StoreFor
-) -> str:
-    """The batch's manifests and input written, then its execution started."""
+def written_once(batch: PlannedBatch, store_for: StoreFor, settings: IngestSettings) -> PlannedBatch:
+    """The batch as its manifests hold it, each written once: the groups manifest, then its input (S3's conditional
+    write, If-None-Match). A batch planned before (a message delivered again after a pass that wrote them and died,
+    under another deployment's settings) is started as it was planned then, so that the execution, its Map and
+    SummarizeBatch read one grouping. Its bulk jobs are a function of the groups and the input alone."""
     groups_uri = layout.all_groups(batch.input)
-    store_for(groups_uri).write_bytes(groups_uri, batch.groups_manifest(), "application/json")
+    if not store_for(groups_uri).write_once(groups_uri, batch.groups_manifest(), "application/json"):
+        earlier = TypeAdapter(list[ImageGroup]).validate_json(store_for(groups_uri).read_bytes(groups_uri))
+        if earlier != batch.groups:
+            logger.info("a batch planned before: its groups kept", extra={"batch_id": batch.input.batch_id})
+            update = {"groups": len(earlier), "images": sum(len(group.images) for group in earlier)}
+            if batch.input.lane == "bulk":
+                update["bulk_jobs"] = -(-len(earlier) // groups_per_bulk_job(len(earlier), settings))
+            batch = replace(batch, groups=earlier, input=batch.input.model_copy(update=update))
+    input_uri = layout.batch_input(batch.input.results_uri, batch.input.batch_id)
+    document = batch.input.model_dump_json(indent=2).encode()
+    if not store_for(input_uri).write_once(input_uri, document, "application/json"):
+        earlier_input = BatchInput.model_validate_json(store_for(input_uri).read_bytes(input_uri))
+        batch = replace(batch, input=earlier_input.model_copy(update={"execution": batch.input.execution}))
     if batch.input.lane == "bulk":
         batch.write_bulk_jobs(store_for)
-    input_uri = layout.batch_input(settings.results_root, batch.input.batch_id)
-    store_for(input_uri).write_bytes(input_uri, batch.input.model_dump_json(indent=2).encode(), "application/json")
-    return starter.start(batch.input, name)
+    return batch
 
 
 @dataclass(frozen=True)
@@ -216,7 +233,6 @@ def ingest_sqs_batch(
     holder: Pass | None = None,
     dropped_lane: Callable[[int], LaneChoice] | None = None,
     claims: ClaimTable | None = None,
-    ledger: CapacityLedger | None = None,
 ) -> dict[str, Any]:
     """Handle one SQS batch: each prompt message starts its own batches; the S3 events are grouped into one, in the
     lane ``dropped_lane`` picks for their number (gathered images), or as a message with lane auto. A folder marker
@@ -224,21 +240,28 @@ def ingest_sqs_batch(
 
     ``allowed_buckets``: AWS mode, see :func:`start_batches`. ``holder``: this invocation as a pass (its claims on S3
     events are held until its deadline, see shared/pipeline/claims.py); ``claims``: the claims' table (default: the
-    settings' idempotency table; none in local mode); ``ledger``: the account's quotas (the same table's).
+    settings' idempotency table; none in local mode).
 
     Returns the partial batch response: the records that failed (a malformed message, a start that failed, an S3
     event another invocation is starting) come back to the queue, and after the queue's receive limit reach its
     dead-letter queue; the rest succeed.
     """
     dropped: dict[str, S3Object] = {}  # SQS message id -> the object its event names
-    if ledger is None and settings.idempotency_table:
-        ledger = capacity_ledger(settings)
+    holder = holder or Pass(id=uuid.uuid4().hex, deadline=time.time() + 2 * PASS_MARGIN_S)
 
     def handle(record: SQSRecord) -> None:
         try:
             parsed = parse_body(record.body)
             if isinstance(parsed, PromptMessage):
-                start_batches(parsed, record.message_id, settings, starter, store_for, allowed_buckets, ledger=ledger)
+                start_batches(
+                    parsed,
+                    record.message_id,
+                    settings,
+                    starter,
+                    store_for,
+                    allowed_buckets,
+                    before_start=lambda: in_time(holder),
+                )
                 return
         except RequestRejected as error:
             logger.warning("message rejected", extra={"message_id": record.message_id, "reason": str(error)})
@@ -258,22 +281,22 @@ def ingest_sqs_batch(
     if dropped:
         if claims is None and settings.idempotency_table:
             claims = claim_table(settings, starter)
-        holder = holder or Pass(id=uuid.uuid4().hex, deadline=time.time() + 2 * PASS_MARGIN_S)
-        retry = _start_dropped(
-            dropped, settings, starter, store_for, allowed_buckets, holder, claims, dropped_lane, ledger
-        )
+        retry = _start_dropped(dropped, settings, starter, store_for, allowed_buckets, holder, claims, dropped_lane)
         response["batchItemFailures"] += [{"itemIdentifier": message_id} for message_id in retry]
     return response
+
+
+def in_time(holder: Pass) -> None:
+    """Raises once ``holder`` is in its last ``PASS_MARGIN_S``: what it would start then might outlive its deadline
+    (a StartExecution and its claims' marks, each with botocore's retries), after which another pass may take its
+    claims over and start their images again."""
+    if holder.left_s() < PASS_MARGIN_S:
+        raise TransientError(f"pass {holder.id} is out of time: what is left is left for another")
 
 
 def claim_table(settings: IngestSettings, starter: WorkflowStarter) -> ClaimTable:
     """The claims in the settings' idempotency table; an execution a dead pass named exists if ``starter`` says so."""
     return ClaimTable(dynamodb_client(), settings.idempotency_table, settings.idempotency_expiry_s, starter.exists)
-
-
-def capacity_ledger(settings: IngestSettings) -> CapacityLedger:
-    """The account's quotas, kept in the settings' idempotency table."""
-    return CapacityLedger(dynamodb_client(), settings.idempotency_table)
 
 
 def _start_dropped(
@@ -285,9 +308,10 @@ def _start_dropped(
     holder: Pass,
     claims: ClaimTable | None,
     dropped_lane: Callable[[int], LaneChoice] | None = None,
-    ledger: CapacityLedger | None = None,
 ) -> list[str]:
-    """Start the dropped images no pass started before as one batch; returns the SQS message ids to retry."""
+    """Start the dropped images no pass started before as one batch (several, past ``max_images_per_batch``); returns
+    the SQS message ids to retry. Each batch's events are marked started as soon as it started, so that a pass that
+    fails between two batches releases only the events of those it did not start."""
     request = AnnotationRequest(prompt=settings.ingest_prompt)
     identities = {message_id: event_identity(event, request) for message_id, event in dropped.items()}
     events = {identities[message_id]: event for message_id, event in dropped.items()}  # one however often delivered
@@ -306,13 +330,19 @@ def _start_dropped(
     by_uri: dict[str, list[str]] = {}  # an object dropped twice with other content is annotated once, as it is now
     for identity, event in new.items():
         by_uri.setdefault(event.uri, []).append(identity)
+    unstarted = set(new)
 
     def intend(executions: dict[str, list[str]]) -> None:
-        if holder.left_s() < PASS_MARGIN_S:
-            raise TransientError(f"pass {holder.id} is out of time: its events are left for another")
+        in_time(holder)
         named = {name: [identity for uri in uris for identity in by_uri[uri]] for name, uris in executions.items()}
         if claims and not claims.intend(named, holder):
             raise TransientError(f"pass {holder.id} lost its claims past its deadline")
+
+    def started(name: str, uris: list[str]) -> None:
+        identities_started = [identity for uri in uris for identity in by_uri.get(uri, [])]
+        unstarted.difference_update(identities_started)
+        if claims:
+            claims.started(identities_started, holder)
 
     message = PromptMessage(prompt=settings.ingest_prompt, images=sorted(by_uri))
     delivery = "|".join(sorted(f"{event.uri}@{event.etag}" for event in new.values()))
@@ -320,15 +350,23 @@ def _start_dropped(
         choice = dropped_lane(len(new)) if dropped_lane else None
         fingerprints = {event.uri: event.etag for event in new.values() if event.etag}
         executions = start_batches(
-            message, delivery, settings, starter, store_for, allowed_buckets, choice, fingerprints, intend, ledger
+            message,
+            delivery,
+            settings,
+            starter,
+            store_for,
+            allowed_buckets,
+            choice,
+            fingerprints,
+            intend,
+            before_start=lambda: in_time(holder),
+            started=started,
         )
     except Exception:
-        logger.exception("starting the S3 batch failed", extra={"images": len(new)})
+        logger.exception("starting the S3 batch failed", extra={"images": len(new), "unstarted": len(unstarted)})
         if claims:
-            claims.release(new, holder)
-        return retry + [message_id for message_id, identity in identities.items() if identity in new]
-    if claims:
-        claims.started(new, holder)
+            claims.release(unstarted, holder)
+        return retry + [message_id for message_id, identity in identities.items() if identity in unstarted]
     logger.info("S3 events started", extra={"images": len(new), "executions": executions})
     return retry
 
@@ -354,7 +392,7 @@ class StepFunctionsStarter:
             if code == "ExecutionAlreadyExists":
                 logger.info("execution already started", extra={"execution_name": name})
                 return self._arn.replace(":stateMachine:", ":execution:") + f":{name}"
-            if code in {"ThrottlingException", "ServiceUnavailable", "InternalFailure"}:
+            if is_throttle(error):
                 raise TransientError(f"StartExecution failed: {error}") from error
             raise
 
@@ -371,28 +409,22 @@ class StepFunctionsStarter:
             raise
 
 
-@functools.cache
 def dynamodb_client() -> Any:
-    """One client per process (the region is boto3's own resolution, the function's region in Lambda)."""
-    import boto3
-
-    return boto3.client("dynamodb")
+    """One client per process (shared/aws.py)."""
+    return client("dynamodb")
 
 
 @functools.cache
 def deployed_starter(state_machine_arn: str) -> StepFunctionsStarter:
-    """The starter of the deployed workflow; one client per process, reused while the function is warm.
-
-    The client's region is boto3's own resolution (Lambda sets AWS_REGION to the function's region).
-    """
-    import boto3
-
+    """The starter of the deployed workflow; one client per process, reused while the function is warm."""
     if not state_machine_arn:
         raise RequestRejected("ANNOTATE_STATE_MACHINE_ARN is not set")
-    return StepFunctionsStarter(boto3.client("stepfunctions"), state_machine_arn)
+    return StepFunctionsStarter(client("stepfunctions"), state_machine_arn)
 
 
 def refresh_clients() -> None:
     """New AWS clients on next use (a test's or the rehearsal's fresh moto, or a new region)."""
-    dynamodb_client.cache_clear()
+    from shared.aws import refresh_clients as new_clients
+
+    new_clients()
     deployed_starter.cache_clear()

@@ -4,7 +4,6 @@ step's :class:`~shared.pipeline.dependencies.Dependencies`."""
 from __future__ import annotations
 
 import json
-import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -12,13 +11,9 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from PIL import Image
-from pydantic import TypeAdapter
 
 from shared.contracts import (
-    MAX_LISTED_GROUPS,
     AnnotationRequest,
-    BatchInput,
-    BatchSummary,
     BoxAttributes,
     BoxClasses,
     BoxEmbeddings,
@@ -31,9 +26,7 @@ from shared.contracts import (
     DetectOutput,
     FailedStep,
     GroupSummary,
-    HandBack,
     ImageEmbedding,
-    ImageGroup,
     ImageOutcome,
     ImageResult,
     ImageState,
@@ -41,7 +34,6 @@ from shared.contracts import (
     MadeBy,
     Status,
     StepFailure,
-    SummarizeInput,
     TagOutput,
     VariantsOutput,
     WriteGroupTableInput,
@@ -50,8 +42,6 @@ from shared.contracts import (
 from shared.errors import ImageRejected
 from shared.models.captioning import image_facts
 from shared.observability import MetricUnit, logger, metrics
-from shared.pipeline.batches import PlannedBatch
-from shared.pipeline.capacity import give_back_share, renew_share
 from shared.pipeline.crops import crop_boxes
 from shared.pipeline.dependencies import Dependencies
 from shared.storage import layout
@@ -357,102 +347,6 @@ def write_group_table(
         "group tables written", extra=summary.model_dump(include={"batch_id", "group_id", "succeeded", "failed"})
     )
     return summary
-
-
-def summarize_batch(state: SummarizeInput, deps: Dependencies) -> BatchSummary:
-    """The batch's summary from its groups' summaries. Groups that wrote none (their child workflow failed or timed
-    out) are handed back to a later round while a Lambda-lane batch has rounds left (:func:`hand_back`); after its
-    last, each of their images gets a failure row, so that every image of the batch ends as one row."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from shared.storage.tables import table_file_uris, write_table_files
-
-    groups_uri = layout.all_groups(state)
-    groups = TypeAdapter(list[ImageGroup]).validate_json(deps.store_for(groups_uri).read_bytes(groups_uri))
-    summaries_root = layout.group_summaries(state.results_uri, state.batch_id)
-    summary_uris = list(deps.store_for(summaries_root).list_uris(summaries_root))
-    with ThreadPoolExecutor(max_workers=16) as pool:  # one GET each: S3 answers them side by side
-        documents = pool.map(lambda uri: deps.store_for(uri).read_bytes(uri), summary_uris)
-        finished = {summary.group_id: summary for summary in map(GroupSummary.model_validate_json, documents)}
-    unfinished = [group for group in groups if group.group_id not in finished]
-    handed_back = hand_back(state, unfinished, deps) if unfinished else None
-    if deps.ledger is not None:  # the batch's share of the account's quotas: kept through the wait, or given back
-        if handed_back:
-            renew_share(deps.ledger, state.share_holder, handed_back.wait_seconds)
-        else:
-            give_back_share(deps.ledger, state.share_holder)
-    rows = [] if handed_back else _unfinished_rows(state, unfinished)
-    stem = f"{state.batch_id}-unfinished"
-    if rows:
-        write_table_files(rows, state.results_uri, stem, state.planned_at, deps.store_for)
-        logger.warning("groups did not finish", extra={"batch_id": state.batch_id, "groups": len(unfinished)})
-    elif not handed_back:  # a rerun that finished every group: the earlier run's failure rows are no longer true
-        for uri in table_file_uris(state.results_uri, stem, state.planned_at).values():
-            deps.store_for(uri).delete(uri)
-    uri = layout.batch_summary(state.results_uri, state.batch_id)
-    summary = BatchSummary(
-        batch_id=state.batch_id,
-        images=state.images,
-        succeeded=sum(group.succeeded for group in finished.values()),
-        failed=sum(group.failed for group in finished.values()) + len(rows),
-        groups=state.groups,
-        unfinished=len(unfinished),
-        unfinished_groups=[group.group_id for group in unfinished[:MAX_LISTED_GROUPS]],
-        error=state.error,
-        summary_uri=uri,
-        handed_back=handed_back,
-    )
-    deps.store_for(uri).write_bytes(uri, summary.model_dump_json(indent=2).encode(), "application/json")
-    logger.info("batch summarized", extra=summary.model_dump(exclude={"unfinished_groups", "error"}))
-    return summary
-
-
-# The longest wait before a round: each round waits twice the one before, from the batch's hand_back_wait_s
-MAX_HAND_BACK_WAIT_S = 900
-
-
-def hand_back(state: SummarizeInput, unfinished: list[ImageGroup], deps: Dependencies) -> HandBack | None:
-    """The next round of a batch with rounds left: its manifest (the ``unfinished`` groups; in the bulk lane, as
-    jobs of them) written, and the parent's wait before it, doubling each round and jittered, so that batches
-    throttled together do not come back together. None when the batch has no round left."""
-    if state.round >= state.hand_backs:
-        return None
-    next_round = state.round + 1
-    batch = BatchInput.model_validate(state.model_dump(include=set(BatchInput.model_fields)) | {"round": next_round})
-    planned = PlannedBatch(input=batch, groups=unfinished, groups_per_job=-(-state.groups // max(1, state.bulk_jobs)))
-    if state.lane == "bulk":
-        planned.write_bulk_jobs(deps.store_for)
-    else:
-        round_groups = layout.round_groups(batch)
-        deps.store_for(round_groups).write_bytes(round_groups, planned.groups_manifest(), "application/json")
-    longest = min(MAX_HAND_BACK_WAIT_S, state.hand_back_wait_s * 2**state.round)
-    wait = random.randint(-(-longest // 2), longest)
-    handed_back = HandBack(round=next_round, groups=len(unfinished), wait_seconds=wait)
-    logger.warning("groups handed back", extra={"batch_id": state.batch_id, **handed_back.model_dump()})
-    return handed_back
-
-
-def _unfinished_rows(state: SummarizeInput, unfinished: list[ImageGroup]) -> list[ImageResult]:
-    """A failure row for each image of the groups that did not finish in the batch's last round."""
-    reason = state.error.reason if state.error else "its child workflow ended without writing the group's rows"
-    if state.round:
-        reason += f" (in each of {state.round + 1} rounds)"
-    now = datetime.now(UTC)
-    return [
-        ImageResult(
-            image_id=image.image_id,
-            source_uri=image.source_uri,
-            batch_id=state.batch_id,
-            job_id=state.request.job_id,
-            status=Status.FAILED,
-            error=f"group {group.group_id} did not finish: {reason}",
-            failed_step=FailedStep.GROUP,
-            prompt=state.request.prompt,
-            processed_at=now,
-        )
-        for group in unfinished
-        for image in group.images
-    ]
 
 
 def _result_of(

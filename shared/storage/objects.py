@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -17,6 +18,10 @@ from shared.errors import ImageRejected, ObjectMissing, TransientError
 class ObjectStore(Protocol):
     def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes: ...
     def write_bytes(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> None: ...
+    def write_once(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> bool:
+        """Write ``data`` unless ``uri`` exists (then nothing is written): whether it was written."""
+        ...
+
     def list_uris(self, prefix_uri: str) -> Iterator[str]: ...
     def list_fingerprinted(self, prefix_uri: str) -> Iterator[tuple[str, str]]: ...
     def delete(self, uri: str) -> None: ...
@@ -92,6 +97,19 @@ class LocalStore:
             partial.unlink(missing_ok=True)
             raise
 
+    def write_once(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> bool:
+        path = self._path(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.{id(data)}.partial")
+        try:
+            partial.write_bytes(data)
+            os.link(partial, path)  # whole or not at all, and never over a file another writer made first
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            partial.unlink(missing_ok=True)
+
     def list_uris(self, prefix_uri: str) -> Iterator[str]:
         root = self._path(prefix_uri)
         if root.is_file():
@@ -143,6 +161,9 @@ class MemoryStore:
     def write_bytes(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> None:
         self.objects[uri] = data
 
+    def write_once(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> bool:
+        return self.objects.setdefault(uri, data) is data
+
     def list_uris(self, prefix_uri: str) -> Iterator[str]:
         yield from sorted(uri for uri in self.objects if uri.startswith(prefix_uri))
 
@@ -166,20 +187,8 @@ class S3Store:
         self._s3 = client
 
     def _call(self, operation: str, **kwargs: Any) -> Any:
-        from botocore.exceptions import ClientError, ConnectionError, ReadTimeoutError
-
-        try:
+        with _s3_errors(operation, kwargs):
             return getattr(self._s3, operation)(**kwargs)
-        except (ConnectionError, ReadTimeoutError) as error:
-            raise TransientError(f"S3 {operation} failed: {error}") from error
-        except ClientError as error:
-            code = error.response.get("Error", {}).get("Code", "")
-            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-            if code in {"SlowDown", "Throttling", "RequestTimeout"} or status >= 500:
-                raise TransientError(f"S3 {operation} failed: {error}") from error
-            if code in {"NoSuchKey", "404", "NotFound"}:
-                raise ObjectMissing(f"s3://{kwargs['Bucket']}/{kwargs.get('Key', '')} does not exist") from error
-            raise
 
     def read_bytes(self, uri: str, max_bytes: int | None = None) -> bytes:
         """One GET: the size is checked from its response before the body is read."""
@@ -195,16 +204,29 @@ class S3Store:
         bucket, key = split_s3(uri)
         self._call("put_object", Bucket=bucket, Key=key, Body=data, ContentType=content_type)
 
+    def write_once(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> bool:
+        """A conditional write: "you can use the If-None-Match header ... to check if the object exists ... If it
+        does, the upload fails with a 412 Precondition Failed"; two at once, "a 409 Conflict" for one of them, "retry
+        the write" (S3 User Guide, "How to prevent object overwrites with conditional writes")."""
+        bucket, key = split_s3(uri)
+        try:
+            self._call("put_object", Bucket=bucket, Key=key, Body=data, ContentType=content_type, IfNoneMatch="*")
+            return True
+        except ObjectExists:
+            return False
+
     def list_uris(self, prefix_uri: str) -> Iterator[str]:
         yield from (uri for uri, _ in self.list_fingerprinted(prefix_uri))
 
     def list_fingerprinted(self, prefix_uri: str) -> Iterator[tuple[str, str]]:
         """Each object under ``prefix_uri`` with its ETag, from the listing itself: no request per object."""
         bucket, prefix = split_s3(prefix_uri)
-        for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for item in page.get("Contents", []):
-                if not item["Key"].endswith("/"):
-                    yield f"s3://{bucket}/{item['Key']}", str(item["ETag"]).strip('"')
+        pages = self._s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        with _s3_errors("list_objects_v2", {"Bucket": bucket, "Key": prefix}):  # a page's SlowDown as any request's
+            for page in pages:
+                for item in page.get("Contents", []):
+                    if not item["Key"].endswith("/"):
+                        yield f"s3://{bucket}/{item['Key']}", str(item["ETag"]).strip('"')
 
     def delete(self, uri: str) -> None:
         bucket, key = split_s3(uri)
@@ -223,12 +245,37 @@ class S3Store:
             return "missing"
 
 
+class ObjectExists(Exception):
+    """A write refused because the object exists (S3's 412 to If-None-Match)."""
+
+
+@contextmanager
+def _s3_errors(operation: str, kwargs: dict[str, Any]) -> Iterator[None]:
+    """What botocore gave up on, as the pipeline reads it: throttling and 5xx are TransientError, which the workflow
+    retries; a missing key is ObjectMissing."""
+    from botocore.exceptions import ClientError, ConnectionError, ReadTimeoutError
+
+    try:
+        yield
+    except (ConnectionError, ReadTimeoutError) as error:
+        raise TransientError(f"S3 {operation} failed: {error}") from error
+    except ClientError as error:
+        code = error.response.get("Error", {}).get("Code", "")
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        if code in {"SlowDown", "Throttling", "RequestTimeout", "ConditionalRequestConflict"} or status >= 500:
+            raise TransientError(f"S3 {operation} failed: {error}") from error
+        if code in {"NoSuchKey", "404", "NotFound"}:
+            raise ObjectMissing(f"s3://{kwargs['Bucket']}/{kwargs.get('Key', '')} does not exist") from error
+        if code == "PreconditionFailed":
+            raise ObjectExists(f"s3://{kwargs['Bucket']}/{kwargs.get('Key', '')} exists") from error
+        raise
+
+
 @lru_cache(maxsize=1)
 def _s3_store() -> S3Store:
-    import boto3
+    from shared.aws import client
 
-    # boto3 resolves the region itself: Lambda sets AWS_REGION and AWS_DEFAULT_REGION to the function's own.
-    return S3Store(boto3.client("s3"))
+    return S3Store(client("s3"))
 
 
 def store_for(uri: str) -> ObjectStore:
@@ -238,4 +285,7 @@ def store_for(uri: str) -> ObjectStore:
 
 def refresh_clients() -> None:
     """The next S3 request opens a new client: after a SnapStart restore, or once the environment changed."""
+    from shared.aws import refresh_clients as new_clients
+
+    new_clients()
     _s3_store.cache_clear()

@@ -21,7 +21,8 @@ from shared.storage.objects import store_for
 from tests.conftest import SAMPLES
 from tools.cli import app
 from tools.local import workflow
-from tools.local.chaos import Faults, run_chaos
+from tools.local.chaos import run_chaos
+from tools.local.chaos_faults import Faults
 from tools.local.runner import LocalStarter, local_workflow
 from tools.local.step_functions import LambdaServiceError
 from tools.local.workflow import DEFINITION_PATH, all_states

@@ -151,10 +151,10 @@ class FakeModels:
     )
 
     def dependencies(self, step: Step) -> Dependencies:
-        """As the real ones are built: the step's own port (STEP_PORTS) holds its fake; a step without a model, or
-        whose port has no fake (the ledger), gets none."""
+        """As the real ones are built: the step's own port (STEP_PORTS) holds its fake; a step without a model gets
+        none."""
         port = STEP_PORTS.get(step)
-        own = {port.fills: getattr(self, port.fills)} if port and hasattr(self, port.fills) else {}
+        own = {port.fills: getattr(self, port.fills)} if port else {}
         return Dependencies(
             store_for=self.store,
             image_limits=self.image_limits,

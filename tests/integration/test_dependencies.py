@@ -10,7 +10,7 @@ import pytest
 from shared.pipeline.dependencies import STEP_PORTS, Dependencies, Step, build_dependencies
 from shared.settings import Settings
 
-PORTS = ("detector", "classifier", "tagger", "captioner", "generator", "ledger")
+PORTS = ("detector", "classifier", "tagger", "captioner", "generator")
 OWN_PORT = {
     Step.DETECT: "detector",
     Step.CLASSIFY: "classifier",

@@ -15,6 +15,7 @@ from shared.storage.tables import QUERIED_SCHEMAS, SCHEMAS
 from tests.conftest import REPO
 from tests.unit.test_workflow_definition import template
 from tools.aws.sam_template import layer_ids
+from tools.local.workflow import DEFINITION_PATH
 from tools.results.query import IMAGES_LATEST_SQL, duckdb_of_athena, glue_type, images_latest_view, run_local_query
 
 TEMPLATE_TEXT = (REPO / "template.yaml").read_text()
@@ -110,12 +111,19 @@ def test_the_iam_prefixes_are_the_ones_the_code_writes_under() -> None:
         assert f"${{ResultsBucket.Arn}}/{prefix}/*" in TEMPLATE_TEXT
 
 
-def test_the_pictures_the_code_writes_expire_and_nothing_else_does() -> None:
+def test_the_pictures_and_a_batch_s_records_expire_and_the_documents_and_tables_do_not() -> None:
     rules = RESOURCES["ResultsBucket"]["Properties"]["LifecycleConfiguration"]["Rules"]
-    expiring = {rule["Prefix"] for rule in rules if "ExpirationInDays" in rule}
-    assert expiring == {f"{layout.PICTURES}/", "athena-results/"}
-    [pictures] = [rule for rule in rules if rule["Id"] == "ExpirePictures"]
-    assert pictures["ExpirationInDays"] == {"Ref": "PictureRetentionDays"}
+    expiring = {rule["Prefix"]: rule for rule in rules if "ExpirationInDays" in rule}
+    records = {f"{layout.MANIFESTS}/", "map-runs/", f"{layout.BATCHES}/"}
+    assert set(expiring) == {f"{layout.PICTURES}/", "athena-results/"} | records
+    assert expiring[f"{layout.PICTURES}/"]["ExpirationInDays"] == {"Ref": "PictureRetentionDays"}
+    # a batch's records outlive it (an execution lasts at most its TimeoutSeconds), and their old versions go too
+    days = template()["Parameters"]["RunRecordsRetentionDays"]
+    assert days["MinValue"] * 86_400 > json.loads(DEFINITION_PATH.read_text())["TimeoutSeconds"]
+    for prefix in records:
+        assert expiring[prefix]["ExpirationInDays"] == {"Ref": "RunRecordsRetentionDays"}
+        assert expiring[prefix]["NoncurrentVersionExpiration"]["NoncurrentDays"] >= 1
+    assert f"{layout.RESULTS}/" not in expiring and f"{layout.TABLES}/" not in expiring
 
 
 def named_queries() -> dict[str, str]:
@@ -305,7 +313,7 @@ def test_a_bulk_task_compiles_detect_without_the_cache_a_fresh_task_never_reads(
 
 def test_a_new_accounts_3008_mb_fits_every_function_deployed_as_the_docs_say_and_not_without() -> None:
     from tools.aws.sam_template import deployed_memory_mb, load_template
-    from tools.local.chaos import SMALL_MEMORY_PARAMETERS, Faults
+    from tools.local.chaos_faults import SMALL_MEMORY_PARAMETERS, Faults
 
     template = load_template()
     assert max(deployed_memory_mb(template, SMALL_MEMORY_PARAMETERS).values()) <= 3008

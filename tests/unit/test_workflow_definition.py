@@ -91,6 +91,13 @@ def test_every_task_has_retry_and_catch() -> None:
         assert "States.ALL" not in {e for r in state["Retry"] for e in r["ErrorEquals"]}, f"{name} retries all"
 
 
+def test_summarize_batch_retries_a_throttle_the_code_does_not_name_transient() -> None:
+    # A DynamoDB throttle or an S3 SlowDown past botocore's retries reaches a function as botocore's ClientError;
+    # SummarizeBatch writes the same whenever it runs, so it may run again
+    retried = {e for r in STATES["SummarizeBatch"]["Retry"] for e in r["ErrorEquals"]}
+    assert TRANSIENT | {"ClientError"} <= retried
+
+
 # Step Functions' names for a Lambda invocation that failed before or around the function (the developer guide's
 # "Handle Lambda service exceptions", ClientExecutionTimeoutException among them), and SnapStart's:
 # "SnapStartNotReadyException ... Wait until the function version reaches the Active state, and then invoke it
@@ -247,8 +254,8 @@ CONTRACTS: dict[str, tuple[type[BaseModel] | None, BaseModel | dict[str, Any]]] 
     "NothingToClassify": (None, {}),  # its Result (null) is checked on its own
     "TagFailed": (BranchFailure, BranchFailure(failure=FAILURE)),
     "Caption": (ImageState, CAPTION),
-    # ECS RunTask (.sync): its job is checked in the test; its result is ECS's description of the stopped task
-    "Variants": (None, {"TaskArn": "arn:aws:ecs:us-east-1:1:task/c/2", "Containers": [{"ExitCode": 0}]}),
+    # Batch SubmitJob (.sync): its job is checked in the test; its result is Batch's description of the job
+    "Variants": (None, {"JobId": "6f7e", "JobName": "annotate-variants", "Status": "SUCCEEDED"}),
     "WriteResult": (ImageState, OUTCOME),
     "RecordWriteFailure": (ImageOutcome, ImageOutcome(image=IMAGE, status="failed", write_failure=FAILURE)),
     "WriteGroupTable": (
@@ -260,11 +267,10 @@ CONTRACTS: dict[str, tuple[type[BaseModel] | None, BaseModel | dict[str, Any]]] 
     "SummarizeBatch": (SummarizeInput, SUMMARY),
     "HandBackGroups": (None, BATCH),  # the batch's input, in its next round: checked in its test
     "BatchDone": (None, {}),
-    # ECS RunTask (.sync) of a bulk job: its job is checked in the bulk lane's test; its result is discarded
-    "RunBulkJob": (None, {"TaskArn": "arn:aws:ecs:us-east-1:1:task/c/3", "Containers": [{"ExitCode": 0}]}),
-    "RunBulkJobOnDemand": (None, {"TaskArn": "arn:aws:ecs:us-east-1:1:task/c/4", "Containers": [{"ExitCode": 0}]}),
+    # Batch SubmitJob (.sync) of a bulk job: its job is checked in the bulk lane's test; its result is discarded
+    "RunBulkJob": (None, {"JobId": "5e4d", "JobName": "annotate-bulk", "Status": "SUCCEEDED"}),
 }
-BATCH_STATES = {"WriteGroupTable", "SummarizeBatch", "HandBackGroups", "BatchDone", "RunBulkJob", "RunBulkJobOnDemand"}
+BATCH_STATES = {"WriteGroupTable", "SummarizeBatch", "HandBackGroups", "BatchDone", "RunBulkJob"}
 
 
 def group_task() -> dict[str, Any]:
@@ -291,7 +297,7 @@ def full_state() -> dict[str, Any]:
                 "tag": BranchFailure(failure=FAILURE),
             },
             caption=CAPTION,
-            variants_task={"task_arn": "arn:aws:ecs:us-east-1:1:task/c/1"},
+            variants_task={"job_id": "6f7e"},
         )
     )
 
@@ -313,7 +319,7 @@ def test_each_image_state_takes_its_model_and_leaves_a_valid_image_state(name: s
     if input_model is not None:
         input_model.model_validate(given)
     if name == "Variants":
-        [environment] = given["Overrides"]["ContainerOverrides"][0]["Environment"]
+        [environment] = given["ContainerOverrides"]["Environment"]
         assert ImageTask.model_validate_json(environment["Value"]) == TASK
     after = state_output(state, document, output if isinstance(output, dict) else dumped(output))
     if state.get("End"):
@@ -386,7 +392,7 @@ def test_the_batch_runs_in_the_lane_ingest_chose(lane: str) -> None:
     assert next_state("ChooseLane", batch) == {"lambda": "AnnotateGroups", "bulk": "AnnotateGroupsInBulk"}[lane]
 
 
-def test_the_bulk_lane_runs_each_job_of_the_bulk_manifest_spot_first_then_on_demand() -> None:
+def test_the_bulk_lane_runs_each_job_of_the_bulk_manifest_as_a_batch_job_on_the_stack_s_queue() -> None:
     bulk = STATES["AnnotateGroupsInBulk"]
     for round in (0, 2):  # ingest's jobs, and those of groups handed back
         in_bucket = BATCH.model_copy(update={"results_uri": "s3://${ResultsBucket}", "round": round})
@@ -396,40 +402,38 @@ def test_the_bulk_lane_runs_each_job_of_the_bulk_manifest_spot_first_then_on_dem
     assert bulk["ItemProcessor"]["ProcessorConfig"]["ExecutionType"] == "STANDARD"  # Express cannot wait (.sync)
     job = BulkJobRef(job_uri=layout.bulk_job(BATCH.results_uri, BATCH.batch_id, 0))
     given = evaluate(bulk["ItemSelector"], dumped(BATCH), {"Map": {"Item": {"Value": dumped(job)}}})
-    providers = []
-    for name in ("RunBulkJob", "RunBulkJobOnDemand"):
-        parameters = state_input(STATES[name], given)
-        [environment] = parameters["Overrides"]["ContainerOverrides"][0]["Environment"]
-        assert (environment["Name"], environment["Value"]) == ("ANNOTATE_BULK_JOB", job.job_uri)
-        [strategy] = parameters["CapacityProviderStrategy"]
-        providers.append(strategy["CapacityProvider"])
-        assert STATES[name]["Resource"].endswith(":ecs:runTask.sync")
-    assert providers == ["FARGATE_SPOT", "FARGATE"]
-    assert [c["Next"] for c in STATES["RunBulkJob"]["Catch"]] == ["RunBulkJobOnDemand"]
-    assert [c["Next"] for c in STATES["RunBulkJobOnDemand"]["Catch"]] == ["BulkJobFailed"]
-    # a stopped task (a Spot interruption) is run again before the lane falls back to on-demand
-    assert any("States.TaskFailed" in r["ErrorEquals"] for r in STATES["RunBulkJob"]["Retry"])
+    run = STATES["RunBulkJob"]
+    parameters = state_input(run, given)
+    [environment] = parameters["ContainerOverrides"]["Environment"]
+    assert (environment["Name"], environment["Value"]) == ("ANNOTATE_BULK_JOB", job.job_uri)
+    assert run["Resource"].endswith(":batch:submitJob.sync")
+    assert (parameters["JobQueue"], parameters["JobDefinition"]) == ("${FargateJobQueueArn}", "${BulkJobDefinitionArn}")
+    # a job that failed past Batch's own retries ends its child, and its groups are handed back
+    assert [c["Next"] for c in run["Catch"]] == ["BulkJobFailed"]
+    assert "States.TaskFailed" not in {e for r in run["Retry"] for e in r["ErrorEquals"]}  # Batch retries the job
 
 
-def test_a_spot_shortage_is_waited_out_for_minutes_before_on_demand_is_paid_for() -> None:
-    from tools.local.workflow import retry_wait_s
+def test_the_fargate_jobs_wait_in_one_queue_spot_first_and_a_reclaimed_spot_task_runs_again() -> None:
+    from tools.local.batch_jobs import RetryStrategy, TaskStopped
 
-    # No capacity at RunTask is ECS.AmazonECSException ("Capacity is unavailable at this time", AWS's knowledge
-    # center on Fargate RunTask capacity); a task that fails to start under .sync is AmazonECS.Unknown
-    capacity = {"ECS.AmazonECSException", "AmazonECS.Unknown"}
-    for name in ("RunBulkJob", "RunBulkJobOnDemand"):
-        assert any(capacity <= set(r["ErrorEquals"]) for r in STATES[name]["Retry"]), name
-    [spot_wait] = [r for r in STATES["RunBulkJob"]["Retry"] if capacity <= set(r["ErrorEquals"])]
-    assert 20 * 60 <= retry_wait_s(spot_wait) <= 60 * 60 and spot_wait["JitterStrategy"] == "FULL"
-    assert STATES["AnnotateGroupsInBulk"]["ItemProcessor"]["ProcessorConfig"]["ExecutionType"] == "STANDARD"
-
-
-def test_a_variants_task_ecs_does_not_start_is_waited_for_minutes_in_its_standard_child() -> None:
-    from tools.local.workflow import retry_wait_s
-
-    # A task past the account's Fargate vCPUs (another batch's may hold them) fails to start: AmazonECS.Unknown
-    [waits] = [r for r in STATES["Variants"]["Retry"] if "AmazonECS.Unknown" in r["ErrorEquals"]]
-    assert 10 * 60 <= retry_wait_s(waits) <= 30 * 60 and waits["JitterStrategy"] == "FULL"
+    resources = template()["Resources"]
+    # GIVEN the stack's job queue: Fargate Spot's compute environment first, on-demand Fargate's after it
+    order = sorted(resources["FargateJobQueue"]["Properties"]["ComputeEnvironmentOrder"], key=lambda e: e["Order"])
+    kinds = [resources[e["ComputeEnvironment"]["Ref"]]["Properties"]["ComputeResources"]["Type"] for e in order]
+    assert kinds == ["FARGATE_SPOT", "FARGATE"]
+    for name in ("Variants", "RunBulkJob"):
+        assert STATES[name]["Parameters"]["JobQueue"] == "${FargateJobQueueArn}"
+        # SubmitJob's throttles are retried with backoff and jitter; nothing else is
+        [retrier] = STATES[name]["Retry"]
+        assert "Batch.TooManyRequestsException" in retrier["ErrorEquals"] and retrier["JitterStrategy"] == "FULL"
+    # WHEN a job's Spot task is reclaimed, as ECS says it; or the bulk worker ends between two images on SIGTERM
+    reclaimed = TaskStopped("Your Spot Task was interrupted.", exit_code=None)
+    stopped = TaskStopped("Essential container in task exited", exit_code=143)
+    failed = TaskStopped("Essential container in task exited", exit_code=1)
+    bulk, variants = (RetryStrategy.of(resources[n]) for n in ("BulkJobDefinition", "VariantsJobDefinition"))
+    # THEN Batch runs it again; a job that failed otherwise is not retried
+    assert bulk.attempts >= 2 and bulk.retries(reclaimed) and bulk.retries(stopped) and not bulk.retries(failed)
+    assert variants.attempts >= 2 and variants.retries(reclaimed) and not variants.retries(failed)
 
 
 def test_a_group_is_annotated_image_by_image_and_written_as_one_table_file() -> None:

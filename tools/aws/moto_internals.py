@@ -42,9 +42,8 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_map.result_writer.
     ResultWriter,
 )
 from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
-from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_ecs
-from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_ecs import (
-    StateTaskServiceEcs,
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_batch import (
+    StateTaskServiceBatch,
 )
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.state_task_lambda import StateTaskLambda
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
@@ -70,7 +69,7 @@ __all__ = [
     "QueryResults",
     "ResultWriter",
     "StateTaskLambda",
-    "StateTaskServiceEcs",
+    "StateTaskServiceBatch",
     "StatesErrorName",
     "StatesErrorNameType",
     "TaskFailedEventDetails",
@@ -83,5 +82,4 @@ __all__ = [
     "s3_backends",
     "secretsmanager_backends",
     "sqs_backends",
-    "state_task_service_ecs",
 ]

@@ -98,8 +98,8 @@ def layer_ids(layers: Any) -> list[str]:
 
 def bulk_task_settings(template: dict[str, Any]) -> dict[str, Any]:
     """The settings of how models run (``detector_runtime``, ..., ``detector_compiled_cache``) that the bulk
-    task's container sets, typed as the settings type them."""
-    [container] = template["Resources"]["BulkTaskDefinition"]["Properties"]["ContainerDefinitions"]
+    job's container sets, typed as the settings type them."""
+    container = template["Resources"]["BulkJobDefinition"]["Properties"]["ContainerProperties"]
     environment = {item["Name"].removeprefix("ANNOTATE_").lower(): item["Value"] for item in container["Environment"]}
     return {
         name: TypeAdapter(Settings.model_fields[name].annotation).validate_python(value)

@@ -189,26 +189,28 @@ def chaos(
     snapstart_reinit: Annotated[
         float, typer.Option(min=0, max=120, help="Seconds an inactive SnapStart version re-initialises")
     ] = 0.0,
-    batches: Annotated[int, typer.Option(min=1, max=10, help="Messages sent at once, whose batches overlap")] = 1,
+    batches: Annotated[int, typer.Option(min=1, max=10, help="Messages sent, whose batches overlap")] = 1,
+    message_interval: Annotated[
+        float,
+        typer.Option(min=0, max=60, help="Seconds between the messages: the later ones reach Ingest while batches run"),
+    ] = 0.0,
     bulk_images: Annotated[int, typer.Option(min=0, max=200, help="Images of a bulk-lane message sent with them")] = 0,
     fargate_vcpus: Annotated[
-        int | None, typer.Option(min=1, help="The account's Fargate vCPUs (a new account's may be 6)")
+        int | None, typer.Option(min=1, help="The Batch queue's Fargate Spot vCPUs (a new account's quota may be 6)")
     ] = None,
     spot_shortage: Annotated[
-        float, typer.Option(min=0, max=600, help="Seconds Fargate Spot has no capacity, from the first Spot task")
+        float, typer.Option(min=0, max=600, help="Seconds Fargate Spot has no capacity, from the first Spot job")
     ] = 0.0,
     function_memory: Annotated[
         int | None, typer.Option(min=128, max=10240, help="The account's largest function memory in MB (3008)")
     ] = None,
-    shared_budget: Annotated[
-        bool, typer.Option(help="Batches share the account's quotas (--no-shared-budget: each plans within the whole)")
-    ] = True,
 ) -> None:
     """Annotate generated images through the local workflow with AWS faults injected; account for every image.
 
     Exits 1 when an image has no row or more than one, or one other than the hung image is recorded as failed.
     """
-    from tools.local.chaos import MODEL_STEPS, Faults, run_chaos
+    from tools.local.chaos import run_chaos
+    from tools.local.chaos_faults import MODEL_STEPS, Faults
 
     if hang not in {*MODEL_STEPS, "write_result", "none"}:
         raise fail(f"--hang must be one of {sorted({*MODEL_STEPS, 'write_result', 'none'})}")
@@ -225,11 +227,11 @@ def chaos(
         lambda_concurrency=lambda_concurrency,
         snapstart_reinit_s=snapstart_reinit,
         batches=batches,
+        message_interval_s=message_interval,
         bulk_images=bulk_images,
         fargate_vcpus=fargate_vcpus,
         spot_shortage_s=spot_shortage,
         function_memory_mb=function_memory,
-        shared_budget=shared_budget,
     )
     # Each line whole, at any width: a program reads the last one
     out.print(faults.account(), highlight=False, soft_wrap=True)
@@ -238,8 +240,17 @@ def chaos(
     out.print(faults.describe(), highlight=False, soft_wrap=True)
     report = run_chaos(images, faults)
     out.print(f"Lambda invocations at once: {report.most_in_flight} at the most", highlight=False, soft_wrap=True)
-    if bulk_images:
-        out.print(f"Fargate vCPUs at once: {report.most_fargate_vcpus:g} at the most", highlight=False, soft_wrap=True)
+    if bulk_images or variants_images:
+        jobs = (
+            f"Fargate vCPUs at once: {report.most_fargate_vcpus:g} at the most; "
+            f"{report.on_demand_jobs} job attempts on on-demand Fargate"
+        )
+        out.print(jobs, highlight=False, soft_wrap=True)
+    ingest = (
+        f"Ingest: {report.ingest_throttled} invocations throttled (their messages came back), "
+        f"{report.dead_lettered} messages dead-lettered"
+    )
+    out.print(ingest, highlight=False, soft_wrap=True)
     out.print(report.timing, highlight=False, soft_wrap=True)
     for row in report.failed:
         failed = f"recorded as failed: {row['source_uri']} ({row['failed_step']}): {row['error']}"

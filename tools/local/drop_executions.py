@@ -1,11 +1,10 @@
-"""The executions of the exactly-once checker's world (tools/local/drop_world.py): what the batches Ingest and the
-gatherer start hold of the account while they run, checked as each starts, and each round's end as SummarizeBatch's
-own code makes it (groups written, or one job or group not; handed back, or ended)."""
+"""The executions of the exactly-once checker's world (tools/local/drop_world.py): the groups each round of a batch
+runs (as its Distributed Map read them when the round began), and each round's end as SummarizeBatch's own code makes
+it (groups written, or one job or group not; handed back, or ended)."""
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -19,20 +18,13 @@ class Broken(AssertionError):
 
 
 class Executions:
-    """The executions started in ``machine``, those running and those ended; ``ledger`` and ``settings`` are the
-    world's (its clock, its account)."""
+    """The executions started in ``machine``, those running and those ended; ``settings`` are the world's."""
 
-    def __init__(self, s3: Any, sfn: Any, machine: str, ledger: Callable[[], Any], settings: Callable[[], Any]) -> None:
-        self.s3, self.sfn, self.machine, self.ledger, self.settings = s3, sfn, machine, ledger, settings
+    def __init__(self, s3: Any, sfn: Any, machine: str, settings: Callable[[], Any]) -> None:
+        self.s3, self.sfn, self.machine, self.settings = s3, sfn, machine, settings
         self.running: dict[str, Any] = {}  # execution ARN -> its BatchInput, in the round it runs
         self.seen: set[str] = set()  # executions ever started
-        self.ended: set[str] = set()  # who held the shares of executions that ended
-
-    @staticmethod
-    def quotas() -> list[Any]:
-        from shared.pipeline.capacity import Quota
-
-        return list(Quota)
+        self.ended: set[str] = set()  # executions that ended
 
     def _groups(self, batch: Any) -> list[Any]:
         """The groups the batch's round runs: its groups manifest's, or its bulk jobs'."""
@@ -47,47 +39,22 @@ class Executions:
         _, key = uri.split(f"s3://{RESULTS_BUCKET}/", 1)
         return json.loads(self.s3.get_object(Bucket=RESULTS_BUCKET, Key=key)["Body"].read())
 
-    def use(self, batch: Any) -> dict[Any, int]:
-        """What a running batch takes of each quota, as its input plans it."""
-        from shared.pipeline.capacity import unit_of
-
-        per_group = max(len(group.images) for group in self._groups(batch))
-        units = batch.bulk_concurrency if batch.lane == "bulk" else batch.group_concurrency
-        return {quota: amount * units for quota, amount in unit_of(batch, per_group, self.settings()).items()}
-
-    def least(self, batch: Any) -> bool:
-        """Whether the batch runs one bulk task, or one image, at a time."""
-        if batch.lane == "bulk":
-            return bool(batch.bulk_concurrency == 1)
-        return batch.group_concurrency == 1 and all(len(group.images) == 1 for group in self._groups(batch))
-
     def discover(self) -> None:
-        """The executions started since the last step join the running ones, whose plans the account's quotas must
-        hold: all of them but those that run one image or one bulk task at a time (what a batch started when nothing
-        was free runs, past the quota; which of two overlapping batches took first, the checker cannot see)."""
+        """The executions started since the last step join the running ones."""
         from shared.contracts import BatchInput
-        from shared.pipeline.capacity import limits
 
         for execution in self.sfn.list_executions(stateMachineArn=self.machine)["executions"]:
             if execution["executionArn"] not in self.seen:
                 self.seen.add(execution["executionArn"])
                 described = self.sfn.describe_execution(executionArn=execution["executionArn"])
                 self.running[execution["executionArn"]] = BatchInput.model_validate_json(described["input"])
-        in_use = Counter[Any]()
-        for batch in self.running.values():
-            if not self.least(batch):
-                in_use.update(self.use(batch))
-        for quota, limit in limits(self.settings()).items():
-            if in_use[quota] > limit:
-                planned = sorted(f"{b.batch_id} ({b.lane}): {self.use(b)}" for b in self.running.values())
-                raise Broken(f"the batches running plan {in_use[quota]} of {quota}, past {limit}: {planned}")
 
     def end(self, arn: str, fails: bool = False) -> None:
         """The execution's round ends: each of its groups written (or, if it ``fails``, all but its last job's or
         group's), then SummarizeBatch's code hands the rest back (the execution runs on) or ends it."""
         from shared.contracts import GroupSummary, SummarizeInput
+        from shared.pipeline.batch_steps import summarize_batch
         from shared.pipeline.dependencies import Dependencies
-        from shared.pipeline.steps import summarize_batch
         from shared.settings import Settings
         from shared.storage.objects import store_for
 
@@ -104,10 +71,10 @@ class Executions:
                 detections_table_uri="",
             )
             store_for(uri).write_bytes(uri, summary.model_dump_json().encode(), "application/json")
-        deps = Dependencies(store_for=store_for, image_limits=Settings().image_limits, ledger=self.ledger())
+        deps = Dependencies(store_for=store_for, image_limits=Settings().image_limits)
         state = SummarizeInput.model_validate(batch.model_dump())
         handed_back = summarize_batch(state, deps).handed_back
         if handed_back:
             self.running[arn] = batch.model_copy(update={"round": handed_back.round})
         else:
-            self.ended.add(batch.share_holder)
+            self.ended.add(arn)

@@ -149,7 +149,7 @@ class World:
             )
             self.starter = ingest.StepFunctionsStarter(sfn, machine["stateMachineArn"])
             self.sfn, self.machine = sfn, machine["stateMachineArn"]
-            self.executions = Executions(self.s3, sfn, self.machine, self._ledger, self._settings)
+            self.executions = Executions(self.s3, sfn, self.machine, self._settings)
             try:
                 yield self
             finally:
@@ -211,14 +211,6 @@ class World:
         self.sqs.send_message(QueueUrl=self.queue, MessageBody=body)
 
     def time_passes(self, seconds: int) -> None:
-        held = {
-            holder: holding.until
-            for quota in self.executions.quotas()
-            for holder, holding in self._ledger().holdings(quota).items()
-        }
-        for arn, batch in list(self.executions.running.items()):  # AWS ran it to its end within its bound (its lease)
-            if held.get(batch.share_holder, float("inf")) <= self.clock + seconds:
-                self.executions.end(arn)
         self.clock += seconds
         if seconds >= self.stack.visibility_s:  # every message received and not deleted is visible again
             for handle in sorted(self.handles):
@@ -281,11 +273,6 @@ class World:
         settings = self._settings()
         return ClaimTable(self.dynamodb, TABLE, settings.idempotency_expiry_s, self.starter.exists, self.now, map)
 
-    def _ledger(self) -> Any:
-        from shared.pipeline.capacity import CapacityLedger
-
-        return CapacityLedger(self.dynamodb, TABLE, self.now)
-
     def ingest(self, invocation: _Invocation) -> None:
         """Lambda's poller receives a batch and invokes Ingest; what it reports done is deleted, nothing if it died."""
         from shared.pipeline.ingest import ingest_sqs_batch
@@ -307,7 +294,6 @@ class World:
                 holder,
                 None,
                 self._claims(),
-                self._ledger(),
             )
         finally:
             self.local.invocation = None
@@ -341,7 +327,6 @@ class World:
                 holder,
                 [INPUT_BUCKET],
                 self._claims(),
-                self._ledger(),
             )
         finally:
             self.local.invocation = None
@@ -418,13 +403,3 @@ class World:
                 self.sqs.delete_message(QueueUrl=self.dead, ReceiptHandle=message["ReceiptHandle"])
         if readable:
             raise Broken(f"readable events in the dead-letter queue: {sorted(readable)}")
-        # A pass that died after taking its batch's share and before starting it leaves the share to its lease; an
-        # execution that ended holds nothing
-        leaked = {
-            f"{quota}: {holder}"
-            for quota in self.executions.quotas()
-            for holder in self._ledger().holdings(quota)
-            if holder in self.executions.ended
-        }
-        if leaked:
-            raise Broken(f"executions that ended still hold their share: {sorted(leaked)}")

@@ -19,12 +19,13 @@ import threading
 import time
 import traceback
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from unittest import mock
 
 from shared.contracts import BatchInput, BatchSummary, ImageOutcome, SummarizeInput
@@ -33,6 +34,7 @@ from shared.pipeline.dependencies import Step, dependencies_of
 from shared.settings import get_settings
 from shared.storage import layout
 from shared.storage.objects import split_s3
+from tools.local.batch_jobs import JobQueue, stack_job_queue
 from tools.local.step_functions import (
     CHILD_CLOCKS,
     ChildClock,
@@ -46,21 +48,16 @@ from tools.local.workflow import FUNCTION_PLACEHOLDERS, for_moto, step_timeouts,
 if TYPE_CHECKING:
     from tools.aws.moto_internals import DefaultConfig
 
+T = TypeVar("T")
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
 FUNCTION_PREFIX = "annotate-"
-# Locally the Fargate tasks (Variants, the bulk lane's) run in this process, so their placeholders only need to be
-# well formed.
+# Locally the Batch jobs (Variants, the bulk lane's) run in this process (tools/local/batch_jobs.py), so their
+# placeholders only need to be well formed.
 LOCAL_FARGATE = {
-    f"{kind}{part}": value
-    for kind, family in (("Variants", "annotate-variants"), ("Bulk", "annotate-bulk"))
-    for part, value in {
-        "ClusterArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/annotate-local",
-        "TaskDefinitionArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/{family}:1",
-        "SubnetA": "subnet-local-a",
-        "SubnetB": "subnet-local-b",
-        "SecurityGroup": "sg-local",
-    }.items()
+    "FargateJobQueueArn": f"arn:aws:batch:{REGION}:{ACCOUNT}:job-queue/annotate-local",
+    "VariantsJobDefinitionArn": f"arn:aws:batch:{REGION}:{ACCOUNT}:job-definition/annotate-variants:1",
+    "BulkJobDefinitionArn": f"arn:aws:batch:{REGION}:{ACCOUNT}:job-definition/annotate-bulk:1",
 }
 # Locally, moto's S3 holds what the workflow itself reads and writes (the groups manifest its ItemReader reads, the
 # ResultWriter's manifest); everything else stays in the local results folder.
@@ -72,8 +69,9 @@ MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, 
 InvocationListener = Callable[[str, dict[str, Any], BaseException | None], None]
 # (function name, payload), before the Lambda service runs an invocation: it may refuse it (LambdaServiceError) or
 # delay it, as `annotate chaos` does, without holding the function's environment; ("variants", {"task": job})
-# before a Variants task's container runs, and ("bulk", {"job_uri": ..., "image": n}) before each image of a bulk
-# task: it may stop the task there (any exception).
+# before a Variants job's container runs, and ("bulk", {"job_uri": ..., "image": n}) before each image of a bulk
+# job: it may stop the task there (TaskStopped, as Fargate stops it; any other exception is the container's own
+# failure); ("batch:place", ...) and ("batch:ended", ...) as tools/local/batch_jobs.py asks them.
 InvocationGate = Callable[[str, dict[str, Any]], None]
 
 
@@ -124,6 +122,7 @@ class HandlerDispatcher:
         timeouts: bool = False,
         stopping: threading.Event | None = None,
         concurrency: int | None = None,
+        reserved: dict[str, int] | None = None,
     ) -> None:
         self.listener = listener
         self.gate = gate
@@ -131,7 +130,9 @@ class HandlerDispatcher:
         self._timeouts = step_timeouts() if timeouts else {}
         self.stopping = stopping or threading.Event()
         self.concurrency = concurrency
+        self.reserved = reserved or {}
         self.in_flight = self.most_in_flight = self.throttled = 0
+        self._in_flight_of: Counter[str] = Counter()  # by pool: a reserved function's own, or "" (the rest)
         self.busy_s = 0.0  # the functions' time, summed over every invocation
         self._counting = threading.Lock()
 
@@ -140,7 +141,7 @@ class HandlerDispatcher:
         name = function.rsplit(":function:", 1)[-1].split(":", 1)[0].removeprefix(FUNCTION_PREFIX)
         if self.stopping.is_set():
             threading.Event().wait()  # the run is stopping: no invocation starts; the process ends without it
-        self._admit()
+        pool = self._admit(name)
         try:
             if self.gate:
                 self.gate(name, payload)  # may refuse the invocation: LambdaServiceError reaches the caller
@@ -148,28 +149,49 @@ class HandlerDispatcher:
         except FunctionTimedOut as timed_out:  # Lambda ended it at the function's timeout: its work is lost
             response, error = _error_payload(timed_out, "Sandbox.Timedout"), timed_out
         finally:
-            with self._counting:
-                self.in_flight -= 1
+            self._leave(pool)
         if self.listener:
             self.listener(name, payload, error)
         return response, error is not None
 
-    def _admit(self) -> None:
+    def run_as(self, name: str, call: Callable[[], T]) -> T:
+        """``call`` run as one invocation of ``name`` (a function the workflow does not invoke: Ingest, as its queue's
+        poller invokes it), counted against the account's concurrency and refused past it as any other."""
+        pool = self._admit(name)
+        try:
+            return call()
+        finally:
+            self._leave(pool)
+
+    def _admit(self, name: str) -> str:
         """Count the invocation in flight, or refuse it as Lambda does past the account's concurrency: Lambda "scales
         up the number of execution environments to handle these requests until your account reaches its concurrency
         quota" (Lambda developer guide, Lambda scaling behavior), and past it Invoke fails with
-        TooManyRequestsException, reason ConcurrentInvocationLimitExceeded (Lambda API reference). Here each
-        invocation waits for its function's one environment, so one counts from the Invoke call, as it would run on
-        AWS, not from when the function takes it."""
+        TooManyRequestsException, reason ConcurrentInvocationLimitExceeded (Lambda API reference). A function with
+        reserved concurrency draws on its own ("No other function can use that concurrency", Configuring reserved
+        concurrency); the others share what is left. Here each invocation waits for its function's one environment,
+        so one counts from the Invoke call, as it would run on AWS, not from when the function takes it. Returns the
+        pool it was counted in."""
+        pool = name if name in self.reserved else ""
+        limit = self.reserved.get(name)
+        if limit is None and self.concurrency is not None:
+            limit = self.concurrency - sum(self.reserved.values())
         with self._counting:
-            if self.concurrency is not None and self.in_flight >= self.concurrency:
+            if limit is not None and self._in_flight_of[pool] >= limit:
                 self.throttled += 1
+                which = f"reserved for {name}" if pool else "unreserved"
                 raise LambdaServiceError(
-                    "TooManyRequestsException",
-                    f"Rate Exceeded: the account's concurrency of {self.concurrency} is in use",
+                    "TooManyRequestsException", f"Rate Exceeded: the concurrency of {limit} {which} is in use"
                 )
+            self._in_flight_of[pool] += 1
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        return pool
+
+    def _leave(self, pool: str) -> None:
+        with self._counting:
+            self.in_flight -= 1
+            self._in_flight_of[pool] -= 1
 
     def drain(self, seconds: float) -> bool:
         """Once ``stopping`` is set: wait for the invocations under way (and a bulk task's image) to end, and keep
@@ -230,8 +252,7 @@ def local_definition() -> str:
                     "ResultsBucket": LOCAL_BUCKET,
                     "Partition": "aws",
                     "GroupExecutionType": "EXPRESS",
-                    "VariantsResource": "arn:aws:states:::ecs:runTask.sync",
-                    "TaskPublicIp": "ENABLED",
+                    "VariantsResource": "arn:aws:states:::batch:submitJob.sync",
                 }
             ),
             variants_run_standard=True,
@@ -239,28 +260,22 @@ def local_definition() -> str:
     )
 
 
-def _run_container(
+def _run_job(
+    queue: JobQueue,
     gate: InvocationGate | None,
     listener: InvocationListener | None,
     stopping: threading.Event,
-    run_task_parameters: dict[str, Any],
-    task_arn: str,
+    submit_job_parameters: dict[str, Any],
+    job_id: str,
 ) -> None:
-    """Locally a Fargate task's container (the Variants step's, or a bulk job's) is this process, with the settings
-    in force; ``gate`` may stop the task, as Fargate may (an exception is a stopped task): a Variants task before it
-    starts, a bulk task before each of its images."""
-    environment = container_environment(run_task_parameters)
+    """Locally a Batch job's container (the Variants step's, or a bulk job's) is this process, with the settings
+    in force, placed and retried by the stack's job queue as Batch would; ``gate`` may stop its task, as Fargate may:
+    a Variants job before it starts, a bulk job before each of its images."""
+    environment = container_environment(submit_job_parameters)
     bulk = "ANNOTATE_BULK_JOB" in environment
-    # ECS may refuse to start it (``gate``: FargateRefused); once started, it holds its vCPUs until it stops
-    strategy = run_task_parameters.get("CapacityProviderStrategy") or [{}]
     settings = get_settings()
-    task = {
-        "capacity_provider": strategy[0].get("CapacityProvider") or strategy[0].get("capacityProvider") or "FARGATE",
-        "vcpus": (settings.bulk_task_cpu if bulk else settings.variants_task_cpu) / 1024,
-    }
-    if gate:
-        gate("fargate:start", task)
-    try:
+
+    def container(placed_in: str) -> None:
         if bulk:
             _run_bulk_container(gate, listener, stopping, environment["ANNOTATE_BULK_JOB"])
             return
@@ -268,11 +283,11 @@ def _run_container(
 
         job = environment.get("ANNOTATE_VARIANT_JOB", "")
         if gate:
-            gate("variants", {"task": json.loads(job or "{}")})
+            gate("variants", {"task": json.loads(job or "{}"), "environment": placed_in})
         run(job)
-    finally:
-        if gate:
-            gate("fargate:stop", task)
+
+    vcpus = (settings.bulk_task_cpu if bulk else settings.variants_task_cpu) / 1024
+    queue.run("bulk" if bulk else "variants", vcpus, container)
 
 
 # A bulk task takes every core of its machine: here, one at a time (the Map may start many at once).
@@ -287,7 +302,7 @@ def _run_bulk_container(
     dependencies = dependencies_of(Step.WRITE_RESULT)
     checks = itertools.count()
 
-    def stopping() -> bool:  # the gate's exception ends the task between two images, as a kill would
+    def stopping() -> bool:  # the gate's TaskStopped ends the task between two images, as Fargate stops it
         if gate:
             gate("bulk", {"job_uri": job_uri, "image": next(checks)})
         return run_stopping.is_set()
@@ -327,6 +342,7 @@ def local_workflow(
     aws_limits: bool = False,
     stopping: threading.Event | None = None,
     dispatcher: HandlerDispatcher | None = None,
+    job_queue: JobQueue | None = None,
 ) -> Iterator[Callable[..., ExecutionResult]]:
     """Inside: a function that runs one batch through the workflow and waits for it to end. ``aws_limits``: hold
     each function to its timeout and each child (but those of a request with variants) to the Express limit, as
@@ -334,7 +350,8 @@ def local_workflow(
     cores, which a batch's images queue for, and a real model may be slower here than on Lambda.
 
     ``dispatcher``: a Lambda service of the caller's (an account's quota, as `annotate chaos` plays it), instead of
-    one made from ``listener``, ``gate``, ``aws_limits`` and ``stopping``.
+    one made from ``listener``, ``gate``, ``aws_limits`` and ``stopping``; ``job_queue``: the stack's Batch job queue
+    of the caller's (its compute environments' vCPUs), instead of one of the settings' Fargate vCPUs.
 
     Once ``stopping`` is set (Ctrl-C), no invocation starts; the batch under way ends ABORTED when those under
     way have ended, and the process must then end (os._exit: the workflow's threads wait for invocations that
@@ -343,12 +360,15 @@ def local_workflow(
     from moto import mock_aws
 
     dispatcher = dispatcher or HandlerDispatcher(listener, gate, timeouts=aws_limits, stopping=stopping)
+    queue = job_queue or stack_job_queue(
+        get_settings().fargate_vcpus, gate=dispatcher.gate, stopping=dispatcher.stopping
+    )
     with (
         _interpreter_quiet(dispatcher.stopping),
         mock_aws(config=MOTO_CONFIG),
         services_in_process(
             lambda function, _, payload: _mirroring_hand_backs(dispatcher.invoke(function, payload), payload),
-            partial(_run_container, dispatcher.gate, dispatcher.listener, dispatcher.stopping),
+            partial(_run_job, queue, dispatcher.gate, dispatcher.listener, dispatcher.stopping),
             express_limit=aws_limits,
         ),
         # Locally the measurements are in the image rows; EMF is for CloudWatch and would flood the terminal. The

@@ -13,8 +13,9 @@
   invocation has an environment of its own, where here it may queue for its function's one.
 
 And where the interpreter's service calls are served in this process (:func:`services_in_process`): its Lambda
-invocations by the caller's handlers, its ECS tasks by the caller's containers, as a task's exit code fails a Task on
-AWS. Every patch of moto's interpreter is in this module.
+invocations by the caller's handlers, its AWS Batch jobs by the caller's job runner (tools/local/batch_jobs.py: the
+stack's job queue), as a job that failed past its retry strategy fails a Task on AWS. Every patch of moto's interpreter
+is in this module.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 from unittest import mock
 
 from tools.local import workflow
+from tools.local.batch_jobs import JobFailed
 from tools.local.workflow import EXPRESS_CHILDREN, EXPRESS_UNLESS_VARIANTS
 
 
@@ -52,15 +54,6 @@ class LambdaServiceError(Exception):
         from botocore.exceptions import ClientError
 
         return ClientError({"Error": {"Code": self.code, "Message": self.message}}, "Invoke")
-
-
-class FargateRefused(Exception):
-    """ECS did not start a task (over the account's Fargate vCPUs, or no Spot capacity): under ``runTask.sync`` the
-    Task fails with ``error``, ``AmazonECS.Unknown`` for both (the Step Functions ECS integration page)."""
-
-    def __init__(self, reason: str, error: str = "AmazonECS.Unknown") -> None:
-        super().__init__(reason)
-        self.error = error
 
 
 @contextmanager
@@ -220,29 +213,27 @@ def express_children_limited() -> Iterator[None]:
         yield
 
 
-# Runs one ECS task's container to its end from RunTask's parameters and the task's ARN; raises when it would
-# exit non-zero.
-ContainerRunner = Callable[[dict[str, Any], str], None]
+# Runs one AWS Batch job to its end from SubmitJob's parameters and the job's id; raises when it ends FAILED.
+JobRunner = Callable[[dict[str, Any], str], None]
 
 
 # Serves one Lambda invocation: (function name or ARN, qualifier, payload) -> (response, whether an error).
 Invoker = Callable[[str, str | None, dict[str, Any]], tuple[dict[str, Any], bool]]
 
 
-def container_environment(run_task_parameters: dict[str, Any]) -> dict[str, str]:
-    """The environment RunTask's container overrides set (moto leaves the parameters' key case as written)."""
-    overrides = run_task_parameters.get("overrides") or run_task_parameters.get("Overrides") or {}
-    containers = overrides.get("containerOverrides") or overrides.get("ContainerOverrides") or []
+def container_environment(submit_job_parameters: dict[str, Any]) -> dict[str, str]:
+    """The environment SubmitJob's container overrides set (moto keeps the keys' case as written, and adds its own
+    MANAGED_BY_AWS in lower case)."""
+    overrides = submit_job_parameters.get("containerOverrides") or submit_job_parameters.get("ContainerOverrides") or {}
     return {
         (item.get("name") or item.get("Name")): (item.get("value") or item.get("Value"))
-        for container in containers
-        for item in (container.get("environment") or container.get("Environment") or [])
+        for item in (overrides.get("environment") or overrides.get("Environment") or [])
     }
 
 
 def _task_failed(service: Any, env: Any, cause: str, error: str = "States.TaskFailed") -> Exception:
-    """States.TaskFailed with ``cause``, as a stopped task with a non-zero exit code gives in AWS (moto would
-    otherwise report States.Runtime, which States.ALL cannot catch); or ``error``, a task ECS did not start."""
+    """States.TaskFailed with ``cause``, as a job that ended FAILED gives under ``submitJob.sync`` (its description
+    as the cause); moto would otherwise report States.Runtime, which States.ALL cannot catch."""
     from tools.aws.moto_internals import (
         CustomErrorName,
         EventDetails,
@@ -274,15 +265,10 @@ def _task_failed(service: Any, env: Any, cause: str, error: str = "States.TaskFa
 
 
 @contextmanager
-def services_in_process(invoke: Invoker, run_container: ContainerRunner, express_limit: bool = True) -> Iterator[None]:
-    """Inside an active ``mock_aws``: the interpreter's Lambda invocations and ECS tasks (.sync) run here, a Lambda
-    service error fails a Task as on AWS, and (``express_limit``) Express children end at the Express limit."""
-    from tools.aws.moto_internals import (
-        LambdaSimpleBackend,
-        StateTaskServiceEcs,
-        lambda_eval_utils,
-        state_task_service_ecs,
-    )
+def services_in_process(invoke: Invoker, run_job: JobRunner, express_limit: bool = True) -> Iterator[None]:
+    """Inside an active ``mock_aws``: the interpreter's Lambda invocations and AWS Batch jobs (.sync) run here, a
+    Lambda service error fails a Task as on AWS, and (``express_limit``) Express children end at the Express limit."""
+    from tools.aws.moto_internals import LambdaSimpleBackend, StateTaskServiceBatch, lambda_eval_utils
 
     def lambda_invoke(backend: Any, function: str, qualifier: Any, body: Any, headers: Any, response_headers: Any):
         response, failed = invoke(function, qualifier, json.loads(body or "{}"))
@@ -306,37 +292,35 @@ def services_in_process(invoke: Invoker, run_container: ContainerRunner, express
         return {"StatusCode": 200, "Payload": response} | ({"FunctionError": "Unhandled"} if failed else {})
 
     # moto calls this with keywords: the parameter names are its own.
-    def run_task(
+    def submit_job(
         service: Any, env: Any, resource_runtime_part: Any, normalised_parameters: dict, state_credentials: Any
     ) -> None:
-        cluster = str(normalised_parameters.get("Cluster") or normalised_parameters.get("cluster"))
-        task_arn = f"{cluster.replace(':cluster/', ':task/')}/{uuid.uuid4().hex}"
+        job_id = str(uuid.uuid4())
+        name = normalised_parameters.get("jobName") or normalised_parameters.get("JobName") or "job"
         try:
-            run_container(normalised_parameters, task_arn)
-        except FargateRefused as refused:  # no task started
-            raise _task_failed(service, env, str(refused), refused.error) from refused
-        except Exception as error:  # the container's exit code 1
-            cause = f"Essential container in task exited: {type(error).__name__}: {error}"
-            raise _task_failed(service, env, cause) from error
-        task = {"TaskArn": task_arn, "LastStatus": "STOPPED", "Containers": [{"ExitCode": 0}]}
-        env.stack.append({"Tasks": [task]})
+            run_job(normalised_parameters, job_id)
+        except JobFailed as failed:  # the job ended FAILED: its description (DescribeJobs') is the Task's cause
+            attempt = {"Container": {"ExitCode": failed.exit_code, "Reason": failed.reason}}
+            description = {
+                "JobId": job_id,
+                "JobName": name,
+                "Status": "FAILED",
+                "StatusReason": failed.status_reason,
+                "Attempts": [attempt],
+            }
+            raise _task_failed(service, env, json.dumps(description)) from failed
+        env.stack.append({"JobId": job_id, "JobName": name, "Status": "SUCCEEDED"})
 
-    def stopped_task(service: Any, env: Any, *args: Any, **kwargs: Any) -> Callable[[], dict]:
-        task = env.stack.pop()["Tasks"][0]
-        return lambda: task
+    def described_job(service: Any, env: Any, *args: Any, **kwargs: Any) -> Callable[[], dict]:
+        job = env.stack.pop()
+        return lambda: job
 
     with (
         aws_task_errors(),
         express_children_limited() if express_limit else nullcontext(),
         mock.patch.object(LambdaSimpleBackend, "invoke", lambda_invoke),
         mock.patch.object(lambda_eval_utils, "_invoke_lambda_function", interpreter_invoke),
-        mock.patch.object(StateTaskServiceEcs, "_eval_service_task", run_task),
-        mock.patch.object(StateTaskServiceEcs, "_build_sync_resolver", stopped_task),
-        # moto's interpreter drops RunTask's CapacityProviderStrategy, which Step Functions passes on to ECS (the
-        # AWS CDK's EcsRunTask sets it since aws-cdk#35465): the bulk lane's Spot-then-on-demand depends on it.
-        mock.patch.dict(
-            state_task_service_ecs._SUPPORTED_API_PARAM_BINDINGS,
-            {"runtask": state_task_service_ecs._SUPPORTED_API_PARAM_BINDINGS["runtask"] | {"CapacityProviderStrategy"}},
-        ),
+        mock.patch.object(StateTaskServiceBatch, "_eval_service_task", submit_job),
+        mock.patch.object(StateTaskServiceBatch, "_build_sync_resolver", described_job),
     ):
         yield

@@ -1,4 +1,4 @@
-"""The workflow definition and its placeholders, shared by the deployed stack and the local runner."""
+"""The workflow definition and its placeholders, as the local runner, the rehearsal and the tests read them."""
 
 from __future__ import annotations
 
@@ -23,19 +23,15 @@ FUNCTION_PLACEHOLDERS = {
 }
 
 
-# The placeholders of the Fargate states (ECS RunTask): the Variants step's, and the bulk lane's.
-FARGATE_PLACEHOLDERS = tuple(
-    f"{kind}{part}"
-    for kind in ("Variants", "Bulk")
-    for part in ("ClusterArn", "TaskDefinitionArn", "SubnetA", "SubnetB", "SecurityGroup")
-)
+# The placeholders of the Fargate states (AWS Batch SubmitJob): the stack's job queue, and the Variants step's and
+# the bulk lane's job definitions.
+FARGATE_PLACEHOLDERS = ("FargateJobQueueArn", "VariantsJobDefinitionArn", "BulkJobDefinitionArn")
 
 
 # The stack's own: the bucket the Distributed Map reads its groups from and writes its run's manifest to, whether the
-# children run as Express or (with variants, whose Fargate task needs .sync) Standard executions, the Variants
-# task's integration (.sync only where it can run), the partition of the service integrations' ARNs, and whether
-# Fargate tasks get a public IPv4 address (public subnets) or not (private ones).
-STACK_PLACEHOLDERS = ("ResultsBucket", "GroupExecutionType", "VariantsResource", "Partition", "TaskPublicIp")
+# children run as Express or (with variants, whose Batch job needs .sync) Standard executions, the Variants job's
+# integration (.sync only where it can run), and the partition of the service integrations' ARNs.
+STACK_PLACEHOLDERS = ("ResultsBucket", "GroupExecutionType", "VariantsResource", "Partition")
 
 
 def placeholders(definition: str | None = None) -> set[str]:

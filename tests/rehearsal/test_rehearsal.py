@@ -92,13 +92,19 @@ def test_the_api_answers_through_its_public_url_with_the_stack_s_key(reports: di
     assert {"secretsmanager:GetSecretValue", "lambda:InvokeFunction", "s3:PutObject"} <= api_calls
 
 
-def test_a_bulk_message_runs_as_fargate_spot_tasks_as_their_role_and_a_stopped_one_loses_nothing(
+def test_a_bulk_message_runs_as_batch_jobs_on_fargate_spot_as_their_role_and_a_stopped_one_loses_nothing(
     reports: dict[bool, Report],
 ) -> None:
     # GIVEN the stack with EnableBulk=true, and a message in the bulk lane whose first task is stopped after one image
     [ran] = [step for step in reports[True].steps if step.startswith("a bulk message ran")]
-    # THEN the job ran again, on the cluster's FARGATE_SPOT (checked against the deployed capacity providers)
-    assert "as 2 Fargate Spot tasks" in ran
+    # THEN Batch ran the job again (the deployed job definition's retry strategy), on the deployed queue's first
+    # compute environment, Fargate Spot
+    assert "as 2 Batch jobs on Fargate Spot" in ran
+    # AND the state machine submitted and followed them as its role allows
+    machine_calls = {
+        call.request.action for call in reports[True].requests if call.request.principal == "AnnotateWorkflow"
+    }
+    assert {"batch:SubmitJob", "batch:DescribeJobs"} <= machine_calls
     # AND the task read its job, images and models and wrote results, rows and summaries as its task role
     task_calls = {
         (call.request.action, call.request.resource.split(":::", 1)[-1].split("/", 1)[-1].split("/", 1)[0])
@@ -116,6 +122,20 @@ def test_a_bulk_message_runs_as_fargate_spot_tasks_as_their_role_and_a_stopped_o
     assert not network
     # AND every image of the three batches has one row (checked in the story: 9 rows, the truncated image failing)
     assert "9 image rows (3 failed)" in "\n".join(reports[True].steps)
+
+
+@pytest.mark.parametrize("variants", [False, True], ids=["variants-off", "variants-on"])
+def test_an_execution_stopped_by_hand_ends_as_rows_through_the_deployed_rule_and_batch_ended(
+    reports: dict[bool, Report], variants: bool
+) -> None:
+    # GIVEN an execution stopped as soon as it started, its status change matching the deployed ExecutionEndedRule
+    [ended] = [step for step in reports[variants].steps if step.startswith("an execution stopped by hand")]
+    # THEN BatchEnded, the rule's target, gave every image of the batch a row
+    assert "reached BatchEndedFunction through ExecutionEndedRule" in ended
+    calls = {
+        call.request.action for call in reports[variants].requests if call.request.principal == "BatchEndedFunction"
+    }
+    assert {"s3:GetObject", "s3:ListBucket", "s3:PutObject"} <= calls
 
 
 def test_what_moto_does_not_create_is_made_through_its_api_and_the_rest_is_reported(

@@ -15,6 +15,7 @@ from moto.athena.models import QueryResults, athena_backends
 from moto.awslambda.models import LambdaVersion, LayerVersion
 from moto.awslambda.models import get_backend as lambda_backend
 from moto.awslambda_simple.models import LambdaSimpleBackend
+from moto.batch.models import ComputeEnvironment as BatchComputeEnvironment
 from moto.cloudformation import parsing as cfn_parsing
 from moto.cloudformation.models import cloudformation_backends
 from moto.core.botocore_stubber import MockRawResponse
@@ -51,6 +52,7 @@ from moto.stepfunctions.parser.utils import TMP_THREADS
 
 __all__ = [
     "TMP_THREADS",
+    "BatchComputeEnvironment",
     "CloudFormationModel",
     "CustomErrorName",
     "DefaultConfig",

@@ -74,6 +74,22 @@ class RetryStrategy:
         return True
 
     @staticmethod
+    def of_api(strategy: dict[str, Any]) -> RetryStrategy:
+        """A retry strategy as the Batch API describes it (DescribeJobDefinitions: attempts, evaluateOnExit)."""
+        return RetryStrategy(
+            attempts=int(strategy.get("attempts", 1)),
+            evaluate_on_exit=tuple(
+                ExitCondition(
+                    action=entry["action"],
+                    on_status_reason=entry.get("onStatusReason", "*"),
+                    on_reason=entry.get("onReason", "*"),
+                    on_exit_code=entry.get("onExitCode", "*"),
+                )
+                for entry in strategy.get("evaluateOnExit", [])
+            ),
+        )
+
+    @staticmethod
     def of(job_definition: dict[str, Any]) -> RetryStrategy:
         """A job definition's, as template.yaml writes it (CloudFormation's property names)."""
         declared = job_definition.get("Properties", {}).get("RetryStrategy", {})

@@ -43,7 +43,14 @@ from tools.local.step_functions import (
     container_environment,
     services_in_process,
 )
-from tools.local.workflow import FUNCTION_PLACEHOLDERS, for_moto, step_timeouts, substitute, without_function_timeouts
+from tools.local.workflow import (
+    EVENT_FUNCTIONS,
+    FUNCTION_PLACEHOLDERS,
+    for_moto,
+    step_timeouts,
+    substitute,
+    without_function_timeouts,
+)
 
 if TYPE_CHECKING:
     from tools.aws.moto_internals import DefaultConfig
@@ -126,7 +133,7 @@ class HandlerDispatcher:
     ) -> None:
         self.listener = listener
         self.gate = gate
-        self._locks = {name: threading.Lock() for name in FUNCTION_PLACEHOLDERS.values()}
+        self._locks = {name: threading.Lock() for name in (*FUNCTION_PLACEHOLDERS.values(), *EVENT_FUNCTIONS)}
         self._timeouts = step_timeouts() if timeouts else {}
         self.stopping = stopping or threading.Event()
         self.concurrency = concurrency
@@ -431,10 +438,38 @@ def _wait(client: Any, execution_arn: str, dispatcher: HandlerDispatcher) -> Exe
         time.sleep(pause)
         pause = min(pause * 1.5, 0.5)  # each poll is a request through moto, which competes for the GIL
     status = execution["status"]
+    if status in ENDED_WITHOUT_SUMMARY:
+        _execution_ended(execution, dispatcher)
     summary = BatchSummary.model_validate_json(execution["output"]) if status == "SUCCEEDED" else None
     error = None if summary else f"{execution.get('error', status)}: {_one_line(execution.get('cause', ''))}"
     logger.info("execution ended", extra={"execution_arn": execution_arn, "status": status})
     return ExecutionResult(execution_arn=execution_arn, status=status, summary=summary, error=error)
+
+
+# The statuses template.yaml's ExecutionEndedRule sends on to BatchEnded
+ENDED_WITHOUT_SUMMARY = ("TIMED_OUT", "FAILED", "ABORTED")
+
+
+def _execution_ended(execution: dict[str, Any], dispatcher: HandlerDispatcher) -> None:
+    """What EventBridge does on the execution's end (template.yaml, ExecutionEndedRule): its status change, as Step
+    Functions sends it, to BatchEnded, which writes the failure rows of the groups it left unfinished."""
+    event = {
+        "version": "0",
+        "source": "aws.states",
+        "detail-type": "Step Functions Execution Status Change",
+        "detail": {
+            "executionArn": execution["executionArn"],
+            "stateMachineArn": execution["stateMachineArn"],
+            "name": execution["name"],
+            "status": execution["status"],
+            "input": execution.get("input"),
+            "error": execution.get("error"),
+            "cause": execution.get("cause"),
+        },
+    }
+    response, failed = dispatcher.invoke("batch_ended", event)
+    if failed:
+        logger.error("BatchEnded failed", extra={"execution": execution["name"], "error": response})
 
 
 def _one_line(cause: str) -> str:

@@ -22,6 +22,10 @@ FUNCTION_PLACEHOLDERS = {
     "SummarizeBatchFunctionArn": "summarize_batch",
 }
 
+# The function folders EventBridge invokes on the workflow's behalf (template.yaml's rules): BatchEnded, on an
+# execution that timed out, failed or was stopped.
+EVENT_FUNCTIONS = ("batch_ended",)
+
 
 # The placeholders of the Fargate states (AWS Batch SubmitJob): the stack's job queue, and the Variants step's and
 # the bulk lane's job definitions.

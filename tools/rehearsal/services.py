@@ -1,10 +1,12 @@
-"""The deployed stack's compute, run in this process: Lambda (invocations and SQS polling) and ECS tasks.
+"""The deployed stack's compute, run in this process: Lambda (invocations and SQS polling) and AWS Batch jobs.
 
 Each function runs its real handler with settings read from exactly its deployed environment variables, its
-deployed memory and timeout in the context, and as its deployed role in the call log; the Variants container
-likewise with its task definition's environment and RunTask's overrides. What Lambda and ECS set besides
-(AWS_REGION, AWS_DEFAULT_REGION) is the stack's region, in this process's environment for the whole rehearsal.
-There is one settings override per process, so invocations take turns.
+deployed memory and timeout in the context, and as its deployed role in the call log; a Batch job's container
+likewise with its deployed job definition's environment and SubmitJob's overrides, as its job role, placed on the
+deployed job queue's compute environments and retried by the deployed job definition's retry strategy
+(tools/local/batch_jobs.py). What Lambda and Batch set besides (AWS_REGION, AWS_DEFAULT_REGION) is the stack's
+region, in this process's environment for the whole rehearsal. There is one settings override per process, so
+invocations take turns.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.settings import get_settings, settings_from_environment, use_settings
+from tools.local.batch_jobs import ComputeEnvironment, JobQueue, RetryStrategy, TaskStopped
 from tools.local.step_functions import LambdaServiceError, container_environment, services_in_process
 from tools.rehearsal.aws_requests import RequestLog, acting_as, current_principal
 from tools.rehearsal.iam import Request
@@ -71,8 +74,8 @@ class InProcessServices:
         self._state_machine = stack.state_machine
         self.bulk_tasks = 0  # bulk containers run, the stopped ones included
         self.interrupt_next_bulk_task = False  # the next bulk task is stopped after one image (a Spot interruption)
-        self.capacity_providers_used: set[str] = set()
-        self.task_networks: list[dict[str, Any]] = []  # each RunTask's AwsvpcConfiguration
+        self.environments_used: set[str] = set()  # the kinds of compute environment (FARGATE_SPOT, FARGATE) jobs ran on
+        self.task_networks: list[dict[str, Any]] = []  # each job's network: its environment's and its definition's
         self._throttled: dict[tuple[str, str], int] = {}  # (function, image file name) -> invocations left to refuse
 
     def throttle(self, function: str, image_name: str, invocations: int) -> None:
@@ -137,69 +140,79 @@ class InProcessServices:
                 raise LambdaServiceError("TooManyRequestsException", "Rate Exceeded. (the rehearsal's account)")
         return self.invoke(deployed, payload)
 
-    def _run_task(self, parameters: dict[str, Any], task_arn: str) -> None:
-        """RunTask .sync as Step Functions makes it (as the state machine's role), then the container as the
-        task role, with the task definition's environment and RunTask's overrides."""
+    def _run_job(self, parameters: dict[str, Any], job_id: str) -> None:
+        """SubmitJob .sync as Step Functions makes it (as the state machine's role), then the job on the deployed
+        queue's compute environments, its container as the job role, with the deployed job definition's environment
+        and SubmitJob's overrides, retried as the deployed definition's retry strategy says."""
         import boto3
 
-        cluster = str(parameters.get("Cluster") or parameters.get("cluster"))
-        definition_arn = str(parameters.get("TaskDefinition") or parameters.get("taskDefinition"))
+        batch = boto3.client("batch", region_name=self.stack.region)
+        queue_arn = str(parameters.get("jobQueue") or parameters.get("JobQueue"))
+        definition_arn = str(parameters.get("jobDefinition") or parameters.get("JobDefinition"))
         region, account = self.stack.region, self.log.account
-        definition = boto3.client("ecs", region_name=region).describe_task_definition(taskDefinition=definition_arn)
-        definition = definition["taskDefinition"]
-        sync_rule = f"arn:aws:events:{region}:{account}:rule/StepFunctionsGetEventsForECSTaskRule"
+        sync_rule = f"arn:aws:events:{region}:{account}:rule/StepFunctionsGetEventsForBatchJobsRule"
         for request in (
-            Request(self._state_machine, "ecs:RunTask", definition_arn, {"ecs:cluster": cluster}),
-            *(Request(self._state_machine, "iam:PassRole", definition[k]) for k in ("executionRoleArn", "taskRoleArn")),
+            Request(self._state_machine, "batch:SubmitJob", queue_arn),
+            Request(self._state_machine, "batch:SubmitJob", definition_arn),
             *(
                 Request(self._state_machine, f"events:{a}", sync_rule)
                 for a in ("PutTargets", "PutRule", "DescribeRule")
             ),
-            Request(self._state_machine, "ecs:DescribeTasks", task_arn),
+            Request(self._state_machine, "batch:DescribeJobs", "*"),
         ):
             self.log.add(request, region)
-        self._check_capacity_providers(cluster, parameters)
-        self._check_network(parameters)
-        [container] = definition["containerDefinitions"]
+        [definition] = batch.describe_job_definitions(jobDefinitions=[definition_arn])["jobDefinitions"]
+        container = definition["containerProperties"]
         variables = {item["name"]: item["value"] for item in container.get("environment", [])}
         variables |= container_environment(parameters)
-        task_role = self.stack.logical_id_of_role(definition["taskRoleArn"])
-        with self._turn, settings_of(variables), acting_as(task_role):
-            if "ANNOTATE_BULK_JOB" in variables:
-                self._run_bulk_task()
-                return
-            from shared.pipeline.variants_task import main
+        job_role = self.stack.logical_id_of_role(container["jobRoleArn"])
+        queue = self._job_queue(batch, queue_arn, definition)
+        vcpus = next(float(r["value"]) for r in container["resourceRequirements"] if r["type"] == "VCPU")
 
-            if main() != 0:
-                raise RuntimeError("the Variants container exited with status 1 (its log says why)")
+        def run_container(environment: str) -> None:
+            self.environments_used.add(environment)
+            with self._turn, settings_of(variables), acting_as(job_role):
+                if "ANNOTATE_BULK_JOB" in variables:
+                    self._run_bulk_task()
+                    return
+                from shared.pipeline.variants_task import main
 
-    def _check_capacity_providers(self, cluster: str, parameters: dict[str, Any]) -> None:
-        """RunTask fails on a capacity provider the cluster does not have (ECS API reference, RunTask:
-        capacityProviderStrategy): each one the workflow names must be the deployed cluster's."""
+                if main() != 0:
+                    raise TaskStopped("Essential container in task exited", 1, "the Variants container's log says why")
+
+        queue.run("bulk" if "ANNOTATE_BULK_JOB" in variables else "variants", vcpus, run_container)
+
+    def _job_queue(self, batch: Any, queue_arn: str, definition: dict[str, Any]) -> JobQueue:
+        """The deployed queue as Batch runs it: its compute environments in their order, each of its deployed
+        maxvCpus, whose networks must exist (a job's task fails to start on a subnet or security group that does
+        not: AWS Batch API reference, ComputeResource); the job definition's own retry strategy."""
         import boto3
 
-        strategy = parameters.get("CapacityProviderStrategy") or parameters.get("capacityProviderStrategy") or []
-        named = {item.get("CapacityProvider") or item.get("capacityProvider") for item in strategy}
-        [described] = boto3.client("ecs", region_name=self.stack.region).describe_clusters(clusters=[cluster])[
-            "clusters"
-        ]
-        if named - set(described.get("capacityProviders", [])):
-            self.problems.append(f"RunTask names {sorted(named)}, the cluster has {described.get('capacityProviders')}")
-        self.capacity_providers_used |= named
-
-    def _check_network(self, parameters: dict[str, Any]) -> None:
-        """RunTask fails on a subnet or security group that does not exist (ECS API reference, RunTask:
-        networkConfiguration); each task's network is kept for the story to check."""
-        import boto3
-
-        network = parameters["NetworkConfiguration"]["AwsvpcConfiguration"]
+        [described] = batch.describe_job_queues(jobQueues=[queue_arn])["jobQueues"]
+        order = sorted(described["computeEnvironmentOrder"], key=lambda entry: entry["order"])
+        arns = [entry["computeEnvironment"] for entry in order]
+        environments = batch.describe_compute_environments(computeEnvironments=arns)["computeEnvironments"]
+        by_arn = {environment["computeEnvironmentArn"]: environment for environment in environments}
         ec2 = boto3.client("ec2", region_name=self.stack.region)
-        try:
-            ec2.describe_subnets(SubnetIds=network["Subnets"])
-            ec2.describe_security_groups(GroupIds=network["SecurityGroups"])
-        except ec2.exceptions.ClientError as error:
-            self.problems.append(f"RunTask names a network that does not exist: {error}")
-        self.task_networks.append(network)
+        placed: list[ComputeEnvironment] = []
+        for arn in arns:
+            resources = by_arn[arn]["computeResources"]
+            network = {
+                "Subnets": resources["subnets"],
+                "SecurityGroups": resources["securityGroupIds"],
+                "AssignPublicIp": definition["containerProperties"]["networkConfiguration"]["assignPublicIp"],
+            }
+            try:
+                ec2.describe_subnets(SubnetIds=network["Subnets"])
+                ec2.describe_security_groups(GroupIds=network["SecurityGroups"])
+            except ec2.exceptions.ClientError as error:
+                self.problems.append(f"a compute environment names a network that does not exist: {error}")
+            self.task_networks.append(network)
+            placed.append(ComputeEnvironment(resources["type"], float(resources["maxvCpus"])))
+        kind = "bulk" if definition["jobDefinitionName"].endswith("-bulk") else "variants"
+        return JobQueue(
+            environments=placed, strategies={kind: RetryStrategy.of_api(definition.get("retryStrategy", {}))}
+        )
 
     def _run_bulk_task(self) -> None:
         """The bulk container's work, as its entrypoint does it; where an act asks, the task is stopped after one
@@ -214,8 +227,9 @@ class InProcessServices:
         self.bulk_tasks += 1
         asked = itertools.count()
         interrupted, self.interrupt_next_bulk_task = self.interrupt_next_bulk_task, False
-        if run_task(stopping=lambda: interrupted and next(asked) >= 1) != 0:
-            raise RuntimeError("the bulk container exited with status 1 (its log says why)")
+        exit_code = run_task(stopping=lambda: interrupted and next(asked) >= 1)
+        if exit_code != 0:
+            raise TaskStopped("Essential container in task exited", exit_code, "the bulk container's log says why")
 
     @contextmanager
     def serving(self) -> Iterator[None]:
@@ -229,7 +243,7 @@ class InProcessServices:
         try:
             for queue in mappings:
                 queue.lambda_event_source_mappings = {}
-            with services_in_process(self._invoked, self._run_task), self._distributed_map_calls():
+            with services_in_process(self._invoked, self._run_job), self._distributed_map_calls():
                 yield
         finally:
             for queue, mapping in mappings.items():

@@ -212,6 +212,27 @@ def _novalue_removes_list_items() -> Iterator[None]:
 
 
 @contextmanager
+def _find_in_map_by_the_parameter_s_text() -> Iterator[None]:
+    """CloudFormation passes every parameter as a string, so ``!FindInMap [Map, !Ref BulkCpu, ...]`` looks up the key
+    "2048"; moto 5.2.5 resolves a Number parameter's Ref to the number it parsed, which no key of a mapping equals."""
+    from tools.aws.moto_internals import cfn_parsing as parsing
+
+    original = parsing.clean_json
+
+    def clean_json(resource_json: Any, resources_map: Any) -> Any:
+        if isinstance(resource_json, dict) and "Fn::FindInMap" in resource_json:
+            name, *path = resource_json["Fn::FindInMap"]
+            found = resources_map[name]
+            for key in path:
+                found = found[str(clean_json(key, resources_map))]
+            return found
+        return original(resource_json, resources_map)
+
+    with mock.patch.object(parsing, "clean_json", clean_json):
+        yield
+
+
+@contextmanager
 def _layer_versions_ref_to_their_arn() -> Iterator[None]:
     """CloudFormation's Ref of an AWS::Lambda::LayerVersion, or an AWS::Lambda::Version, is its ARN; moto 5.2.5
     answers the object itself, which an Fn::Split of it (Detect's version description, the API's) cannot take."""
@@ -230,6 +251,39 @@ def _layer_versions_ref_to_their_arn() -> Iterator[None]:
         mock.patch.object(LayerVersion, "physical_resource_id", property(lambda layer: layer.arn), create=True),
         mock.patch.object(LambdaVersion, "create_from_cloudformation_json", classmethod(create_version)),
         mock.patch.object(LambdaVersion, "physical_resource_id", property(lambda version: version.arn), create=True),
+    ):
+        yield
+
+
+@contextmanager
+def _batch_uses_its_service_linked_role() -> Iterator[None]:
+    """A compute environment without a ServiceRole: "If ... you don't specify a service role, AWS Batch uses the
+    service-linked role for AWS Batch", which it creates itself (AWS Batch User Guide, "Using service-linked roles
+    for AWS Batch"). moto 5.2.5's CloudFormation requires the property: the role is made as Batch would make it, and
+    named."""
+    from tools.aws.moto_internals import BatchComputeEnvironment
+
+    create = BatchComputeEnvironment.create_from_cloudformation_json
+
+    def with_the_linked_role(
+        cls: type[BatchComputeEnvironment],
+        name: str,
+        template: dict[str, Any],
+        account_id: str,
+        region_name: str,
+        **kwargs: Any,
+    ) -> BatchComputeEnvironment:
+        import boto3
+
+        iam = boto3.client("iam", region_name=region_name)
+        linked = iam.list_roles(PathPrefix="/aws-service-role/batch.amazonaws.com/")["Roles"]
+        role = linked[0]["Arn"] if linked else None
+        role = role or iam.create_service_linked_role(AWSServiceName="batch.amazonaws.com")["Role"]["Arn"]
+        template = {**template, "Properties": {"ServiceRole": role, **template["Properties"]}}
+        return create.__func__(cls, name, template, account_id, region_name, **kwargs)  # type: ignore[attr-defined, no-any-return]
+
+    with mock.patch.object(
+        BatchComputeEnvironment, "create_from_cloudformation_json", classmethod(with_the_linked_role)
     ):
         yield
 
@@ -305,7 +359,12 @@ def deploy(deployment: Deployment) -> DeployedStack:
     cloudformation = clients("cloudformation")
     teach_moto_generated_secrets()
     for_moto, late_outputs = without_what_moto_cannot_create(template)
-    with _novalue_removes_list_items(), _layer_versions_ref_to_their_arn():
+    with (
+        _novalue_removes_list_items(),
+        _find_in_map_by_the_parameter_s_text(),
+        _layer_versions_ref_to_their_arn(),
+        _batch_uses_its_service_linked_role(),
+    ):
         stack_id = cloudformation.create_stack(
             StackName=deployment.stack_name,
             TemplateBody=json.dumps(for_moto),

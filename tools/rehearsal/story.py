@@ -20,6 +20,7 @@ from unittest import mock
 from shared.settings import Profile, Settings
 from tools.rehearsal.acts.api import the_api_answers_through_its_url
 from tools.rehearsal.acts.drops import dropped_images_are_annotated, dropped_images_are_gathered
+from tools.rehearsal.acts.ended import a_stopped_execution_ends_as_failure_rows
 from tools.rehearsal.acts.messages import (
     a_bulk_message_is_annotated,
     a_prompt_message_is_annotated,
@@ -182,13 +183,15 @@ def _story(stack: DeployedStack, report: Report, with_variants: bool, settings: 
             dropped = dropped_images_are_annotated(services, stack, report)
         if dropped and a_prompt_message_is_annotated(services, stack, report, with_variants):
             batches = 2
-            if "BulkCluster" in stack.resources and a_bulk_message_is_annotated(services, stack, report):
+            if "BulkJobDefinition" in stack.resources and a_bulk_message_is_annotated(services, stack, report):
                 batches = 3
             refused_messages_reach_the_dead_letter_queue(services, stack, report)
     if dropped:
         results_where_athena_reads_them(stack, report, dropped, batches, with_variants=with_variants)
     with services.serving(), missing_keys_answer_403(stack, log):  # after the rows are counted: it writes one
         missing_objects_read_as_missing(services, stack, report)
+        if dropped:
+            a_stopped_execution_ends_as_failure_rows(services, stack, report)
         if "ApiFunction" in stack.functions:
             the_api_answers_through_its_url(services, stack, report)
     report.failures += services.problems

@@ -77,8 +77,9 @@ def _message_runs(
 
 
 def a_bulk_message_is_annotated(services: InProcessServices, stack: DeployedStack, report: Report) -> bool:
-    """A message in the bulk lane: its jobs run as Fargate tasks (Spot first, as deployed), the first stopped after
-    one image as a Spot interruption stops it and run again; every image still ends as one row."""
+    """A message in the bulk lane: its jobs run as AWS Batch jobs on the deployed job queue (Fargate Spot first), the
+    first stopped after one image as a Spot interruption stops it and run again by the job definition's retry
+    strategy; every image still ends as one row."""
     started, tasks_before = time.monotonic(), services.bulk_tasks
     message = {
         "prompt": "cat. cup. saucer.",  # another request: another batch, annotated anew
@@ -92,11 +93,11 @@ def a_bulk_message_is_annotated(services: InProcessServices, stack: DeployedStac
     tasks = services.bulk_tasks - tasks_before
     report.check(tasks >= 2, f"the stopped bulk task was not run again ({tasks} tasks)")
     report.check(
-        services.capacity_providers_used == {"FARGATE_SPOT"},
-        f"the bulk tasks ran on {services.capacity_providers_used}, not on Fargate Spot",
+        services.environments_used == {"FARGATE_SPOT"},
+        f"the bulk jobs ran on {services.environments_used}, not on Fargate Spot",
     )
     _tasks_reach_s3_privately(services, stack, report)
-    report.step(f"a bulk message ran as {tasks} Fargate Spot tasks, the first stopped after one image", started)
+    report.step(f"a bulk message ran as {tasks} Batch jobs on Fargate Spot, the first stopped after one image", started)
     return True
 
 

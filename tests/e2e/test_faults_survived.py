@@ -51,9 +51,10 @@ def test_under_faults_every_image_ends_as_one_row_and_only_the_hung_one_failed(t
 
     # THEN every image has exactly one row
     assert (report.images, report.rows, report.lost, report.duplicated) == (26, 26, 0, 0), report.line
-    # AND faults of each kind were injected, and every one but the hang was tried again
+    # AND faults of each kind were injected, and every one but the hang was tried again (the reclaimed Spot task by
+    # Batch, as its job definition's retry strategy says)
     kinds = {"Lambda TooManyRequestsException", "S3 SlowDown", "write_result hung past its timeout"}
-    assert kinds | {"Fargate task stopped"} <= set(report.injected), report.injected
+    assert kinds | {"Fargate Spot task reclaimed"} <= set(report.injected), report.injected
     assert report.retried == sum(report.injected.values()) - 1, report.line
     # AND only the hung image is recorded as failed, saying that it timed out; its group-mates succeeded
     [failed] = report.failed
@@ -226,16 +227,22 @@ def test_a_new_accounts_quotas_overlapping_batches_and_inactive_snapstart_versio
     faults = Faults(**{**quiet.__dict__, "variants_images": 2, **account})
     assert faults.functions_over_memory() == []  # deployed as such an account needs (SMALL_MEMORY_PARAMETERS)
 
-    # WHEN 24 images are annotated as three messages, 4 as a bulk one and 2 with variants, sent at once
+    # WHEN 24 images are annotated as three messages, 4 as a bulk one and 2 with variants, sent at once: five Ingest
+    # invocations for an account of 2, none reserved (Lambda keeps 100 unreserved)
+    assert faults.reservations() == {}
     report = run_chaos(24, faults, caption=False)
 
-    # THEN the batches met the quota, the re-initialisation and the Spot shortage, and waited each out: every image
-    # has one row, none failed, and no more ran at once than the account has
+    # THEN the batches met the quota, the re-initialisation and the Spot shortage, and waited each out; Ingest was
+    # throttled too, and its messages came back until it took them: every image has one row, none failed, no message
+    # was dead-lettered, and no more ran at once than the account has
     expected = {
         "Lambda concurrency quota",
         "Lambda SnapStartNotReadyException (re-initialising)",
-        "Fargate: Capacity is unavailable at this time",
+        "Fargate Spot: no capacity",
     }
     assert expected <= set(report.injected), report.injected
+    assert report.ingest_throttled >= 1 and report.dead_lettered == 0, report
     assert (report.images, report.rows, report.lost, report.duplicated, len(report.failed)) == (30, 30, 0, 0, 0)
     assert report.most_in_flight <= 2 and report.most_fargate_vcpus <= 6, report.line
+    # AND the jobs the Spot shortage met ran on on-demand Fargate, the queue's second compute environment
+    assert report.on_demand_jobs >= 1, report

@@ -140,7 +140,9 @@ def run_chaos(count: int, faults: Faults, prompt: str = "cat. dog.", caption: bo
             hand_backs=HAND_BACKS,
             hand_back_wait_s=HAND_BACK_WAIT_S,
         )
-        account: dict[str, Any] = {"lambda_concurrency": faults.lambda_concurrency} if faults.lambda_concurrency else {}
+        # the stack's LambdaConcurrency: the account's quota less what the stack reserves
+        unreserved = (faults.lambda_concurrency or 0) - sum(faults.reservations().values())
+        account: dict[str, Any] = {"lambda_concurrency": unreserved} if faults.lambda_concurrency else {}
         if faults.fargate_vcpus:
             account["fargate_vcpus"] = faults.fargate_vcpus
         if faults.function_memory_mb:  # Detect on the runtime such an account deploys
@@ -242,9 +244,11 @@ def _chaos_messages(
 
 class _IngestQueue:
     """The prompts queue and its poller: each message handed to Ingest as its own invocation (counted against the
-    account's concurrency, or Ingest's reservation), ``message_interval_s`` apart. A throttled invocation's message
-    comes back after the visibility timeout; past the queue's maxReceiveCount (the template's) it is dead-lettered.
-    The executions Ingest starts run on, each on a thread of its own, as Step Functions runs them."""
+    account's concurrency, or Ingest's reservation), ``message_interval_s`` apart. A throttled invocation is retried
+    with backoff "until the message's timestamp exceeds your queue's visibility timeout" (Lambda operator guide,
+    "Handling errors for an SQS event source"), when the message is received again; past the queue's
+    maxReceiveCount (the template's) SQS moves it to the dead-letter queue. The executions Ingest starts run on, each
+    on a thread of its own, as Step Functions runs them."""
 
     def __init__(self, lambda_service: Any, run_batch: Any, folder: Path, settings: Any, faults: Faults) -> None:
         from tools.aws.sam_template import load_template
@@ -255,7 +259,8 @@ class _IngestQueue:
         self._starter = LocalStarter(self._run_in_the_background(run_batch), folder, "annotate-chaos")
         queue = load_template()["Resources"]["PromptsQueue"]["Properties"]
         self.max_receives = int(queue["RedrivePolicy"]["maxReceiveCount"])
-        self.throttled = 0
+        self.throttled = self.dead = 0
+        self._counting = threading.Lock()
 
     def _run_in_the_background(self, run_batch: Any) -> Any:
         from tools.local.runner import ExecutionResult
@@ -271,31 +276,37 @@ class _IngestQueue:
     def deliver(self, messages: list[PromptMessage]) -> int:
         """Every message to Ingest, each retried until it is taken or dead-lettered; returns how many were, once
         every execution started has ended."""
+        pollers = [
+            threading.Thread(target=self._poll, args=(index, message), daemon=True)
+            for index, message in enumerate(messages)
+        ]
+        for poller in pollers:
+            poller.start()
+        for poller in pollers:
+            poller.join()
+        for thread in self._executions:
+            thread.join()
+        return self.dead
+
+    def _poll(self, index: int, message: PromptMessage) -> None:
         from shared.pipeline.ingest import start_batches
         from shared.storage.objects import store_for
 
-        waiting = [(index, message, 0) for index, message in enumerate(messages)]
-        dead = 0
-        arrives = {index: time.monotonic() + index * self._faults.message_interval_s for index, _, _ in waiting}
-        while waiting:
-            waiting.sort(key=lambda item: arrives[item[0]])
-            index, message, receives = waiting.pop(0)
-            time.sleep(max(0.0, arrives[index] - time.monotonic()))
-            try:
-                self._lambda.run_as(
-                    "ingest",
-                    partial(start_batches, message, f"chaos-{index}", self._settings, self._starter, store_for),
-                )
-            except LambdaServiceError:
-                self.throttled += 1
-                if receives + 1 >= self.max_receives:  # SQS moves it to the dead-letter queue
-                    dead += 1
-                    continue
-                arrives[index] = time.monotonic() + VISIBILITY_S
-                waiting.append((index, message, receives + 1))
-        for thread in self._executions:
-            thread.join()
-        return dead
+        time.sleep(index * self._faults.message_interval_s)
+        ingest = partial(start_batches, message, f"chaos-{index}", self._settings, self._starter, store_for)
+        for _ in range(self.max_receives):  # each a receive: the message is in flight for the visibility timeout
+            visible_again, backoff = time.monotonic() + VISIBILITY_S, 0.25
+            while time.monotonic() < visible_again:
+                try:
+                    self._lambda.run_as("ingest", ingest)
+                    return
+                except LambdaServiceError:
+                    with self._counting:
+                        self.throttled += 1
+                    time.sleep(min(backoff, max(0.0, visible_again - time.monotonic())))
+                    backoff = min(2 * backoff, 5.0)
+        with self._counting:  # SQS moves it to the dead-letter queue: its images have no row
+            self.dead += 1
 
 
 def _groups_handed_back(s3: Any) -> int:

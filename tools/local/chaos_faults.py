@@ -21,10 +21,11 @@ INPUT_BUCKET, RESULTS_BUCKET = "chaos-input", "chaos-results"
 BUCKETS = (INPUT_BUCKET, RESULTS_BUCKET)
 MODEL_STEPS = frozenset({"detect", "classify", "tag", "caption"})
 # Hand-backs as the template deploys them (HandBacks), but the parent's first wait (HandBackWaitSeconds, 60 on AWS)
-# shortened so that a run takes minutes; so is the queues' visibility timeout (1,800 s on AWS), after which a message
-# whose Ingest was throttled comes back
+# shortened so that a run takes minutes; the queues' visibility timeout (1,800 s on AWS), within which Lambda's poller
+# retries a throttled Ingest before the message counts another receive, shortened in the same ratio
 HAND_BACKS, HAND_BACK_WAIT_S = 5, 5
-VISIBILITY_S = 2.0
+TIME_SCALE = HAND_BACK_WAIT_S / 60
+VISIBILITY_S = 1800 * TIME_SCALE
 # Lambda keeps this much of an account's concurrency unreserved: "You can reserve up to the Unreserved account
 # concurrency value that is shown, minus 100" (Lambda developer guide, Configuring reserved concurrency)
 UNRESERVED_KEPT = 100

@@ -1,8 +1,9 @@
 """One run's AWS for the exactly-once checker (tools/local/exactly_once.py): moto with the stack's resources as
 template.yaml makes them, a clock of its own, and the functions under test run as Lambda runs them — ended at any
-AWS call, held at one while others run, their batches kept by the poller when they fail. The executions they start
-run until the checker ends them (each of its groups written, or one job or group failed), and SummarizeBatch's own
-code hands back or ends them; an account of a few Lambda invocations and Fargate vCPUs is what they share."""
+AWS call, throttled at one past botocore's retries, held at one while others run, their batches kept by the poller
+when they fail. The queues keep a message for their retention and no longer; the executions Ingest and the gatherer
+start run until the checker ends them (each of its groups written, or one job or group failed), or until their
+TimeoutSeconds, when EventBridge hands their end to BatchEnded's code (tools/local/drop_executions.py)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ from tools.local.drop_executions import RESULTS_BUCKET, Broken, Executions
 REGION = "us-east-1"
 INPUT_BUCKET, TABLE = "once-input", "once-claims"
 DEFINITION = json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}})
-# A new account's quotas, small enough that overlapping batches meet them: 8 invocations for batches (Ingest keeps
-# one), 4 Fargate vCPUs (two bulk tasks); a bulk task of 3 images' worth ends within the minute's wait
+# A small account's settings, so that the paths that need them run: groups of two and batches of at most three
+# images (a gathering of more starts several executions); bulk tasks of three images' worth end within the minute's
+# wait; two hand-backs
 ACCOUNT: dict[str, Any] = {
     "lambda_concurrency": 9,
     "images_per_group": 2,
+    "max_images_per_batch": 3,
     "fargate_vcpus": 4,
     "bulk_task_cpu": 2048,
     "bulk_task_start_s": 30,
@@ -35,6 +38,21 @@ ACCOUNT: dict[str, Any] = {
     "gathered_bulk_from_images": 3,
     "bulk_images_per_group": 1,
     "hand_backs": 2,
+}
+# What a deployment of new settings changes between two deliveries of one message: the groups' size
+DEPLOYED_AGAIN: dict[str, Any] = {"images_per_group": 1}
+# A CloudWatch alarm looks at a queue's oldest message once a period: one it saw older than its threshold raised it
+ALARM_PERIOD_S = 300
+# EventBridge's own, where a target names no RetryPolicy: a day ("Event retry policy", EventBridge User Guide)
+DEFAULT_EVENT_AGE_S = 86_400
+# SQS's own, where a queue names no MessageRetentionPeriod: 4 days ("Amazon SQS message quotas")
+DEFAULT_RETENTION_S = 345_600
+# Each service's code for "not now", as botocore raises it once its own retries gave up
+THROTTLES = {
+    "dynamodb": ("ProvisionedThroughputExceededException", 400),
+    "s3": ("SlowDown", 503),
+    "sqs": ("RequestThrottled", 403),
+    "stepfunctions": ("ThrottlingException", 400),
 }
 
 
@@ -44,33 +62,83 @@ class Killed(BaseException):
 
 @dataclass(frozen=True)
 class Stack:
-    """What the checker takes from template.yaml: the rule's pattern, the queue's limits, the functions' timeout."""
+    """What the checker takes from template.yaml: the rule's pattern and retry policy, each queue's limits, its
+    retention and the alarm on its oldest message, the functions' timeout, the workflow's TimeoutSeconds, and the
+    statuses of an execution's end that reach BatchEnded."""
 
     pattern: dict[str, Any]
     visibility_s: int
     max_receives: int
     timeout_s: int
+    retention_s: dict[str, int]  # queue logical id -> seconds
+    age_alarm_s: dict[str, int]  # queue logical id -> the threshold of the alarm on its oldest message
+    event_age_s: int
+    execution_timeout_s: int
+    ended_statuses: frozenset[str]
 
     @staticmethod
     def from_template() -> Stack:
         from tools.aws.sam_template import by_default, load_template
+        from tools.local.workflow import DEFINITION_PATH
 
         template = load_template()
         resources = template["Resources"]
-        pattern = by_default(template, resources["InputObjectCreatedRule"]["Properties"]["EventPattern"])
+        rule = resources["InputObjectCreatedRule"]["Properties"]
+        pattern = by_default(template, rule["EventPattern"])
         pattern["detail"]["bucket"]["name"] = [INPUT_BUCKET]
-        queue = resources["IngestQueue"]["Properties"]
+        [target] = rule["Targets"]
+        queues = {name: resources[name]["Properties"] for name in ("IngestQueue", "PromptsQueue")}
         timeouts = {resources[name]["Properties"]["Timeout"] for name in ("IngestFunction", "GatherFunction")}
         return Stack(
-            pattern, int(queue["VisibilityTimeout"]), int(queue["RedrivePolicy"]["maxReceiveCount"]), max(timeouts)
+            pattern=pattern,
+            visibility_s=int(queues["IngestQueue"]["VisibilityTimeout"]),
+            max_receives=int(queues["IngestQueue"]["RedrivePolicy"]["maxReceiveCount"]),
+            timeout_s=max(timeouts),
+            retention_s={q: int(p.get("MessageRetentionPeriod", DEFAULT_RETENTION_S)) for q, p in queues.items()},
+            age_alarm_s=_age_alarms(template),
+            event_age_s=int(target.get("RetryPolicy", {}).get("MaximumEventAgeInSeconds", DEFAULT_EVENT_AGE_S)),
+            execution_timeout_s=int(json.loads(DEFINITION_PATH.read_text())["TimeoutSeconds"]),
+            ended_statuses=_statuses_sent_to_batch_ended(template),
         )
+
+
+def _age_alarms(template: dict[str, Any]) -> dict[str, int]:
+    """Each queue's alarm on ApproximateAgeOfOldestMessage, by its threshold (at its parameter's default)."""
+    from tools.aws.sam_template import by_default
+
+    found = {}
+    for resource in template["Resources"].values():
+        properties = resource.get("Properties", {})
+        if (
+            resource["Type"] == "AWS::CloudWatch::Alarm"
+            and properties.get("MetricName") == "ApproximateAgeOfOldestMessage"
+        ):
+            [dimension] = properties["Dimensions"]
+            queue = str(dimension["Value"]["Fn::GetAtt"]).split(".")[0]
+            found[queue] = int(by_default(template, properties["Threshold"]))
+    return found
+
+
+def _statuses_sent_to_batch_ended(template: dict[str, Any]) -> frozenset[str]:
+    """The statuses of an execution's end that a rule of the stack sends to BatchEndedFunction."""
+    found: set[str] = set()
+    for resource in template["Resources"].values():
+        properties = resource.get("Properties", {})
+        if resource["Type"] != "AWS::Events::Rule" or "aws.states" not in properties["EventPattern"].get("source", []):
+            continue
+        targets = [str(target["Arn"].get("Fn::GetAtt")) for target in properties["Targets"]]
+        if any(target in ("BatchEndedFunction.Arn", "['BatchEndedFunction', 'Arn']") for target in targets):
+            found |= set(properties["EventPattern"]["detail"]["status"])
+    return frozenset(found)
 
 
 @dataclass
 class _Invocation:
-    """A function running in one thread: its AWS calls counted, ended at ``dies_at``, held at ``held_at``."""
+    """A function running in one thread: its AWS calls counted, ended at ``dies_at`` (or, making fewer calls, after
+    its last one, before it answers), a throttle answered at ``throttles_at``, held at ``held_at``."""
 
     dies_at: int | None = None
+    throttles_at: int | None = None
     held_at: int = 0
     calls: int = 0
     deadline: float = float("inf")  # when Lambda ends it
@@ -93,16 +161,31 @@ def _as_function(call: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+@dataclass(frozen=True)
+class Sent:
+    """A message in a queue, as the checker follows it: where, since when, and what."""
+
+    queue: str  # the queue's logical id
+    at: float
+    body: str
+
+
 class World:
-    """One run's AWS: moto, a clock of its own, the invocations under way, and what was dropped."""
+    """One run's AWS: moto, a clock of its own, the invocations under way, and what was dropped and sent."""
 
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
         self.clock = time.time()
         self.local = threading.local()
         self.dropped: dict[str, str] = {}  # key -> the event body last sent for it
+        self.dropped_at: dict[str, float] = {}  # key -> when it was dropped (its event's first sending)
         self.folders: set[str] = set()
         self.handles: set[str] = set()  # receipt handles of messages received and not deleted
+        self.sent: dict[str, Sent] = {}  # message id -> the message, while it is in its queue
+        self.expired_unseen: list[str] = []
+        self.expired_seen: set[str] = set()  # message ids, and dropped keys, of messages that expired after an alarm
+        self.prompted: dict[str, list[str]] = {}  # prompt message id -> the images it names
+        self.deployed_again = False
         self.steps = 0
 
     def now(self) -> float:
@@ -134,22 +217,14 @@ class World:
                 KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
                 BillingMode="PAY_PER_REQUEST",
             )
-            dead = self.sqs.create_queue(QueueName="once-dead")["QueueUrl"]
-            dead_arn = self.sqs.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])["Attributes"][
-                "QueueArn"
-            ]
-            redrive = {"deadLetterTargetArn": dead_arn, "maxReceiveCount": str(self.stack.max_receives)}
-            self.queue = self.sqs.create_queue(
-                QueueName="once-ingest",
-                Attributes={"VisibilityTimeout": str(self.stack.visibility_s), "RedrivePolicy": json.dumps(redrive)},
-            )["QueueUrl"]
-            self.dead = dead
+            self.queues = {name: self._queue(name) for name in ("IngestQueue", "PromptsQueue")}
+            self.queue = self.queues["IngestQueue"]
             machine = sfn.create_state_machine(
                 name="once", definition=DEFINITION, roleArn="arn:aws:iam::123456789012:role/once"
             )
             self.starter = ingest.StepFunctionsStarter(sfn, machine["stateMachineArn"])
             self.sfn, self.machine = sfn, machine["stateMachineArn"]
-            self.executions = Executions(self.s3, sfn, self.machine, self._settings)
+            self.executions = Executions(self.s3, sfn, self.machine, self.now)
             try:
                 yield self
             finally:
@@ -158,11 +233,23 @@ class World:
                 storage.refresh_clients()
                 ingest.refresh_clients()
 
+    def _queue(self, name: str) -> dict[str, str]:
+        """A queue and its dead-letter queue, with the template's limits (the retention is the checker's own to keep:
+        moto's would count this machine's seconds)."""
+        dead = self.sqs.create_queue(QueueName=f"once-{name}-dead")["QueueUrl"]
+        dead_arn = self.sqs.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        redrive = {"deadLetterTargetArn": dead_arn, "maxReceiveCount": str(self.stack.max_receives)}
+        url = self.sqs.create_queue(
+            QueueName=f"once-{name}",
+            Attributes={"VisibilityTimeout": str(self.stack.visibility_s), "RedrivePolicy": json.dumps(redrive)},
+        )["QueueUrl"]
+        return {"url": url, "dead": dead, "name": name}
+
     def _received(self, parsed: dict[str, Any], **_: Any) -> None:
         """Every message received, by whoever: SQS makes it visible again when its visibility timeout ends."""
         self.handles.update(message["ReceiptHandle"] for message in parsed.get("Messages", []))
 
-    def _before_call(self, **_: Any) -> None:
+    def _before_call(self, model: Any = None, **_: Any) -> None:
         invocation: _Invocation | None = getattr(self.local, "invocation", None)
         if invocation is None:
             return  # the checker's own call, or AWS's (the poller's receive)
@@ -174,6 +261,16 @@ class World:
                 raise Killed("killed while held")
         if invocation.dies_at is not None and invocation.calls >= invocation.dies_at:
             raise Killed(f"died at call {invocation.calls}")
+        if invocation.throttles_at == invocation.calls and model is not None:
+            from botocore.exceptions import ClientError
+
+            service = model.service_model.service_name
+            code, status = THROTTLES.get(service, ("ThrottlingException", 400))
+            answer = {
+                "Error": {"Code": code, "Message": "Rate exceeded"},
+                "ResponseMetadata": {"HTTPStatusCode": status},
+            }
+            raise ClientError(answer, model.name)  # type: ignore[arg-type]
 
     # --- what AWS does ------------------------------------------------------------------------------------
 
@@ -204,26 +301,78 @@ class World:
             self.folders.add(key)
         else:
             self.dropped[key] = json.dumps(event)
+            self.dropped_at[key] = self.clock
         if EventPattern(None, self.stack.pattern).matches_event(event):  # type: ignore[arg-type]  # else dropped
-            self.sqs.send_message(QueueUrl=self.queue, MessageBody=json.dumps(event))
+            self.send(json.dumps(event))
 
-    def send(self, body: str) -> None:
-        self.sqs.send_message(QueueUrl=self.queue, MessageBody=body)
+    def again(self, key: str) -> None:
+        """EventBridge delivers the drop's event again ("at least once"), within the day it retries an event."""
+        if key in self.dropped and self.clock - self.dropped_at[key] <= self.stack.event_age_s:
+            self.send(self.dropped[key])
+
+    def prompt(self, name: str, images: int) -> None:
+        """A prompt message naming a prefix of ``images`` new objects (uploaded, not dropped: no events)."""
+        keys = [f"prompted/{name}/{n}.jpg" for n in range(images)]
+        for key in keys:
+            self.s3.put_object(Bucket=INPUT_BUCKET, Key=key, Body=f"picture {key}".encode())
+        message = {"prompt": "cat.", "images": [f"s3://{INPUT_BUCKET}/prompted/{name}/"], "caption": False}
+        message_id = self.send(json.dumps(message), "PromptsQueue")
+        self.prompted[message_id] = [f"s3://{INPUT_BUCKET}/{key}" for key in keys]
+
+    def send(self, body: str, queue: str = "IngestQueue") -> str:
+        message_id = str(self.sqs.send_message(QueueUrl=self.queues[queue]["url"], MessageBody=body)["MessageId"])
+        self.sent[message_id] = Sent(queue, self.clock, body)
+        return message_id
 
     def time_passes(self, seconds: int) -> None:
         self.clock += seconds
         if seconds >= self.stack.visibility_s:  # every message received and not deleted is visible again
             for handle in sorted(self.handles):
-                with suppress(Exception):  # deleted, or moved to the dead-letter queue meanwhile
-                    self.sqs.change_message_visibility(QueueUrl=self.queue, ReceiptHandle=handle, VisibilityTimeout=0)
+                for queue in self.queues.values():
+                    with suppress(Exception):  # deleted, or moved to the dead-letter queue meanwhile
+                        self.sqs.change_message_visibility(
+                            QueueUrl=queue["url"], ReceiptHandle=handle, VisibilityTimeout=0
+                        )
             self.handles.clear()
+        self._expire_messages()
+        timed_out = [
+            arn
+            for arn, run in self.executions.running.items()
+            if self.clock - run.started_at >= self.stack.execution_timeout_s
+        ]
+        for arn in timed_out:
+            self.executions.time_out(arn)
+        if timed_out:  # EventBridge delivers each end as it happens (and retries one it could not, for a day)
+            self.run_function("ended", _Invocation())
 
-    def receive(self, limit: int) -> list[dict[str, Any]]:
+    def _expire_messages(self) -> None:
+        """SQS deletes a message at its queue's retention; one nobody was told of (no alarm on the queue's oldest
+        message saw it older than its threshold first) expired unseen."""
+        from tools.aws.moto_internals import sqs_backends
+
+        for message_id, sent in list(self.sent.items()):
+            age = self.clock - sent.at
+            if age < self.stack.retention_s[sent.queue]:
+                continue
+            queue = sqs_backends["123456789012"][REGION].queues[f"once-{sent.queue}"]
+            queue._messages = [m for m in queue._messages if m.id != message_id]
+            del self.sent[message_id]
+            threshold = self.stack.age_alarm_s.get(sent.queue)
+            if threshold is None or threshold + ALARM_PERIOD_S >= age:
+                self.expired_unseen.append(f"{sent.queue}: {sent.body[:80]}")
+            else:  # lost after the alarm told of it for days: what its messages named is the operator's to send again
+                self.expired_seen.add(message_id)
+                with suppress(ValueError, KeyError, TypeError):
+                    self.expired_seen.add(json.loads(sent.body)["detail"]["object"]["key"])
+
+    def receive(self, limit: int, queue: str = "IngestQueue") -> list[dict[str, Any]]:
         """What Lambda's poller, or a pass, receives: up to ``limit`` visible messages."""
         records: list[dict[str, Any]] = []
         while len(records) < limit:
             answer = self.sqs.receive_message(
-                QueueUrl=self.queue, MaxNumberOfMessages=min(10, limit - len(records)), AttributeNames=["All"]
+                QueueUrl=self.queues[queue]["url"],
+                MaxNumberOfMessages=min(10, limit - len(records)),
+                AttributeNames=["All"],
             )
             messages = answer.get("Messages", [])
             if not messages:
@@ -238,16 +387,21 @@ class World:
                         "messageAttributes": {},
                         "md5OfBody": "",
                         "eventSource": "aws:sqs",
-                        "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:once-ingest",
+                        "eventSourceARN": f"arn:aws:sqs:us-east-1:123456789012:once-{queue}",
                         "awsRegion": REGION,
                     }
                 )
         return records
 
-    def delete(self, records: list[dict[str, Any]]) -> None:
+    def delete(self, records: list[dict[str, Any]], queue: str = "IngestQueue") -> None:
         for record in records:
-            self.sqs.delete_message(QueueUrl=self.queue, ReceiptHandle=record["receiptHandle"])
+            self.sqs.delete_message(QueueUrl=self.queues[queue]["url"], ReceiptHandle=record["receiptHandle"])
             self.handles.discard(record["receiptHandle"])
+            self.sent.pop(record["messageId"], None)
+
+    def deploy_again(self) -> None:
+        """The stack is updated with other settings (the groups' size) between two deliveries of a message."""
+        self.deployed_again = not self.deployed_again
 
     # --- the code under test, as a function ------------------------------------------------------------------
 
@@ -259,7 +413,7 @@ class World:
             results_uri=f"s3://{RESULTS_BUCKET}",
             input_buckets=[INPUT_BUCKET],
             idempotency_table=TABLE,
-            **ACCOUNT,
+            **(ACCOUNT | (DEPLOYED_AGAIN if self.deployed_again else {})),
         ).ingest
 
     def _pass(self) -> Any:
@@ -273,12 +427,12 @@ class World:
         settings = self._settings()
         return ClaimTable(self.dynamodb, TABLE, settings.idempotency_expiry_s, self.starter.exists, self.now, map)
 
-    def ingest(self, invocation: _Invocation) -> None:
+    def ingest(self, invocation: _Invocation, queue: str = "IngestQueue") -> None:
         """Lambda's poller receives a batch and invokes Ingest; what it reports done is deleted, nothing if it died."""
         from shared.pipeline.ingest import ingest_sqs_batch
         from shared.storage.objects import store_for
 
-        records = self.receive(10)
+        records = self.receive(10, queue)
         if not records:
             return
         holder = self._pass()
@@ -297,9 +451,11 @@ class World:
             )
         finally:
             self.local.invocation = None
+        if invocation.dies_at is not None:  # past its last call, before it answered: the poller deletes nothing
+            raise Killed(f"died after its last call ({invocation.calls})")
         failed = {failure["itemIdentifier"] for failure in response["batchItemFailures"]}
-        self.delete([record for record in records if record["messageId"] not in failed])
-        self._holds_no_claim(holder)
+        self.delete([record for record in records if record["messageId"] not in failed], queue)
+        self._holds_no_claim(holder, invocation)
 
     def gather(self, invocation: _Invocation) -> None:
         from shared.pipeline.gathering import SqsDropQueue, TableClock, gather_drops
@@ -311,6 +467,8 @@ class World:
             def delete(self, records: list[dict[str, Any]]) -> None:
                 super().delete(records)
                 world.handles.difference_update(record["receiptHandle"] for record in records)
+                for record in records:
+                    world.sent.pop(record["messageId"], None)
 
         holder = self._pass()
         invocation.deadline = holder.deadline
@@ -318,7 +476,7 @@ class World:
         self.local.invocation = invocation
         try:
             _as_function(gather_drops)(
-                Queue(self.sqs, self.queue, map, wait_s=0),  # moto's queue is whole: a short poll sees it all
+                Queue(self.sqs, self.queue["url"], map, wait_s=0),  # moto's queue is whole: a short poll sees it all
                 TableClock(self.dynamodb, TABLE),
                 self._settings(),
                 self.starter,
@@ -330,10 +488,38 @@ class World:
             )
         finally:
             self.local.invocation = None
-        self._holds_no_claim(holder)
+        self._holds_no_claim(holder, invocation)
 
-    def _holds_no_claim(self, holder: Any) -> None:
-        """A pass that ended holds no claim in progress: each is started, or released."""
+    def batch_ended(self, invocation: _Invocation) -> None:
+        """EventBridge delivers each waiting end of an execution to BatchEnded, as the template's rule sends it;
+        one it cannot deliver is tried again, for the day EventBridge retries an event."""
+        from shared.contracts import ExecutionStatusChange
+        from shared.pipeline.batch_steps import summarize_ended_execution
+        from shared.pipeline.dependencies import Dependencies
+        from shared.settings import Settings
+        from shared.storage.objects import store_for
+
+        for arn, ended_at in list(self.executions.waiting_events.items()):
+            if self.executions.ended[arn] not in self.stack.ended_statuses:
+                self.executions.deliver_ended(arn, delivered=False)  # no rule sends it: nothing writes its rows
+                continue
+            if self.clock - ended_at > self.stack.event_age_s:
+                self.executions.deliver_ended(arn, delivered=False)  # to the events' dead-letter queue
+                continue
+            event = ExecutionStatusChange.model_validate(self.executions.status_change(arn))
+            deps = Dependencies(store_for=store_for, image_limits=Settings().image_limits)
+            self.local.invocation = invocation
+            try:
+                _as_function(summarize_ended_execution)(event, deps)
+            finally:
+                self.local.invocation = None
+            self.executions.deliver_ended(arn, delivered=True)
+
+    def _holds_no_claim(self, holder: Any, invocation: _Invocation) -> None:
+        """A pass that ended holds no claim in progress: each is started, or released. (Unless a throttle answered
+        the marking or the release itself: such a claim is taken over after the pass's deadline, as a dead pass's.)"""
+        if invocation.throttles_at is not None and invocation.calls >= invocation.throttles_at:
+            return
         items = self.dynamodb.scan(TableName=TABLE)["Items"]
         held = [
             i
@@ -346,27 +532,36 @@ class World:
     # --- after the run ---------------------------------------------------------------------------------------
 
     def drain(self) -> None:
-        """What is left in the queue handled as AWS would, in time: passes that do not die, the clock past every
-        deadline and visibility timeout."""
+        """What is left in the queues handled as AWS would, in time: passes that do not die, the clock past every
+        deadline and visibility timeout, every execution ended and every end delivered."""
         for _ in range(3 * self.stack.max_receives):
             self.time_passes(self.stack.visibility_s)
             self.run_function("ingest", _Invocation())
+            self.run_function("prompts", _Invocation())
             self.run_function("gather", _Invocation())
             self.executions.discover()
             for arn in list(self.executions.running):
                 self.executions.end(arn)
+            self.run_function("ended", _Invocation())
         for arn in list(self.executions.running):  # rounds handed back
             while arn in self.executions.running:
                 self.executions.end(arn)
+        self.run_function("ended", _Invocation())
 
     def run_function(self, kind: str, invocation: _Invocation) -> None:
         """The function run as Lambda runs it: when it dies or fails (a function error, such as Powertools' "all
         records failed" for a batch of malformed messages), its poller deletes nothing."""
+        functions: dict[str, Callable[[_Invocation], None]] = {
+            "ingest": self.ingest,
+            "prompts": lambda invocation: self.ingest(invocation, "PromptsQueue"),
+            "gather": self.gather,
+            "ended": self.batch_ended,
+        }
         with suppress(Killed, FunctionError):
-            (self.ingest if kind == "ingest" else self.gather)(invocation)
+            functions[kind](invocation)
 
     def started_images(self) -> Counter[str]:
-        """Each image's count of executions that annotate it."""
+        """Each dropped image's count of executions that annotate it."""
         from shared.contracts import BatchInput
 
         found: Counter[str] = Counter()
@@ -379,27 +574,44 @@ class World:
                 image["source_uri"].split(f"s3://{INPUT_BUCKET}/", 1)[1]
                 for group in groups
                 for image in group["images"]
+                if image["source_uri"].startswith(f"s3://{INPUT_BUCKET}/incoming/")
             )
         return found
 
     def check(self) -> None:
-        from shared.errors import RequestRejected
-        from shared.pipeline.ingest import parse_body
-
         found = self.started_images()
         twice = sorted(key for key, count in found.items() if count > 1)
-        never = sorted(key for key in self.dropped if found[key] == 0)
+        never = sorted(key for key in self.dropped if found[key] == 0 and key not in self.expired_seen)
         folders = sorted(key for key in found if key in self.folders)
         if twice or never or folders:
             raise Broken(f"started twice: {twice}; never: {never}; folders started: {folders}")
+        if self.expired_unseen:
+            raise Broken(f"messages expired unseen: {self.expired_unseen}")
+        self._nothing_readable_dead_lettered()
+        self.executions.check_rows()
+        rows = self.executions.rows()
+        rowless = sorted(
+            image
+            for message_id, images in self.prompted.items()
+            for image in images
+            if message_id not in self.expired_seen and not any(rows_of[image] for rows_of in rows.values())
+        )
+        if rowless:
+            raise Broken(f"prompted images without a row: {rowless}")
+
+    def _nothing_readable_dead_lettered(self) -> None:
+        from shared.errors import RequestRejected
+        from shared.pipeline.ingest import parse_body
+
         readable = []
-        while messages := self.sqs.receive_message(QueueUrl=self.dead, MaxNumberOfMessages=10).get("Messages"):
-            for message in messages:
-                try:
-                    parse_body(message["Body"])
-                    readable.append(json.loads(message["Body"])["detail"]["object"]["key"])
-                except RequestRejected:
-                    pass
-                self.sqs.delete_message(QueueUrl=self.dead, ReceiptHandle=message["ReceiptHandle"])
+        for queue in self.queues.values():
+            while messages := self.sqs.receive_message(QueueUrl=queue["dead"], MaxNumberOfMessages=10).get("Messages"):
+                for message in messages:
+                    try:
+                        parse_body(message["Body"])
+                        readable.append(message["Body"][:80])
+                    except RequestRejected:
+                        pass
+                    self.sqs.delete_message(QueueUrl=queue["dead"], ReceiptHandle=message["ReceiptHandle"])
         if readable:
-            raise Broken(f"readable events in the dead-letter queue: {sorted(readable)}")
+            raise Broken(f"readable messages in a dead-letter queue: {sorted(readable)}")

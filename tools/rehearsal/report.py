@@ -13,7 +13,7 @@ NEVER_REHEARSED = (
     "the layers' and images' contents: handlers run with this environment's packages (make sam-build builds "
     "the layers, scripts/package.py checks their native libraries against Lambda's runtime; the images need a "
     "Docker engine)",
-    "calls AWS services make on their own behalf: Step Functions' log delivery, Fargate's image pull and logs for Batch's jobs",
+    "calls AWS services make on their own behalf: Step Functions' log delivery, Fargate's image pull and logs",
     "quotas and cold starts of the real services (their throttles and errors are injected by make chaos)",
 )
 

@@ -213,18 +213,24 @@ class ClaimTable:
 
 
 class _AskedOnce:
-    """``ask``'s answer for each argument, asked once however many threads want it at once."""
+    """``ask``'s answer for each argument, asked once however many threads want it at once; an error (a throttle) is
+    the answer too, for the rest of this pass: asking again would only add to the throttling."""
 
     def __init__(self, ask: Callable[[str], bool]) -> None:
-        self._ask, self._answers, self._lock = ask, dict[str, bool](), threading.Lock()
+        self._ask, self._lock = ask, threading.Lock()
+        self._answers: dict[str, bool | Exception] = {}
         self._asking: dict[str, threading.Lock] = {}
 
     def __call__(self, name: str) -> bool:
         with self._lock:
-            if name in self._answers:
-                return self._answers[name]
             asking = self._asking.setdefault(name, threading.Lock())
         with asking:
             if name not in self._answers:
-                self._answers[name] = self._ask(name)  # a throttle raises, and is asked again by the next
-            return self._answers[name]
+                try:
+                    self._answers[name] = self._ask(name)
+                except Exception as error:
+                    self._answers[name] = error
+            answer = self._answers[name]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer

@@ -339,3 +339,152 @@ def test_planning_an_s3_prefix_takes_the_etags_from_the_listing_not_a_head_per_o
     assert sum(batch.input.images for batch in batches) == 2_501
     # AND an image's id is the one its HEAD's ETag gives
     assert expected_id in [image for batch in batches for group in batch.groups for image in group.images]
+
+
+def test_a_prompt_delivered_again_under_other_settings_is_started_as_it_was_planned_first(aws: Any) -> None:
+    from shared.settings import get_settings
+
+    # GIVEN a message whose pass wrote its batch's manifests and input, and died before the poller deleted it
+    body = json.dumps({"prompt": "hamster.", "images": ["s3://annotate-input/incoming/pets/"]})
+    invoke(sqs_event(body, message_ids=["m-1"]))
+    [first] = executions(aws)
+    groups = images_of(first)
+    # WHEN the stack is deployed again with groups of one, and the message is delivered again
+    working = get_settings()
+    use_settings(working.model_copy(update={"images_per_group": 1}))
+    assert invoke(sqs_event(body, message_ids=["m-1"])) == {"batchItemFailures": []}
+    # THEN its execution is the one started (StartExecution of the same name and input), and the manifest the
+    # execution's Map and SummarizeBatch read is the first's: written once ("If-None-Match", S3's conditional write)
+    [again] = executions(aws)
+    assert again == first and images_of(again) == groups
+    manifest = boto3.client("s3", region_name=REGION).get_object(
+        Bucket="annotate-results", Key=f"manifests/{first.batch_id}.groups.0.json"
+    )
+    assert len(TypeAdapter(list[ImageGroup]).validate_json(manifest["Body"].read())) == first.groups == 1
+
+
+def test_a_pass_out_of_time_between_two_batches_starts_no_more_and_frees_only_the_unstarted_events(aws: Any) -> None:
+    from shared.contracts import AnnotationRequest
+    from shared.pipeline.claims import Pass
+    from shared.pipeline.ingest import PASS_MARGIN_S, S3Object, claim_table, deployed_starter, event_identity
+    from shared.settings import get_settings
+
+    # GIVEN batches of at most one image, and a pass whose clock reaches its last 30 s once its first batch started
+    use_settings(get_settings().model_copy(update={"max_images_per_batch": 1}))
+    settings = get_settings().ingest
+    now = [1_000.0]
+    holder = Pass(id="late", deadline=1_000.0 + 2 * PASS_MARGIN_S, clock=lambda: now[0])
+    starter = deployed_starter(settings.state_machine_arn)
+    start = starter.start
+
+    def slow_start(batch: BatchInput, name: str) -> str:
+        started = start(batch, name)
+        now[0] += PASS_MARGIN_S + 1  # StartExecution and its retries took 31 s
+        return started
+
+    starter.start = slow_start  # type: ignore[method-assign]
+    keys = ["incoming/pets/a.jpg", "incoming/pets/b.jpg"]
+    try:
+        # WHEN it takes two events, one batch each
+        response = ingest.ingest_sqs_batch(
+            sqs_event(*(s3_event(key) for key in keys), message_ids=["a", "b"]),
+            settings,
+            starter,
+            storage.store_for,
+            settings.input_buckets,
+            holder,
+        )
+    finally:
+        starter.start = start  # type: ignore[method-assign]
+    # THEN it started the first, and left the second for another pass: its record comes back, its claim released
+    [batch] = executions(aws)
+    started = images_of(batch)[0].source_uri.rsplit("/", 1)[-1]
+    unstarted = {"a.jpg": "b", "b.jpg": "a"}[started]
+    assert response == {"batchItemFailures": [{"itemIdentifier": unstarted}]}
+    claims = claim_table(settings, starter)
+    request = AnnotationRequest(prompt=settings.ingest_prompt)
+    identities = {key: event_identity(S3Object("annotate-input", key, f"etag-of-{key}"), request) for key in keys}
+    later = Pass(id="later", deadline=time.time() + 300)
+    # AND the started event's claim is marked started; the other's is anyone's
+    assert claims.claim(identities[f"incoming/pets/{started}"], later) == "started"
+    assert claims.claim(identities[f"incoming/pets/{'b.jpg' if started == 'a.jpg' else 'a.jpg'}"], later) == "new"
+
+
+def test_a_dead_pass_s_execution_is_asked_of_step_functions_once_and_a_throttle_leaves_its_events_in_flight(
+    aws: Any,
+) -> None:
+    from botocore.exceptions import ClientError
+
+    from shared.pipeline.claims import Pass
+    from shared.pipeline.ingest import claim_table, deployed_starter
+    from shared.settings import get_settings
+
+    # GIVEN three events a dead pass claimed for one execution it named
+    keys = ["incoming/pets/a.jpg", "incoming/pets/b.jpg", "incoming/cat.jpg"]
+    for key in keys:
+        claimed_by_another_pass(key, -1, execution="named-by-the-dead-pass")
+    settings = get_settings().ingest
+    asked: list[str] = []
+
+    def throttled(name: str) -> bool:
+        asked.append(name)
+        error = {"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}
+        raise ClientError(error, "DescribeExecution")  # type: ignore[arg-type]
+
+    claims = claim_table(settings, deployed_starter(settings.state_machine_arn))
+    claims.execution_exists = throttled
+    from shared.contracts import AnnotationRequest
+    from shared.pipeline.ingest import S3Object, event_identity
+
+    request = AnnotationRequest(prompt=settings.ingest_prompt)
+    identities = [event_identity(S3Object("annotate-input", key, f"etag-of-{key}"), request) for key in keys]
+    # WHEN a pass meets them while Step Functions throttles DescribeExecution past botocore's retries
+    found = claims.claim_all(identities, Pass(id="next", deadline=time.time() + 300))
+    # THEN it asked once for the one execution (its throttle is the answer for this pass), and the events stay in
+    # flight for a later pass: the pass itself goes on
+    assert asked == ["named-by-the-dead-pass"]
+    assert set(found.values()) == {"in flight"}
+
+
+def test_an_expired_claim_is_no_claim_whether_dynamodb_s_ttl_deleted_it_yet_or_not(aws: Any) -> None:
+    from shared.contracts import AnnotationRequest
+    from shared.pipeline.claims import Pass
+    from shared.pipeline.ingest import S3Object, claim_table, deployed_starter, event_identity
+    from shared.settings import get_settings
+
+    settings = get_settings().ingest
+    claims = claim_table(settings, deployed_starter(settings.state_machine_arn))
+    identity = event_identity(S3Object("annotate-input", "incoming/cat.jpg", "e"), AnnotationRequest(prompt="cat."))
+    # GIVEN an event started long ago, its claim past its expiration but not yet deleted ("Items that have expired,
+    # but haven't yet been deleted by TTL, still appear in reads", DynamoDB's TTL guide)
+    first = Pass(id="first", deadline=time.time() + 300)
+    assert claims.claim(identity, first) == "new"
+    claims.started([identity], first)
+    claims.clock = lambda: time.time() + settings.idempotency_expiry_s + 1
+    # THEN it is claimed anew, as if TTL had deleted it
+    assert claims.claim(identity, Pass(id="later", deadline=claims.clock() + 300)) == "new"
+
+
+def test_claims_outlive_every_copy_of_an_event_the_stack_can_hold() -> None:
+    from tools.aws.sam_template import load_template
+
+    # A copy of an event waits at most the day EventBridge retries it, then the ingest queue's retention, then one
+    # visibility timeout in flight: the claim must still be there, or the copy starts its image again
+    resources = load_template()["Resources"]
+    [target] = resources["InputObjectCreatedRule"]["Properties"]["Targets"]
+    queue = resources["IngestQueue"]["Properties"]
+    longest = (
+        target["RetryPolicy"]["MaximumEventAgeInSeconds"] + queue["MessageRetentionPeriod"] + queue["VisibilityTimeout"]
+    )
+    assert Settings(results_uri="/r").idempotency_expiry_s > longest
+
+
+@pytest.mark.parametrize(("size", "accepted"), [(300 * 1024, True), (1024 * 1024 + 1, False)])
+def test_a_message_sqs_accepts_is_read_up_to_1_mb(aws: Any, size: int, accepted: bool) -> None:
+    # SQS, EventBridge and Lambda's SQS source carry up to 1 MB since 2026-01-29 (AWS Compute Blog)
+    body = json.dumps({"prompt": "cat.", "images": ["s3://annotate-input/other/c.jpg"]})
+    body = body[:-1] + " " * (size - len(body)) + "}"  # JSON's whitespace: a message of that size, valid
+    assert len(body.encode()) == size
+    good = json.dumps({"prompt": "dog.", "images": ["s3://annotate-input/other/c.jpg"]})
+    response = invoke(sqs_event(body, good, message_ids=["big", "good"]))
+    assert response == ({"batchItemFailures": []} if accepted else {"batchItemFailures": [{"itemIdentifier": "big"}]})

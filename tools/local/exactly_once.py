@@ -200,8 +200,8 @@ def _two_at_once(world: World, step: Step) -> None:
     thread.start()
     held.held.wait(timeout=60)
     if step.again:
-        for body in list(world.dropped.values()):
-            world.send(body)
+        for key in list(world.dropped):
+            world.again(key)
     for number in range(step.meanwhile):  # the looks of the gatherer's schedule, and Ingest's polls, meanwhile
         world.time_passes(step.seconds // step.meanwhile)
         world.run_function(("ingest", "gather", "prompts")[number % 3], _Invocation())

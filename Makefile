@@ -38,11 +38,12 @@ rehearse: install
 	$(BIN)/python -m tools.rehearsal
 
 # 200 generated images through the local workflow with AWS faults injected (throttles, SnapStart and service errors,
-# S3 SlowDown and 500s, a step that hangs once), on a new account's Lambda concurrency of 10; then the exactly-once
-# checker's long profile, whose last line (exactly once: R runs, S steps, B broken) ends the output. tests/ run
-# shorter ones.
+# S3 SlowDown and 500s, a step that hangs once, a Spot task reclaimed, no Spot capacity for a while), on a new
+# account's Lambda concurrency of 10 (nothing reserved: Ingest competes with the batches for it, its messages arriving
+# while they run) and 6 Fargate vCPUs; then the exactly-once checker's long profile, whose last line (exactly once:
+# R runs, S steps, B broken) ends the output. tests/ run shorter ones.
 chaos: install
-	$(BIN)/annotate chaos --images 200 --lambda-concurrency 10 --batches 2 --snapstart-reinit 20 \
+	$(BIN)/annotate chaos --images 200 --lambda-concurrency 10 --batches 2 --message-interval 5 --snapstart-reinit 20 \
 		--bulk-images 12 --fargate-vcpus 6 --spot-shortage 20 --function-memory 3008
 	$(BIN)/annotate exactly-once --runs 400 --steps 30
 

@@ -67,11 +67,13 @@ MAX_VARIANTS = 4
 MAX_VARIANT_STEPS = 50
 MAX_VARIANT_SIZE = 768
 MAX_VARIANT_PROMPT_CHARS = 300
-# The image task, this request inside, is the Variants container's job in an ECS override: "A total of 8192
-# characters are allowed for overrides. This limit includes the JSON formatting characters of the override
-# structure" (ECS API reference, TaskOverride). The workflow passes it through States.JsonToString, so it arrives
-# as a JSON string inside RunTask's JSON, every quote escaped: the request is measured as that, leaving room for the
-# source key and the results root (up to 1,024 characters each, escaped) and the override's own structure.
+# The image task, this request inside, is the Variants container's job in its Batch job's container overrides
+# (SubmitJob's payload: at most 30 KiB, AWS Batch service quotas), which Batch passes on to the ECS task it runs
+# the job as: "A total of 8192 characters are allowed for overrides. This limit includes the JSON formatting
+# characters of the override structure" (ECS API reference, TaskOverride). The workflow passes it through
+# States.JsonToString, so it arrives as a JSON string inside that JSON, every quote escaped: the request is measured
+# as that, leaving room for the source key and the results root (up to 1,024 characters each, escaped) and the
+# override's own structure.
 MAX_VARIANTS_REQUEST_CHARS = 6_000
 
 
@@ -285,7 +287,8 @@ class BulkJobRef(Frozen):
 
 class BulkJob(Frozen):
     """A bulk task's share of a batch: what the batch shares, and its groups; a document the task reads, since
-    RunTask's container overrides hold at most 8 KiB (a job's groups are tens of kilobytes)."""
+    a job's container overrides reach its ECS task, which holds at most 8 KiB of them (a job's groups are tens of
+    kilobytes)."""
 
     batch_id: str
     request: AnnotationRequest

@@ -24,6 +24,7 @@ from tools.bench.cost_lanes import (
     STATES_PER_GROUP,
     STATES_PER_IMAGE,
     bulk_lane,
+    dropped_images_per_execution,
     fargate_month,
     orchestration_per_image,
     with_lambda_cold_start,
@@ -48,29 +49,39 @@ IDLE, STEADY, BURSTS = SCENARIOS
 
 # The stack's CloudWatch as deployed: 7 alarms at $0.10 a month, idle or not; 10 custom metrics at $0.30 on the days
 # images come
-ALARMS, METRICS = 7 * 0.10, 10 * 0.30
+# Eight alarms of one metric each, and the functions' errors and throttles: two metric math alarms of nine metrics
+# each, every metric billed
+ALARMS, METRICS = (8 + 2 * 9) * 0.10, 10 * 0.30
 
 
 def test_a_steady_month_on_lambda_matches_the_hand_computation() -> None:
-    # 17,000 images a day arrive at 0.197 a second: Ingest's 20 s batching window gathers 3.94 for an execution
-    per_execution = 17_000 / 86_400 * 20
-    # 510,000 images; per image 6.5 GB x 2 s + 2.9375 GB x (0.5 + 0.5 + 1) s + 1 GB x 0.3 s = 19.175 GB-s, and a
-    # tenth of WriteGroupTable's 1 GB-s (groups of 10) and SummarizeBatch's 2 GB-s shared by an execution's images
-    compute = 510_000 * (19.175 + 0.1 + 2 / per_execution) * 0.0000166667
-    requests = 510_000 * (4 + 1 + 0.1 + 2 / per_execution) * 0.20 / 1e6
+    # 17,000 images a day arrive at 0.197 a second: Ingest's 20 s batching window gathers 3.94, shared by its event
+    # source's 5 pollers (MaximumConcurrency): each execution starts one image, in a group of one
+    per_execution = max(1.0, 17_000 / 86_400 * 20 / 5)
+    assert per_execution == 1.0
+    # 510,000 images; per image 6.5 GB x 2 s + 2.9375 GB x (0.5 + 0.5 + 1) s + 1 GB x 0.3 s = 19.175 GB-s, and each
+    # image's own WriteGroupTable (1 GB-s) and SummarizeBatch (2 GB-s)
+    compute = 510_000 * (19.175 + 1 + 2) * 0.0000166667
+    invocations = 5 + 1 + 2  # the five billed functions, WriteGroupTable, Ingest and SummarizeBatch
+    requests = 510_000 * invocations * 0.20 / 1e6
     # 10% cold: without SnapStart (the template's default) each cold start of a model function pays its import and
     # model load: Detect 4 s at 6.5 GB, Classify and Tag 2 s and Caption 1 s at 2.9375 GB
     cold = 51_000 * (6.5 * 4 + 2.9375 * (2 + 2 + 1)) * 0.0000166667
-    # The parent: 5 states per execution and a child started per group of 10; a child: one Express request and
-    # one image's 4 s at 64 MB
-    parent = 510_000 * (5 / per_execution + 1 / 10) * 0.025 / 1000
-    children = 51_000 * (1.00 / 1e6 + 4.0 * 0.0625 * 0.00001667)
+    # The parent: 5 states per execution and its child's start; the child: one Express request and one image's 4 s
+    # at 64 MB
+    parent = 510_000 * (5 + 1) * 0.025 / 1000
+    children = 510_000 * (1.00 / 1e6 + 4.0 * 0.0625 * 0.00001667)
     queues = 510_000 * 3 * 0.40 / 1e6
-    # four steps read the image and WriteGroupTable its result document; the JSON and the PNG written
-    storage = 510_000 * (5 * 0.0004 + 2 * 0.005) / 1000
+    # four steps read the image and WriteGroupTable its result document; the JSON and the PNG written; and each
+    # group's file of each of the four tables and its summary
+    storage = 510_000 * (5 * 0.0004 + 2 * 0.005) / 1000 + 510_000 * 5 * 0.005 / 1000
     # each dropped image's claim: written in progress, with its execution, started
     claims = 510_000 * 3 * 0.625 / 1e6
-    expected = compute + requests + cold + parent + children + queues + storage + claims
+    # the invocations' log lines (1.45 kB each at $0.50 a GB), and X-Ray's traces of 8 traced functions and the
+    # workflow: each sees under a request a second, so every request is traced ($5 a million)
+    logs = 510_000 * invocations * 1_450 / 1e9 * 0.50
+    traces = (510_000 * invocations + 510_000) * 5.0 / 1e6
+    expected = compute + requests + cold + parent + children + queues + storage + claims + logs + traces
     assert lambda_month(BENCH, PRICES, STEADY) == pytest.approx(expected + ALARMS + METRICS, rel=1e-9)
     assert orchestration_share(BENCH, PRICES, STEADY) == pytest.approx((parent + children) / expected)
 
@@ -81,9 +92,14 @@ def test_standard_children_pay_a_transition_per_state_and_express_ones_do_not() 
     assert orchestration_per_image(BENCH, PRICES) < standard / 25
 
 
-def test_orchestration_is_at_most_a_tenth_of_the_cost_per_image_at_the_steady_load_as_benched() -> None:
+def test_at_a_trickle_an_execution_starts_one_image_and_the_dial_gathers_them_for_less() -> None:
     bench = read_report(BenchSeconds, REPO / "bench" / "bench.json")
-    assert orchestration_share(bench, PRICES, STEADY) <= 0.10
+    # GIVEN the steady load's drops, one an execution (each of Ingest's pollers gathers under one a window)
+    assert dropped_images_per_execution(STEADY) == 1.0
+    # THEN orchestration is a fifth of the Lambda option's cost per image, and gathered every 15 minutes the images
+    # cost a fraction of it
+    assert 0.1 < orchestration_share(bench, PRICES, STEADY) < 0.3
+    assert gathered_month(bench, BULK, PRICES, STEADY, 15).total < lambda_month(bench, PRICES, STEADY) / 5
 
 
 def test_snapstart_trades_init_time_for_restores_and_a_cache_that_costs_when_idle() -> None:
@@ -312,7 +328,7 @@ def test_the_dial_at_15_minutes_is_under_half_the_always_on_task_and_5x_below_la
 
 def test_an_idle_month_with_the_dial_on_costs_only_its_looks_and_its_alarms() -> None:
     month = gathered_month(BENCH, BULK, PRICES, IDLE, 15)
-    # the dial adds the gatherer's two alarms (its errors and its throttles)
+    # the dial adds the gatherer's two alarms (its errors and its throttles), and one metric to each function alarm
     assert month.batches == 0 and month.total == pytest.approx(month.gathering + ALARMS + 2 * 0.10)
     assert month.gathering < 1.0
 

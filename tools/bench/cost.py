@@ -19,9 +19,12 @@ from tools.bench.cost_inputs import (
     BenchSeconds,
     BulkSeconds,
     Prices,
+    Scenario,
     deployment,
 )
 from tools.bench.cost_lanes import (
+    LOG_BYTES_PER_INVOCATION,
+    STATES_PER_HAND_BACK,
     TASK_START_S,
     bulk_jobs,
     bulk_lane,
@@ -29,6 +32,7 @@ from tools.bench.cost_lanes import (
     dropped_images_per_execution,
     fargate_month,
     lambda_lane,
+    lambda_month_parts,
     orchestration_per_image,
 )
 from tools.bench.cost_months import (
@@ -192,13 +196,24 @@ def orchestration_line(bench: BenchSeconds, prices: Prices) -> str:
         f"costs ${express * 1000:.4f} per 1,000 images, {orchestration_share(bench, prices, steady):.1%} of the "
         f"Lambda option at the steady load, where Ingest's {deployed.batching_window_s} s batching window gathers "
         f"{per_execution:.1f} dropped images an execution; a stack with variants runs Standard children: "
-        f"${standard * 1000:.4f} per 1,000 images. The stack's options include its CloudWatch: "
-        f"{deployed.deployed_count('AWS::CloudWatch::Alarm')} alarms and "
-        f"{deployed.deployed_count('AWS::CloudWatch::Dashboard')} "
+        f"${standard * 1000:.4f} per 1,000 images. A hand-back round adds {len(STATES_PER_HAND_BACK)} transitions "
+        f"(${len(STATES_PER_HAND_BACK) * prices.step_functions.standard_per_1000_transitions / 1000:.5f}) and its "
+        f"groups' children again. The stack's options include its CloudWatch: "
+        f"{deployed.deployed_count('AWS::CloudWatch::Alarm')} alarms reading {deployed.alarm_metrics()} metrics (each "
+        f"billed) and {deployed.deployed_count('AWS::CloudWatch::Dashboard')} "
         f"dashboard as deployed (${monitoring_month(prices, SCENARIOS[0]):.2f} a month, idle or not; the free "
-        f"tier's are the account's), and {len(CUSTOM_METRICS)} custom metrics at "
-        f"${watch.custom_metric_per_month:.2f} a month on the days images come."
+        f"tier's are the account's), {len(CUSTOM_METRICS)} custom metrics at "
+        f"${watch.custom_metric_per_month:.2f} a month on the days images come, and the functions' logs "
+        f"({LOG_BYTES_PER_INVOCATION / 1000:.2f} kB an invocation at ${watch.logs_ingested_per_gb:.2f} a GB) and "
+        f"X-Ray's traces (the first each second and 5% beyond, per function, at "
+        f"${prices.xray.traces_recorded_per_million:.2f} a million): "
+        f"${_observability_per_1000(bench, prices, steady):.4f} per 1,000 images at the steady load."
     )
+
+
+def _observability_per_1000(bench: BenchSeconds, prices: Prices, scenario: Scenario) -> float:
+    month = lambda_month_parts(bench, prices, scenario)
+    return 1000 * month.observability / scenario.images_per_month
 
 
 def markdown_table(rows: list[CostRow], prices: Prices, bench: BenchSeconds | None = None) -> str:

@@ -164,9 +164,14 @@ class VpcPrices(_Read):
 
 
 class CloudWatchPrices(_Read):
-    alarm_per_month: float
+    alarm_per_month: float  # per metric an alarm reads
     dashboard_per_month: float
     custom_metric_per_month: float
+    logs_ingested_per_gb: float
+
+
+class XRayPrices(_Read):
+    traces_recorded_per_million: float
 
 
 class Prices(_Read):
@@ -185,6 +190,7 @@ class Prices(_Read):
     eventbridge: EventBridgePrices
     vpc: VpcPrices
     cloudwatch: CloudWatchPrices
+    xray: XRayPrices
 
 
 def load_prices(path: Path | None = None) -> Prices:
@@ -250,7 +256,8 @@ class Deployment:
     functions_with_snapstart: dict[str, BilledFunction]  # EnableSnapStart=true
     detect_runtime: str  # the Detect function's ANNOTATE_DETECTOR_RUNTIME
     dropped_batch_size: int  # Ingest's event source: its BatchSize ...
-    batching_window_s: int  # ... and MaximumBatchingWindowInSeconds
+    batching_window_s: int  # ... its MaximumBatchingWindowInSeconds ...
+    dropped_pollers: int  # ... and its ScalingConfig's MaximumConcurrency
     gather_memory_gb: float
     api_memory_mb: int
 
@@ -269,6 +276,20 @@ class Deployment:
     @property
     def bulk_memory_gb(self) -> float:
         return self.parameter("BulkMemory") / 1024
+
+    def alarm_metrics(self, overrides: dict[str, str] | None = None) -> int:
+        """The metrics the deployed alarms read: one each, or each of a metric math alarm's (CloudWatch bills an
+        alarm per metric it evaluates: "$0.10 per alarm metric", Amazon CloudWatch pricing)."""
+        return sum(
+            sum(1 for metric in resource["Properties"].get("Metrics", []) if "MetricStat" in metric) or 1
+            for resource in self.template["Resources"].values()
+            if resource["Type"] == "AWS::CloudWatch::Alarm" and self._deployed(resource, overrides)
+        )
+
+    def _deployed(self, resource: dict[str, Any], overrides: dict[str, str] | None) -> bool:
+        return "Condition" not in resource or bool(
+            by_default(self.template, {"Fn::If": [resource["Condition"], True, False]}, overrides)
+        )
 
     def deployed_count(self, resource_type: str, overrides: dict[str, str] | None = None) -> int:
         """How many resources of the type a deployment with ``overrides`` creates (each whose Condition holds)."""
@@ -296,6 +317,7 @@ def deployment() -> Deployment:
         detect_runtime=by_default(template, detect_variables["ANNOTATE_DETECTOR_RUNTIME"]),
         dropped_batch_size=int(dropped["BatchSize"]),
         batching_window_s=int(dropped["MaximumBatchingWindowInSeconds"]),
+        dropped_pollers=int(dropped["ScalingConfig"]["MaximumConcurrency"]),
         gather_memory_gb=int(resources_["GatherFunction"]["Properties"]["MemorySize"]) / 1024,
         api_memory_mb=int(by_default(template, resources_["ApiFunction"]["Properties"]["MemorySize"])),
     )

@@ -40,6 +40,17 @@ STATES_PER_BATCH = ("ChooseLane", "AnnotateGroups", "SummarizeBatch", "BatchEnde
 # task (a Spot interruption's retry adds one).
 STATES_PER_BULK_BATCH = ("ChooseLane", "AnnotateGroupsInBulk", "SummarizeBatch", "BatchEnded", "BatchDone")
 TRANSITIONS_PER_BULK_JOB = 3
+# Per hand-back round (a group throttled past its child's retries, a bulk job failed past Batch's), in the Standard
+# parent: SummarizeBatch, BatchEnded, the wait, HandBackGroups, ChooseLane and the Map again; and per group handed
+# back, its child's start (an Express child's request, or a bulk job's child transitions)
+STATES_PER_HAND_BACK = (
+    "SummarizeBatch",
+    "BatchEnded",
+    "WaitForCapacity",
+    "HandBackGroups",
+    "ChooseLane",
+    "AnnotateGroups",
+)
 EXPRESS_MEMORY_GB = 64 / 1024  # Express duration is billed in 64 MB steps; a group's state is far below
 GROUP_TABLE_GB_SECONDS = 1.0 * 1.0  # WriteGroupTable per group: about a second at 1 GB; not benchmarked
 SUMMARY_GB_SECONDS = 1.0 * 2.0  # SummarizeBatch per batch: about a second at 2 GB; not benchmarked
@@ -60,18 +71,28 @@ ATHENA_BYTES_PER_IMAGE = 17_000
 # Not measurable here: pulling the worker's image (about 1.3 GB) and attaching the task's network interface; an
 # estimate, billed (Fargate bills from the image pull on) and waited for by every task.
 TASK_START_S = 60.0
+# What an invocation writes to CloudWatch Logs: the functions' own lines, 0.93 kB an invocation on samples/
+# (`annotate run --verbose`, 2026-12-06: 11 invocations, the models' first loads among them), and Lambda's START,
+# END and REPORT lines with the X-Ray trace id, about 0.5 kB
+LOG_BYTES_PER_INVOCATION = 1_450
+# X-Ray's sampling of traced Lambda invocations and executions: "by default ... the first request each second, and
+# five percent of any additional requests" (X-Ray developer guide, "Sampling rules"), each function on its own
+SAMPLED_PER_SECOND, SAMPLED_BEYOND = 1, 0.05
 MODEL_STEPS = ("detect", "classify", "tag", "caption")
 
 
 def dropped_images_per_execution(scenario: Scenario) -> float:
     """The images one execution takes when they are dropped at the scenario's rate through the day: what arrives
-    within Ingest's batching window, at most its batch size (17,000 a day: about 4).
+    within Ingest's batching window, shared by the event source's pollers, at most its batch size (17,000 a day:
+    about 4 a window, among 5 pollers: one).
 
     Ingest's event source hands it a batch when BatchSize events wait or its batching window has passed ("Lambda
     reads messages in batches ... until ... the batching window expires, the batch size is reached", Lambda guide,
-    "Using Lambda with Amazon SQS"), and each invocation starts one execution."""
+    "Using Lambda with Amazon SQS"), each of its pollers its own ("maximum concurrency ... the number of concurrent
+    instances of the function that an Amazon SQS event source can invoke"), and each invocation starts one
+    execution."""
     deployed = deployment()
-    arriving = scenario.peak_images_per_day / (24 * 3600) * deployed.batching_window_s
+    arriving = scenario.peak_images_per_day / (24 * 3600) * deployed.batching_window_s / deployed.dropped_pollers
     return max(1.0, min(float(deployed.dropped_batch_size), arriving))
 
 
@@ -82,7 +103,8 @@ def lambda_compute_per_image(bench: BenchSeconds, prices: Prices, per_execution:
     deployed = deployment()
     per_execution = deployed.dropped_batch_size if per_execution is None else per_execution
     per_image = sum(f.gb * f.seconds(bench) * f.gb_second_price(prices) for f in deployed.functions.values())
-    shared_gb_s = GROUP_TABLE_GB_SECONDS / deployed.images_per_group + SUMMARY_GB_SECONDS / per_execution
+    per_group = min(float(deployed.images_per_group), per_execution)
+    shared_gb_s = GROUP_TABLE_GB_SECONDS / per_group + SUMMARY_GB_SECONDS / per_execution
     return per_image + shared_gb_s * prices.lambda_.x86_gb_second
 
 
@@ -119,13 +141,29 @@ def orchestration_per_image(
     group's images run side by side, about one image's time) or, in a Standard child, every state's transition."""
     deployed, sfn = deployment(), prices.step_functions
     per_execution = deployed.dropped_batch_size if per_execution is None else per_execution
-    per_group_images = deployed.images_per_group
+    per_group_images = min(float(deployed.images_per_group), per_execution)
     transition = sfn.standard_per_1000_transitions / 1000
     parent = (len(STATES_PER_BATCH) / per_execution + 1 / per_group_images) * transition
     if express:
         duration = bench.one_process_s * EXPRESS_MEMORY_GB * sfn.express_gb_second
         return parent + (sfn.express_per_million_requests / 1e6 + duration) / per_group_images
     return parent + (len(STATES_PER_IMAGE) + len(STATES_PER_GROUP) / per_group_images) * transition
+
+
+def traces_recorded(requests_per_month: float, traced: int, seconds: float = SECONDS_PER_MONTH) -> float:
+    """The traces X-Ray records of ``traced`` functions (or state machines) sharing ``requests_per_month`` evenly."""
+    each = requests_per_month / max(1, traced)
+    reservoir = SAMPLED_PER_SECOND * seconds
+    return traced * (min(each, reservoir) + SAMPLED_BEYOND * max(0.0, each - reservoir))
+
+
+def observability_month(invocations: float, executions: float, prices: Prices) -> float:
+    """CloudWatch Logs' ingestion of the invocations' lines and X-Ray's traces of them and of the executions
+    (Tracing: Active on every function and the state machine)."""
+    logs = invocations * LOG_BYTES_PER_INVOCATION / 1e9 * prices.cloudwatch.logs_ingested_per_gb
+    traced = len(deployment().functions) + 3  # the billed functions, WriteGroupTable, Ingest and the workflow
+    traces = traces_recorded(invocations + executions, traced)
+    return logs + traces * prices.xray.traces_recorded_per_million / 1e6
 
 
 @dataclass(frozen=True)
@@ -135,10 +173,11 @@ class LambdaMonth:
     compute: float  # the functions' seconds and requests, and their cold starts
     orchestration: float  # Step Functions
     queues_and_storage: float  # SQS, S3 requests, the claims
+    observability: float = 0.0  # CloudWatch Logs' ingestion, X-Ray's traces
 
     @property
     def total(self) -> float:
-        return self.compute + self.orchestration + self.queues_and_storage
+        return self.compute + self.orchestration + self.queues_and_storage + self.observability
 
 
 def lambda_month_parts(
@@ -155,11 +194,14 @@ def lambda_month_parts(
     deployed, images = deployment(), scenario.images_per_month
     dropped = per_execution is None
     per_execution = dropped_images_per_execution(scenario) if per_execution is None else per_execution
+    # a group is the execution's images, ImagesPerGroup at most: a trickle's execution of one image is one group
+    per_group = min(float(deployed.images_per_group), per_execution)
     # + WriteGroupTable, Ingest, SummarizeBatch
-    invocations = len(deployed.functions) + 1 / deployed.images_per_group + 2 / per_execution
+    invocations = len(deployed.functions) + 1 / per_group + 2 / per_execution
     requests = images * invocations * prices.lambda_.per_million_requests / 1e6
     compute = images * lambda_compute_per_image(bench, prices, per_execution)
     s3_requests = images * (S3_GETS_PER_IMAGE * prices.s3.get_per_1000 + S3_PUTS_PER_IMAGE * prices.s3.put_per_1000)
+    s3_requests += images / per_group * S3_PUTS_PER_GROUP * prices.s3.put_per_1000  # each group's table files
     claims = images * CLAIM_WRITES_PER_IMAGE * prices.dynamodb.write_per_million / 1e6 if dropped else 0.0
     return LambdaMonth(
         compute=compute + requests + _cold_starts(bench, prices, scenario, snapstart),
@@ -167,6 +209,7 @@ def lambda_month_parts(
         queues_and_storage=images * SQS_REQUESTS_PER_IMAGE * prices.sqs.per_million_requests / 1e6
         + s3_requests / 1000
         + claims,
+        observability=observability_month(images * invocations, images / per_execution, prices),
     )
 
 

@@ -42,7 +42,7 @@ CUSTOM_METRICS = (
 def monitoring_month(prices: Prices, scenario: Scenario, overrides: dict[str, str] | None = None) -> float:
     """The stack's alarms and dashboards for a month, and its custom metrics for the days images come."""
     deployed, watch = deployment(), prices.cloudwatch
-    standing = deployed.deployed_count("AWS::CloudWatch::Alarm", overrides) * watch.alarm_per_month
+    standing = deployed.alarm_metrics(overrides) * watch.alarm_per_month
     standing += deployed.deployed_count("AWS::CloudWatch::Dashboard", overrides) * watch.dashboard_per_month
     return standing + len(CUSTOM_METRICS) * watch.custom_metric_per_month * min(1.0, scenario.active_days / 30)
 

@@ -91,20 +91,18 @@ class RetryStrategy:
 
     @staticmethod
     def of(job_definition: dict[str, Any]) -> RetryStrategy:
-        """A job definition's, as template.yaml writes it (CloudFormation's property names)."""
+        """A job definition's, as template.yaml writes it (CloudFormation's property names: Attempts, ...)."""
         declared = job_definition.get("Properties", {}).get("RetryStrategy", {})
-        return RetryStrategy(
-            attempts=int(declared.get("Attempts", 1)),
-            evaluate_on_exit=tuple(
-                ExitCondition(
-                    action=entry["Action"],
-                    on_status_reason=entry.get("OnStatusReason", "*"),
-                    on_reason=entry.get("OnReason", "*"),
-                    on_exit_code=entry.get("OnExitCode", "*"),
-                )
-                for entry in declared.get("EvaluateOnExit", [])
-            ),
-        )
+        return RetryStrategy.of_api(_api_case(declared))
+
+
+def _api_case(value: Any) -> Any:
+    """CloudFormation's property names (EvaluateOnExit) as Batch's API spells them (evaluateOnExit)."""
+    if isinstance(value, dict):
+        return {key[:1].lower() + key[1:]: _api_case(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_api_case(item) for item in value]
+    return value
 
 
 def template_retry_strategies() -> dict[str, RetryStrategy]:

@@ -120,21 +120,12 @@ class Executions:
             self._read_failure_rows(self._input_of(arn))
 
     def status_change(self, arn: str) -> dict[str, Any]:
-        """The event Step Functions sends EventBridge on the execution's end."""
+        """The event Step Functions sends EventBridge on the execution's end (it timed out)."""
+        from tools.local.step_functions import status_change_event
+
         described = self.sfn.describe_execution(executionArn=arn)
-        return {
-            "source": "aws.states",
-            "detail-type": "Step Functions Execution Status Change",
-            "detail": {
-                "executionArn": arn,
-                "stateMachineArn": self.machine,
-                "name": described["name"],
-                "status": self.ended[arn],
-                "input": described["input"],
-                "error": "States.Timeout",
-                "cause": "the execution timed out",
-            },
-        }
+        ended = {"status": self.ended[arn], "error": "States.Timeout", "cause": "the execution timed out"}
+        return status_change_event(described | ended)
 
     def _input_of(self, arn: str) -> Any:
         from shared.contracts import BatchInput

@@ -42,6 +42,7 @@ from tools.local.step_functions import (
     LambdaServiceError,
     container_environment,
     services_in_process,
+    status_change_event,
 )
 from tools.local.workflow import (
     EVENT_FUNCTIONS,
@@ -453,20 +454,7 @@ ENDED_WITHOUT_SUMMARY = ("TIMED_OUT", "FAILED", "ABORTED")
 def _execution_ended(execution: dict[str, Any], dispatcher: HandlerDispatcher) -> None:
     """What EventBridge does on the execution's end (template.yaml, ExecutionEndedRule): its status change, as Step
     Functions sends it, to BatchEnded, which writes the failure rows of the groups it left unfinished."""
-    event = {
-        "version": "0",
-        "source": "aws.states",
-        "detail-type": "Step Functions Execution Status Change",
-        "detail": {
-            "executionArn": execution["executionArn"],
-            "stateMachineArn": execution["stateMachineArn"],
-            "name": execution["name"],
-            "status": execution["status"],
-            "input": execution.get("input"),
-            "error": execution.get("error"),
-            "cause": execution.get("cause"),
-        },
-    }
+    event = status_change_event(execution)
     response, failed = dispatcher.invoke("batch_ended", event)
     if failed:
         logger.error("BatchEnded failed", extra={"execution": execution["name"], "error": response})

@@ -34,6 +34,32 @@ from tools.local.batch_jobs import JobFailed
 from tools.local.workflow import EXPRESS_CHILDREN, EXPRESS_UNLESS_VARIANTS
 
 
+def status_change_event(described: dict[str, Any]) -> dict[str, Any]:
+    """The event Step Functions sends EventBridge on a Standard execution's status change ("Step Functions Execution
+    Status Change", Step Functions developer guide, "Automating Step Functions event delivery with EventBridge"), for
+    an execution as DescribeExecution describes it."""
+    arn = str(described["executionArn"])
+    return {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "Step Functions Execution Status Change",
+        "source": "aws.states",
+        "account": arn.split(":")[4],
+        "region": arn.split(":")[3],
+        "resources": [arn],
+        "detail": {
+            "executionArn": arn,
+            "stateMachineArn": described["stateMachineArn"],
+            "name": described["name"],
+            "status": described["status"],
+            "input": described.get("input"),
+            "inputDetails": {"included": True},
+            "error": described.get("error"),
+            "cause": described.get("cause"),
+        },
+    }
+
+
 class FunctionTimedOut(Exception):
     """Lambda ended an invocation at the function's timeout: the Invoke call answers with a function error."""
 

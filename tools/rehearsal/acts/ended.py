@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tools.local.step_functions import status_change_event
 from tools.rehearsal.acts.common import drain
 from tools.rehearsal.report import Report
 from tools.rehearsal.stack import DeployedStack
@@ -37,7 +38,7 @@ def a_stopped_execution_ends_as_failure_rows(services: InProcessServices, stack:
     [arn] = _new_executions(sfn, stack, before)
     _stop(sfn, arn)
     execution = _ended(sfn, arn)
-    event = _status_change(execution)
+    event = status_change_event(execution)
     rule = events.describe_rule(Name=stack.resources["ExecutionEndedRule"])
     if not report.check(
         EventPattern(None, json.loads(rule["EventPattern"])).matches_event(event),  # type: ignore[arg-type]
@@ -92,31 +93,6 @@ def _ended(sfn: Any, arn: str) -> dict[str, Any]:
             raise TimeoutError(f"{arn} still running a minute after it was stopped")
         time.sleep(0.1)
     return dict(execution)
-
-
-def _status_change(execution: dict[str, Any]) -> dict[str, Any]:
-    """The event Step Functions sends EventBridge on a Standard execution's status change (Step Functions Developer
-    Guide, "Automating Step Functions event delivery with EventBridge")."""
-    return {
-        "version": "0",
-        "id": "rehearsal",
-        "detail-type": "Step Functions Execution Status Change",
-        "source": "aws.states",
-        "account": execution["executionArn"].split(":")[4],
-        "time": "2026-12-06T00:00:00Z",
-        "region": execution["executionArn"].split(":")[3],
-        "resources": [execution["executionArn"]],
-        "detail": {
-            "executionArn": execution["executionArn"],
-            "stateMachineArn": execution["stateMachineArn"],
-            "name": execution["name"],
-            "status": execution["status"],
-            "input": execution.get("input"),
-            "inputDetails": {"included": True},
-            "error": execution.get("error"),
-            "cause": execution.get("cause"),
-        },
-    }
 
 
 def _rows_of(stack: DeployedStack, batch_id: str) -> list[dict[str, Any]]:

@@ -63,7 +63,7 @@ def test_it_finds_a_message_expired_unseen_when_the_queue_keeps_sqs_s_default_4_
 def test_it_finds_an_event_delivered_again_days_later_started_twice_when_claims_are_kept_only_4_days(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tools.local import drop_world
+    from tools.local import drop_stack
 
     # WHEN the steps seed 33 of 30 shrank to are played: a drop is started, EventBridge delivers its event again
     # within the day it retries, and the copy waits in the queue five days before a pass takes it
@@ -77,7 +77,7 @@ def test_it_finds_an_event_delivered_again_days_later_started_twice_when_claims_
     # THEN claims kept longer than any copy can wait (a day of retries and 14 days in the queue) skip the copy
     assert play(steps, Stack.from_template()) is None
     # AND claims kept SQS's default 4 days have expired: the copy starts the image again
-    monkeypatch.setitem(drop_world.ACCOUNT, "idempotency_expiry_s", 4 * DAY)
+    monkeypatch.setitem(drop_stack.ACCOUNT, "idempotency_expiry_s", 4 * DAY)
     assert play(steps, Stack.from_template()) == (
         "at the end: started twice: ['incoming/drop-1.jpg']; never: []; folders started: []"
     )

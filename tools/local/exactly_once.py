@@ -42,7 +42,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from tools.local.drop_world import Broken, Stack, World, _Invocation
+from tools.local.drop_stack import Stack
+from tools.local.drop_world import Broken, World, _Invocation
 
 
 @dataclass(frozen=True)

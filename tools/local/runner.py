@@ -11,7 +11,6 @@ moto's interpreter.
 from __future__ import annotations
 
 import importlib
-import itertools
 import json
 import logging
 import os
@@ -28,19 +27,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from unittest import mock
 
-from shared.contracts import BatchInput, BatchSummary, ImageOutcome, SummarizeInput
+from shared.contracts import BatchInput, BatchSummary, SummarizeInput
 from shared.observability import logger, metrics
 from shared.pipeline.dependencies import Step, dependencies_of
 from shared.settings import get_settings
 from shared.storage import layout
 from shared.storage.objects import split_s3
 from tools.local.batch_jobs import JobQueue, stack_job_queue
+from tools.local.containers import BULK_TASK_AT_A_TIME, InvocationGate, InvocationListener, run_job_container
 from tools.local.step_functions import (
     CHILD_CLOCKS,
     ChildClock,
     FunctionTimedOut,
     LambdaServiceError,
-    container_environment,
     services_in_process,
     status_change_event,
 )
@@ -71,16 +70,6 @@ LOCAL_FARGATE = {
 # ResultWriter's manifest); everything else stays in the local results folder.
 LOCAL_BUCKET = "annotate-local-workflow"
 MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
-
-# (function name, payload, error or None), after each invocation, and ("bulk", {"outcome": ...}, None) after each
-# image of a bulk task: the CLI's progress display listens.
-InvocationListener = Callable[[str, dict[str, Any], BaseException | None], None]
-# (function name, payload), before the Lambda service runs an invocation: it may refuse it (LambdaServiceError) or
-# delay it, as `annotate chaos` does, without holding the function's environment; ("variants", {"task": job})
-# before a Variants job's container runs, and ("bulk", {"job_uri": ..., "image": n}) before each image of a bulk
-# job: it may stop the task there (TaskStopped, as Fargate stops it; any other exception is the container's own
-# failure); ("batch:place", ...) and ("batch:ended", ...) as tools/local/batch_jobs.py asks them.
-InvocationGate = Callable[[str, dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -205,7 +194,7 @@ class HandlerDispatcher:
         """Once ``stopping`` is set: wait for the invocations under way (and a bulk task's image) to end, and keep
         every function from starting another. False when some were still running after ``seconds``."""
         deadline = time.monotonic() + seconds
-        held = [*self._locks.values(), _BULK_TASK_AT_A_TIME]
+        held = [*self._locks.values(), BULK_TASK_AT_A_TIME]
         return all(lock.acquire(timeout=max(0.0, deadline - time.monotonic())) for lock in held)
 
     def _run(self, name: str, payload: dict[str, Any]) -> tuple[dict[str, Any], BaseException | None]:
@@ -268,61 +257,6 @@ def local_definition() -> str:
     )
 
 
-def _run_job(
-    queue: JobQueue,
-    gate: InvocationGate | None,
-    listener: InvocationListener | None,
-    stopping: threading.Event,
-    submit_job_parameters: dict[str, Any],
-    job_id: str,
-) -> None:
-    """Locally a Batch job's container (the Variants step's, or a bulk job's) is this process, with the settings
-    in force, placed and retried by the stack's job queue as Batch would; ``gate`` may stop its task, as Fargate may:
-    a Variants job before it starts, a bulk job before each of its images."""
-    environment = container_environment(submit_job_parameters)
-    bulk = "ANNOTATE_BULK_JOB" in environment
-    settings = get_settings()
-
-    def container(placed_in: str) -> None:
-        if bulk:
-            _run_bulk_container(gate, listener, stopping, environment["ANNOTATE_BULK_JOB"])
-            return
-        from shared.pipeline.variants_task import run
-
-        job = environment.get("ANNOTATE_VARIANT_JOB", "")
-        if gate:
-            gate("variants", {"task": json.loads(job or "{}"), "environment": placed_in})
-        run(job)
-
-    vcpus = (settings.bulk_task_cpu if bulk else settings.variants_task_cpu) / 1024
-    queue.run("bulk" if bulk else "variants", vcpus, container)
-
-
-# A bulk task takes every core of its machine: here, one at a time (the Map may start many at once).
-_BULK_TASK_AT_A_TIME = threading.Lock()
-
-
-def _run_bulk_container(
-    gate: InvocationGate | None, listener: InvocationListener | None, run_stopping: threading.Event, job_uri: str
-) -> None:
-    from shared.pipeline.bulk import read_job, run_job
-
-    dependencies = dependencies_of(Step.WRITE_RESULT)
-    checks = itertools.count()
-
-    def stopping() -> bool:  # the gate's TaskStopped ends the task between two images, as Fargate stops it
-        if gate:
-            gate("bulk", {"job_uri": job_uri, "image": next(checks)})
-        return run_stopping.is_set()
-
-    def on_image(outcome: ImageOutcome) -> None:
-        if listener:
-            listener("bulk", {"outcome": outcome.model_dump(mode="json")}, None)
-
-    with _BULK_TASK_AT_A_TIME:
-        run_job(read_job(job_uri, dependencies.store_for), dependencies_of, stopping, on_image)
-
-
 @contextmanager
 def _interpreter_quiet(stopping: threading.Event) -> Iterator[None]:
     """moto's interpreter logs what it does not apply (ToleratedFailurePercentage) and each optional path a state
@@ -376,7 +310,7 @@ def local_workflow(
         mock_aws(config=MOTO_CONFIG),
         services_in_process(
             lambda function, _, payload: _mirroring_hand_backs(dispatcher.invoke(function, payload), payload),
-            partial(_run_job, queue, dispatcher.gate, dispatcher.listener, dispatcher.stopping),
+            partial(run_job_container, queue, dispatcher.gate, dispatcher.listener, dispatcher.stopping),
             express_limit=aws_limits,
         ),
         # Locally the measurements are in the image rows; EMF is for CloudWatch and would flood the terminal. The
@@ -456,8 +390,8 @@ def _execution_ended(execution: dict[str, Any], dispatcher: HandlerDispatcher) -
     Functions sends it, to BatchEnded, which writes the failure rows of the groups it left unfinished."""
     event = status_change_event(execution)
     response, failed = dispatcher.invoke("batch_ended", event)
-    if failed:
-        logger.error("BatchEnded failed", extra={"execution": execution["name"], "error": response})
+    if failed:  # a warning: the run's own account says what is left unannotated, and why (a full disk, say)
+        logger.warning("BatchEnded failed", extra={"execution": execution["name"], "error": response})
 
 
 def _one_line(cause: str) -> str:

@@ -65,6 +65,10 @@ def settings_of(variables: dict[str, str]) -> Iterator[None]:
         use_settings(before)
 
 
+# An act holding a function's invocations ends within this, or they go on without it
+HELD_AT_MOST_S = 120
+
+
 class InProcessServices:
     def __init__(self, stack: DeployedStack, log: RequestLog) -> None:
         self.stack = stack
@@ -77,11 +81,24 @@ class InProcessServices:
         self.environments_used: set[str] = set()  # the kinds of compute environment (FARGATE_SPOT, FARGATE) jobs ran on
         self.task_networks: list[dict[str, Any]] = []  # each job's network: its environment's and its definition's
         self._throttled: dict[tuple[str, str], int] = {}  # (function, image file name) -> invocations left to refuse
+        self._held: dict[str, threading.Event] = {}  # function (logical id) -> set when its invocations may go on
 
     def throttle(self, function: str, image_name: str, invocations: int) -> None:
         """Refuse the state machine's next ``invocations`` of ``function`` (logical id) for the image of that file
         name, as Lambda refuses an invocation past the account's concurrency (TooManyRequestsException)."""
         self._throttled[(function, image_name)] = invocations
+
+    @contextmanager
+    def holding(self, function: str) -> Iterator[None]:
+        """The state machine's invocations of ``function`` (logical id) wait while this is open (each at most
+        HELD_AT_MOST_S), as a slow function's would: what an act does meanwhile happens while they run."""
+        released = self._held.setdefault(function, threading.Event())
+        released.clear()
+        try:
+            yield
+        finally:
+            released.set()
+            del self._held[function]
 
     def invoke(self, function: DeployedFunction, event: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """(response, whether it is an error payload), as the Invoke API returns them."""
@@ -134,6 +151,8 @@ class InProcessServices:
         self.log.add(Request(self._state_machine, "lambda:InvokeFunction", arn), arn.split(":")[3])
         image = (payload.get("image") or payload.get("task", {}).get("image") or {}).get("source_uri", "")
         refusal = (deployed.logical_id, image.rsplit("/", 1)[-1])
+        if (held := self._held.get(deployed.logical_id)) is not None:
+            held.wait(timeout=HELD_AT_MOST_S)
         with self._turn:
             if self._throttled.get(refusal):
                 self._throttled[refusal] -= 1

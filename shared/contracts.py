@@ -226,6 +226,9 @@ class PromptMessage(AnnotationRequest):
         return AnnotationRequest.model_validate(self.model_dump(exclude={"images", "lane"}))
 
 
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
 class ImageRef(Frozen):
     image_id: str = Field(pattern=r"^[0-9a-f]{16}$", description="Hash of the source location and content")
     source_uri: str
@@ -420,6 +423,7 @@ class MadeBy(Frozen):
 class DetectOutput(Frozen):
     width: int = Field(gt=0)
     height: int = Field(gt=0)
+    content_sha256: str | None = Field(None, pattern=SHA256_PATTERN, description="The sha256 of the image's bytes")
     detections: list[Detection]
     ms: float = Field(ge=0, description="Time this step took for the image, fetch and decode included")
     made_by: MadeBy = Field(default_factory=MadeBy)
@@ -579,6 +583,9 @@ class ImageResult(Frozen):
     failed_step: str | None = None
     width: int | None = None
     height: int | None = None
+    content_sha256: str | None = Field(
+        None, pattern=SHA256_PATTERN, description="The sha256 of the bytes annotated: the same picture anywhere"
+    )
     prompt: str
     detections: list[Detection] = Field(default_factory=list)
     detect_ms: float | None = None

@@ -464,7 +464,11 @@ class LabelStudioSettings(_Section):
         80.0, ge=1.0, le=3600.0, description="Seconds a Label Studio /predict call runs models before it answers"
     )
     label_studio_multiple_choice_min_score: float = Field(
-        0.25, ge=0.0, le=1.0, description="A whole-image Choices with choice='multiple' takes each choice this likely"
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="A whole-image Choices with choice='multiple' takes each choice this likely, weighed on its own"
+        " against a photo of anything",
     )
 
 

@@ -68,6 +68,24 @@ def encode(image: Image.Image, fmt: str, **options: object) -> bytes:
     return buffer.getvalue()
 
 
+def phone_photo(path: Path, fmt: str = "HEIF") -> bytes:
+    """The JPEG at ``path`` as a phone stores a photo: HEIC (an iPhone's default; pillow-heif's encoder, x265) or AVIF,
+    its pixels as the sensor read them and its EXIF orientation carried over (HEIC writes it as the container's
+    rotation, as iPhones do)."""
+    import pillow_heif
+
+    stored = Image.open(path)
+    exif = stored.info.get("exif", b"")
+    if fmt == "AVIF":
+        return encode(stored.convert("RGB"), "AVIF", exif=exif, quality=90)
+    # The pixels as stored (sideways), with the EXIF orientation written as the container's rotation (irot), as an
+    # iPhone does; from_pillow is given bare pixels, as it would turn an image that carries its EXIF upright first
+    buffer = io.BytesIO()
+    sideways = Image.frombytes("RGB", stored.size, stored.convert("RGB").tobytes())
+    pillow_heif.from_pillow(sideways).save(buffer, format="HEIF", exif=exif, quality=90)
+    return buffer.getvalue()
+
+
 @pytest.fixture
 def hostile_folder(tmp_path: Path) -> Path:
     """Two good images beside an empty, a truncated, a non-image and an oversized (in pixels) file."""

@@ -148,13 +148,20 @@ def answering(started: StartedLabelStudio) -> str:
 
 
 @contextmanager
-def media_server(files: dict[str, bytes], token: str) -> Iterator[str]:
-    """A stand-in for Label Studio's media: ``files`` by path, to a request with ``Authorization: Token <token>``
-    (404 for any other path, 401 without the key); on 127.0.0.1, stopped at the end. Yields its base URL."""
+def media_server(
+    files: dict[str, bytes], token: str, seconds_per_file: list[float] | None = None, requested: list[str] | None = None
+) -> Iterator[str]:
+    """A stand-in for Label Studio's media: ``files`` by path (as a request line has it: percent-encoded), to a
+    request with ``Authorization: Token <token>`` (404 for any other path, 401 without the key), each after
+    ``seconds_per_file[0]`` (a server's latency, changed as a test goes), each path noted in ``requested``; on
+    127.0.0.1, stopped at the end. Yields its base URL."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Media(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            time.sleep(seconds_per_file[0] if seconds_per_file else 0.0)
+            if requested is not None:
+                requested.append(self.path)
             data = files.get(self.path)
             status = 401 if self.headers.get("Authorization") != f"Token {token}" else 200 if data else 404
             self.send_response(status)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +31,7 @@ from shared.settings import DescribeSettings, ModelFiles
 
 PROMPT_TEMPLATE = "a photo of a {value} {label}"
 IMAGE_PROMPT_TEMPLATE = "a photo of {value}"  # a whole image's choice: often not a noun ("Benign", "Adult content")
+ANY_IMAGE_PROMPT = "a photo"  # what a choice that may hold with others is weighed against
 
 
 class Tagger(Protocol):
@@ -45,7 +46,9 @@ class Tagger(Protocol):
         self, crops: list[Image.Image], box_labels: list[str], vocabularies: dict[str, list[str]]
     ) -> tuple[list[list[AttributeScore]], np.ndarray]: ...
 
-    def choose(self, image: Image.Image, choices: Mapping[str, list[str]]) -> dict[str, list[float]]: ...
+    def choose(
+        self, image: Image.Image, choices: Mapping[str, list[str]], independent: Collection[str] = ()
+    ) -> dict[str, list[float]]: ...
 
     def embed_images(self, images: list[Image.Image]) -> np.ndarray: ...
 
@@ -140,23 +143,26 @@ class ClipTagger:
             results.append(scores)
         return results
 
-    def choose(self, image: Image.Image, choices: Mapping[str, list[str]]) -> dict[str, list[float]]:
+    def choose(
+        self, image: Image.Image, choices: Mapping[str, list[str]], independent: Collection[str] = ()
+    ) -> dict[str, list[float]]:
         """Per named list of choices, each one's probability for the whole image (CLIP zero-shot: one image
-        forward, the softmax over the list's texts)."""
+        forward, the softmax over the list's texts). A list named in ``independent`` (several may be true) scores
+        each text on its own: the softmax of it against a photo of anything, so that five true choices are not
+        five fifths."""
         if not choices:
             return {}
         features = _unit(self.encode_image([image]))[0]
-        return {
-            name: [
-                round(float(p), 4)
-                for p in softmax(
-                    self.logit_scale
-                    * self._text_embeddings([IMAGE_PROMPT_TEMPLATE.format(value=text) for text in texts])
-                    @ features
-                )
-            ]
-            for name, texts in choices.items()
-        }
+        chosen: dict[str, list[float]] = {}
+        for name, texts in choices.items():
+            similarity = self._text_embeddings([IMAGE_PROMPT_TEMPLATE.format(value=text) for text in texts]) @ features
+            if name in independent:
+                anything = float(self._text_embeddings([ANY_IMAGE_PROMPT])[0] @ features)
+                probabilities = [softmax(self.logit_scale * np.array([s, anything]))[0] for s in similarity]
+            else:
+                probabilities = list(softmax(self.logit_scale * similarity))
+            chosen[name] = [round(float(p), 4) for p in probabilities]
+        return chosen
 
     def embed_images(self, images: list[Image.Image]) -> np.ndarray:
         """Each image's embedding (the image tower on the whole image, as open_clip preprocesses it), unit length,

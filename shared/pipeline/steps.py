@@ -94,7 +94,12 @@ def detect(task: ImageTask, deps: Dependencies) -> DetectOutput:
         extra={"image_id": task.image.image_id, "boxes": len(detections), "width": image.width},
     )
     return DetectOutput(
-        width=image.width, height=image.height, detections=detections, ms=_elapsed_ms(started), made_by=deps.made_by
+        width=image.width,
+        height=image.height,
+        content_sha256=image.content_sha256 or None,
+        detections=detections,
+        ms=_elapsed_ms(started),
+        made_by=deps.made_by,
     )
 
 
@@ -269,6 +274,7 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
         failed_step=",".join(failures) or None,
         width=state.detection.width if state.detection else None,
         height=state.detection.height if state.detection else None,
+        content_sha256=state.detection.content_sha256 if state.detection else None,
         prompt=task.request.prompt,
         detections=detections,
         detect_ms=state.detection.ms if state.detection else None,

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import ValidationError
 
@@ -169,7 +169,9 @@ def original_name(location: str) -> str:
     if location.startswith("data:"):
         return ""
     parts = urlsplit(location)
-    path = (parse_qs(parts.query).get("d") or [parts.path])[0]
+    # Label Studio keeps an upload's name percent-encoded in its path (café.jpg as caf%C3%A9.jpg): the name is the
+    # decoded one (a local file's ?d= is decoded by parse_qs already)
+    path = (parse_qs(parts.query).get("d") or [unquote(parts.path)])[0]
     name = PurePosixPath(path).name
     if "/data/upload/" in parts.path:
         name = UPLOAD_PREFIX.sub("", name)
@@ -219,6 +221,7 @@ class _ControlReader:
     image_choices: list[ImageChoices] = field(default_factory=list)
     caption: str | None = None
     left: list[str] = field(default_factory=list)
+    named: set[str] = field(default_factory=set)
 
     def read(self, control: ElementTree.Element) -> None:
         name, tag = control.get("name", ""), control.tag
@@ -229,6 +232,8 @@ class _ControlReader:
             why = f"on {', '.join(repr(t) for t in targets)}, not the image"
         elif not name:
             why = "it has no name"
+        elif name in self.named:
+            why = "an earlier control has this name, and a result names its control"
         elif tag == "RectangleLabels":
             why = self._boxes(control, name)
         elif tag == "Choices":
@@ -242,6 +247,7 @@ class _ControlReader:
             why = f"the models draw no {UNFILLED.get(tag, tag)}"
         if why:
             self.left.append(f"{tag} {name!r}: {why}")
+        self.named.add(name)
 
     def _boxes(self, control: ElementTree.Element, name: str) -> str | None:
         if self.boxes:
@@ -381,7 +387,8 @@ def image_choice_results(
     project: Project, scores: Mapping[str, list[float]], min_score: float, region_key: str
 ) -> list[dict[str, Any]]:
     """Each whole-image Choices' choice: the likeliest of ``scores`` (by control: one probability per option), or,
-    where the control takes several, every one scoring ``min_score`` or more."""
+    where the control takes several, every one scoring ``min_score`` or more on its own (each option's probability
+    then stands alone: :meth:`Tagger.choose`'s ``independent``); a control none is likely enough for gets none."""
     results = []
     for control in project.image_choices:
         probabilities = scores.get(control.name)
@@ -417,7 +424,8 @@ def prediction(
     result = region_results(boxes, size[0] or 1, size[1] or 1, project, region_key)
     result += caption_result(caption or "", project) + image_choices
     scores = [item["score"] for item in result if "score" in item]
-    return {"result": result, "score": min(scores, default=1.0), "model_version": MODEL_VERSION}
+    # an empty prediction is no claim of full confidence: it sorts first among the tasks to review
+    return {"result": result, "score": min(scores, default=1.0 if result else 0.0), "model_version": MODEL_VERSION}
 
 
 def caption_result(caption: str, project: Project) -> list[dict[str, Any]]:

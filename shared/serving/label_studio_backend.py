@@ -11,54 +11,57 @@ bucket the deployment reads.
 Label Studio sends every selected task in one ``/predict`` and waits ``ML_TIMEOUT_PREDICT`` (100 s) for the answer;
 it stores each task's answer as a prediction, an empty list as none, and asks again next time only for tasks with
 no prediction of the current model version (label_studio/ml/models.py, ``predict_tasks`` and
-``_get_predictions_from_ml_backend``). So a call answers every task whose image the pipeline already annotated at
-once, from its rows; runs the models for the others while ``label_studio_answer_within_s`` lasts, recording their
-rows as any run does; and answers the rest, and any task it cannot read, with no prediction: the next Retrieve
-Predictions starts with them.
+``_get_predictions_from_ml_backend``). So a call of thousands of tasks must answer some of them within that time and
+leave the rest for the next: it first answers the tasks whose picture the pipeline already annotated, from their
+rows (found by name or location with one query, matched by the sha256 of the bytes that each row keeps: a lookup,
+not a re-read of the files the rows came from; only these tasks' images are read, several at once); then runs the
+models on the others in order while ``label_studio_answer_within_s`` lasts, recording their rows as any run does.
+The rest, and any task it cannot read, get no prediction, and the log says why: the next Retrieve Predictions
+starts with them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
-import json
+import itertools
 import time
-import urllib.error
-import urllib.request
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter
-from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from shared.contracts import AnnotationRequest, split_phrases
-from shared.errors import AnnotateError, ImageRejected, RequestRejected
+from shared.errors import AnnotateError, RequestRejected
 from shared.observability import logger
 from shared.pipeline.batches import image_ref
 from shared.pipeline.dependencies import Step
 from shared.serving.bounds import ApiContext
-from shared.serving.calls import Annotation, AnnotationOptions, Source, annotate_one, image_source
+from shared.serving.calls import Annotation, AnnotationOptions, Source, annotate_one
 from shared.serving.label_studio import (
     MODEL_VERSION,
     LabelledBox,
     Project,
     image_choice_results,
-    original_name,
     prediction,
     read_label_config,
 )
-from shared.serving.secrets import secret_value
-from shared.settings import Settings
+from shared.serving.label_studio_media import TaskImage, authorization_header, locate_task_image, read_task_image
 from shared.storage.images import decode_image
 from shared.storage.objects import store_for
 
-MAX_TASKS_PER_CALL = 10_000  # Label Studio sends every selected task at once: a project's page is far fewer
-DOWNLOAD_TIMEOUT_S = 30
+MAX_TASKS_PER_CALL = 100_000  # Label Studio sends every selected task at once: a whole project, where all are chosen
+# Images read at once from Label Studio to match rows: its media are served by a pool of workers, and eight keep a
+# page moving without crowding the people using it
+DOWNLOADS_AT_ONCE = 8
+LEFT = "not reached within the call's time: the next Retrieve Predictions asks again"
 
 
 class BackendSetup(BaseModel):
@@ -97,6 +100,8 @@ class Annotated(Protocol):
     @property
     def processed_at(self) -> Any: ...
     @property
+    def content_sha256(self) -> str | None: ...
+    @property
     def boxes(self) -> list[LabelledBox]: ...
 
 
@@ -105,143 +110,52 @@ class Annotated(Protocol):
 FindAnnotated = Callable[[Sequence[str], Sequence[str]], Sequence[Annotated]]
 
 
+def answers_config(row: Annotated, project: Project, request: AnnotationRequest) -> bool:
+    """Whether ``row`` holds all the config asks: a success for the same phrases, its caption where the config has
+    a place for one, and on each box a value of each attribute the config asks, among the config's own choices."""
+    if row.status != "succeeded" or sorted(split_phrases(row.prompt or "")) != sorted(request.phrases):
+        return False
+    if project.caption and not row.caption:
+        return False
+    return all(
+        box.attributes.get(attribute) in vocabulary
+        for box in row.boxes
+        for attribute, vocabulary in request.attributes.items()
+    )
+
+
 @dataclass(frozen=True)
-class TaskImage:
-    """A task's image as it was read (where it lives, its name and a digest of its bytes, not the bytes: a call of
-    thousands of tasks holds one image at a time), or why it could not be read."""
+class EarlierRows:
+    """The rows that answer a call's config, as lookups: by the sha256 of the bytes they annotated, and by source
+    (an s3:// task's rows name its URI); the file names they have."""
 
-    task: Any
-    uri: str = ""
-    kept: bool = False  # in storage (an s3:// location): its rows are found by this URI
-    name: str = ""
-    digest: str = ""  # the sha256 of its bytes
-    error: str | None = None
+    by_digest: dict[str, Annotated]
+    by_source: dict[str, Annotated]
+    names: frozenset[str]
 
-    @property
-    def task_id(self) -> Any:
-        return self.task.get("id") if isinstance(self.task, dict) else None
+    @classmethod
+    def of(cls, rows: Sequence[Annotated], project: Project, request: AnnotationRequest) -> EarlierRows:
+        by_digest: dict[str, Annotated] = {}
+        by_source: dict[str, Annotated] = {}
+        for row in sorted(rows, key=lambda row: str(row.processed_at)):  # the latest of each wins
+            if answers_config(row, project, request):
+                by_source[row.source_uri] = row
+                if row.content_sha256:
+                    by_digest[row.content_sha256] = row
+        return cls(by_digest, by_source, frozenset(PurePosixPath(uri).name for uri in by_source))
 
-
-def task_image(
-    task: Any, project: Project, settings: Settings, authorization: Callable[[], str] | None = None
-) -> Source:
-    """The task's image, read as Label Studio serves it; ``authorization`` gives the header for Label Studio (one
-    token exchange per call of /predict, not per task).
-
-    Raises:
-        RequestRejected: the task is not a task, names no image, one elsewhere than Label Studio or the input
-            buckets, or one Label Studio would not give.
-        ImageRejected: the image is too large, or gone.
-    """
-    data = task.get("data") if isinstance(task, dict) else None
-    if not isinstance(data, dict):
-        raise RequestRejected(f"the task's data is not an object ({type(data).__name__})")
-    value = data.get(project.image_key)
-    if not isinstance(value, str) or not value:
-        raise RequestRejected(f"the task has no {project.image_key!r} in its data")
-    if value.startswith(("s3://", "data:")):
-        return image_source(value, settings, name=original_name(value))
-    base = settings.label_studio_url.rstrip("/")
-    url = f"{base}{value}" if value.startswith("/") else value
-    if not base:
-        raise RequestRejected(f"{value[:120]!r} is Label Studio's: set LABEL_STUDIO_URL (and LABEL_STUDIO_API_KEY)")
-    if not url.startswith(f"{base}/"):
-        raise RequestRejected(f"{value[:120]!r} is neither on Label Studio ({base}) nor s3:// in an input bucket")
-    header = authorization() if authorization else _authorization(settings)
-    return image_source(_download(url, header, settings.max_image_bytes), settings, name=original_name(value))
+    def may_hold(self, image: TaskImage) -> bool:
+        """Whether a row may answer the task: one of its name, or of its location."""
+        return image.error is None and (image.name in self.names or image.location in self.by_source)
 
 
-def _authorization(settings: Settings) -> str:
-    """Label Studio's header for the key: a personal access token (a JWT) is exchanged for an access token at
-    ``/api/token/refresh`` ("Authorization: Bearer"); a legacy token is sent as it is ("Authorization: Token")."""
-    key = settings.label_studio_api_key.get_secret_value() or (
-        secret_value(settings.label_studio_api_key_secret) if settings.label_studio_api_key_secret else ""
-    )
-    if key.count(".") != 2:
-        return f"Token {key}"
-    refresh = urllib.request.Request(
-        f"{settings.label_studio_url.rstrip('/')}/api/token/refresh/",
-        data=json.dumps({"refresh": key}).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(refresh, timeout=DOWNLOAD_TIMEOUT_S) as answer:
-            return f"Bearer {json.load(answer)['access']}"
-    except (urllib.error.URLError, ValueError, KeyError) as error:
-        raise RequestRejected(f"Label Studio refused LABEL_STUDIO_API_KEY: {error}") from None
+@dataclass(frozen=True)
+class Identified:
+    """A task's image as the rows know it: the row that answers it (None: the models must), and its bytes where
+    they were read."""
 
-
-class _KeyStaysHome(urllib.request.HTTPRedirectHandler):
-    """Follows Label Studio's redirects (a cloud storage's presigned URL) without the key: it is Label Studio's, and
-    a presigned URL is refused with a second means of authentication."""
-
-    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
-        redirected = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if redirected is not None and urlsplit(newurl).netloc != urlsplit(req.full_url).netloc:
-            redirected.remove_header("Authorization")
-        return redirected
-
-
-_OPENER = urllib.request.build_opener(_KeyStaysHome)
-
-
-def _download(url: str, authorization: str, max_bytes: int) -> bytes:
-    request = urllib.request.Request(url, headers={"Authorization": authorization})
-    try:
-        with _OPENER.open(request, timeout=DOWNLOAD_TIMEOUT_S) as answer:
-            data: bytes = answer.read(max_bytes + 1)
-    except urllib.error.HTTPError as error:
-        raise RequestRejected(f"Label Studio answered {error.code} for {url[:160]}") from None
-    except (urllib.error.URLError, TimeoutError) as error:
-        raise RequestRejected(f"Label Studio could not be read at {url[:160]}: {error}") from None
-    if len(data) > max_bytes:
-        raise ImageRejected(f"{url[:160]} is over the limit of {max_bytes:,} bytes")
-    return data
-
-
-def read_task_images(
-    tasks: Sequence[Any], project: Project, settings: Settings, deadline: float, authorization: Callable[[], str]
-) -> list[TaskImage]:
-    """Each task's image, or why not; tasks past ``deadline`` are not read (their answer waits for the next call)."""
-    images = []
-    for task in tasks:
-        if time.monotonic() > deadline:
-            images.append(TaskImage(task, error="not reached within the call's time"))
-            continue
-        try:
-            source = task_image(task, project, settings, authorization)
-            digest = hashlib.sha256(source.data).hexdigest()
-            images.append(TaskImage(task, source.uri, source.kept, source.name, digest))
-        except (ImageRejected, RequestRejected) as error:
-            images.append(TaskImage(task, error=str(error)))
-    return images
-
-
-def annotated_before(image: TaskImage, candidates: Sequence[Annotated], phrases: list[str]) -> Annotated | None:
-    """The latest of ``candidates`` that annotated this very image for these phrases: the same source, or a file
-    of the same name whose bytes are the task's, still as it was when annotated (its image id holds its content)."""
-    fitting = [
-        candidate
-        for candidate in candidates
-        if candidate.status == "succeeded"
-        and sorted(split_phrases(candidate.prompt or "")) == sorted(phrases)
-        and (candidate.source_uri == image.uri or PurePosixPath(candidate.source_uri).name == image.name)
-    ]
-    for candidate in sorted(fitting, key=lambda candidate: str(candidate.processed_at), reverse=True):
-        store = store_for(candidate.source_uri)
-        try:
-            unchanged = image_ref(candidate.source_uri, store.fingerprint(candidate.source_uri)).image_id
-            if unchanged != candidate.image_id:
-                continue
-            same_source = candidate.source_uri == image.uri
-            if same_source or hashlib.sha256(store.read_bytes(candidate.source_uri)).hexdigest() == image.digest:
-                return candidate
-        except (AnnotateError, OSError) as error:
-            logger.info(
-                "an earlier annotation is not readable", extra={"uri": candidate.source_uri, "reason": str(error)}
-            )
-    return None
+    earlier: Annotated | None
+    source: Source | None
 
 
 def _boxes(annotation: Annotation) -> list[LabelledBox]:
@@ -258,6 +172,10 @@ def _boxes(annotation: Annotation) -> list[LabelledBox]:
     ]
 
 
+class _Left(Exception):
+    """The call's time would end before this task's answer: the next call asks again."""
+
+
 @dataclass
 class _Predicting:
     """One /predict call's work on its tasks."""
@@ -270,72 +188,149 @@ class _Predicting:
 
     def __post_init__(self) -> None:
         # Label Studio's token is exchanged once a call, not once a task
-        self.authorization = functools.cache(functools.partial(_authorization, self.context.settings))
+        self.authorization = functools.cache(functools.partial(authorization_header, self.context.settings))
+        self.longest_model_s = 0.0
+        self.longest_choices_s = 0.0
 
     async def answers(self, tasks: Sequence[Any]) -> list[Any]:
         settings = self.context.settings
-        images = await run_in_threadpool(
-            read_task_images, tasks, self.project, settings, self.deadline, self.authorization
-        )
-        earlier = await run_in_threadpool(self._annotated_before, images)
-        answers: list[Any] = []
-        longest_s, left = 0.0, 0
+        images = [locate_task_image(task, self.project, settings) for task in tasks]
+        answers: list[Any] = [[] for _ in images]
+        reasons: dict[int, str] = {index: image.error for index, image in enumerate(images) if image.error}
+        rows = await run_in_threadpool(self._earlier_rows, images)
+        candidates = [index for index, image in enumerate(images) if rows and rows.may_hold(image)]
+        from_rows = await self._answer_from_rows(candidates, images, rows, answers, reasons) if rows else set()
         for index, image in enumerate(images):
-            answer: Any = []
-            if image.error is not None:
-                logger.warning("task not pre-annotated", extra={"task": image.task_id, "reason": image.error})
-            elif index not in earlier and time.monotonic() + longest_s > self.deadline:
-                left += 1  # a model run would end past the call's time: the next call asks again
-            else:
-                started = time.monotonic()
-                try:
-                    answer = await self.context.run(functools.partial(self._predict, image, earlier.get(index)))
-                except AnnotateError as error:  # the task's own (a model that cannot load fails each task)
-                    logger.warning("task not pre-annotated", extra={"task": image.task_id, "reason": str(error)})
-                if index not in earlier:
-                    longest_s = max(longest_s, time.monotonic() - started)
-            answers.append(answer)
+            if index in from_rows or index in reasons:
+                continue
+            reasons[index] = await self._answer_with_models(index, image, answers)
+        for index, reason in reasons.items():
+            if reason and reason != LEFT:  # those left are counted below: a call of thousands would log thousands
+                logger.warning("task not pre-annotated", extra={"task": images[index].task_id, "reason": reason})
         logger.info(
             "predicted",
             extra={
                 "tasks": len(tasks),
-                "from_rows": len(earlier),
+                "from_rows": len(from_rows),
                 "answered": sum(1 for answer in answers if answer),
-                "left_for_the_next_call": left,
+                "left_for_the_next_call": sum(1 for reason in reasons.values() if reason == LEFT),
             },
         )
         return answers
 
-    def _annotated_before(self, images: list[TaskImage]) -> dict[int, Annotated]:
+    def _earlier_rows(self, images: list[TaskImage]) -> EarlierRows | None:
         if self.request is None or self.find_annotated is None:
-            return {}
-        read = {index: image for index, image in enumerate(images) if image.error is None}
-        uris = sorted({image.uri for image in read.values() if image.kept})
-        names = sorted({image.name for image in read.values() if image.name})
+            return None
+        uris = sorted({image.location for image in images if image.kept})
+        names = sorted({image.name for image in images if image.error is None and image.name})
         try:
-            candidates = self.find_annotated(uris, names) if uris or names else []
+            found = self.find_annotated(uris, names) if uris or names else []
         except AnnotateError as error:
             logger.warning("the rows could not be read: every task runs the models", extra={"reason": str(error)})
-            return {}
-        phrases = self.request.phrases
-        found = {index: annotated_before(image, candidates, phrases) for index, image in read.items()}
-        return {index: annotation for index, annotation in found.items() if annotation is not None}
+            return None
+        return EarlierRows.of(found, self.project, self.request)
 
-    def _predict(self, image: TaskImage, earlier: Annotated | None) -> dict[str, Any]:
-        """The task's prediction: from its earlier annotation, or the models'. The image is read again only where
-        CLIP or the models need its pixels."""
-        settings = self.context.settings
-        source, choices = None, []
-        if self.project.image_choices or self.request is None:
-            source = task_image(image.task, self.project, settings, self.authorization)
-            pixels = decode_image(source.data, max_pixels=settings.max_image_pixels).pixels
-            choices = self._image_choices(pixels, source.uri)
-            if self.request is None:
-                return prediction(self.project, source.uri, pixels.size, [], None, choices)
+    async def _answer_from_rows(
+        self,
+        candidates: list[int],
+        images: list[TaskImage],
+        rows: EarlierRows,
+        answers: list[Any],
+        reasons: dict[int, str],
+    ) -> set[int]:
+        """Answers the ``candidates`` whose image a row annotated; their images are read several at once, no more
+        than a few ahead of the answers (a call of thousands holds a few images at a time). Returns those
+        answered, and those left for want of time (in ``reasons``)."""
+        answered: set[int] = set()
+        pool = ThreadPoolExecutor(DOWNLOADS_AT_ONCE, thread_name_prefix="label-studio-media")
+        ahead: deque[tuple[int, Future[Identified]]] = deque()
+        waiting = iter(candidates)
+        try:
+            for index in itertools.islice(waiting, 2 * DOWNLOADS_AT_ONCE):
+                ahead.append((index, pool.submit(self._identify, images[index], rows)))
+            while ahead:
+                index, identifying = ahead.popleft()
+                for following in itertools.islice(waiting, 1):
+                    ahead.append((following, pool.submit(self._identify, images[following], rows)))
+                remaining_s = self.deadline - time.monotonic()
+                try:
+                    if remaining_s <= 0:
+                        raise _Left
+                    identified = await asyncio.wait_for(asyncio.wrap_future(identifying), remaining_s)
+                    if identified.earlier is None:
+                        continue  # another picture of the same name: the models' turn
+                    answers[index] = await self._from_row(images[index], identified)
+                    answered.add(index)
+                except (_Left, TimeoutError):
+                    reasons[index] = LEFT
+                    answered.add(index)
+                except AnnotateError as error:
+                    reasons[index] = str(error)
+                except Exception as error:  # one task's problem is that task's, whatever it is
+                    logger.exception("task failed", extra={"task": images[index].task_id})
+                    reasons[index] = f"{type(error).__name__}: {error}"
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        return answered
+
+    def _identify(self, image: TaskImage, rows: EarlierRows) -> Identified:
+        """The row that annotated the task's picture: for an s3:// task, its source's row while the object is as it
+        was (one HEAD); otherwise, the row of the same bytes (one read)."""
+        earlier = rows.by_source.get(image.location)
         if earlier is not None:
-            size = (earlier.width or 1, earlier.height or 1)
-            return prediction(self.project, earlier.image_id, size, earlier.boxes, earlier.caption, choices)
-        source = source or task_image(image.task, self.project, settings, self.authorization)
+            unchanged = image_ref(image.location, store_for(image.location).fingerprint(image.location)).image_id
+            if unchanged == earlier.image_id:
+                return Identified(earlier, None)
+        source = read_task_image(image, self.context.settings, self.authorization)
+        return Identified(rows.by_digest.get(hashlib.sha256(source.data).hexdigest()), source)
+
+    async def _from_row(self, image: TaskImage, identified: Identified) -> dict[str, Any]:
+        earlier = identified.earlier
+        assert earlier is not None
+        choices: list[dict[str, Any]] = []
+        if self.project.image_choices:
+            choices = await self._timed_choices(image, identified.source)
+        size = (earlier.width or 1, earlier.height or 1)
+        return prediction(self.project, earlier.image_id, size, earlier.boxes, earlier.caption, choices)
+
+    async def _timed_choices(self, image: TaskImage, source: Source | None) -> list[dict[str, Any]]:
+        if time.monotonic() + self.longest_choices_s > self.deadline:
+            raise _Left
+        started = time.monotonic()
+        choices = await self.context.run(functools.partial(self._image_choices, image, source))
+        self.longest_choices_s = max(self.longest_choices_s, time.monotonic() - started)
+        return choices
+
+    async def _answer_with_models(self, index: int, image: TaskImage, answers: list[Any]) -> str:
+        """Runs the models on the task where the call's time allows; returns why it got no answer ("" when it
+        did)."""
+        if time.monotonic() + self.longest_model_s > self.deadline:
+            return LEFT  # a model run would end past the call's time
+        started = time.monotonic()
+        try:
+            if self.request is None:
+                choices = await self._timed_choices(image, None)
+                answers[index] = prediction(self.project, image.location, (1, 1), [], None, choices)
+            else:
+                answers[index] = await self.context.run(functools.partial(self._predict, image))
+        except _Left:
+            return LEFT
+        except AnnotateError as error:  # the task's own (a model that cannot load fails each task)
+            return str(error)
+        except Exception as error:  # one task's problem is that task's, whatever it is
+            logger.exception("task failed", extra={"task": image.task_id})
+            return f"{type(error).__name__}: {error}"
+        finally:
+            if self.request is not None:
+                self.longest_model_s = max(self.longest_model_s, time.monotonic() - started)
+        return ""
+
+    def _predict(self, image: TaskImage) -> dict[str, Any]:
+        """The task's prediction from the models (CLIP's whole-image choices on the same pixels)."""
+        settings = self.context.settings
+        assert self.request is not None
+        source = read_task_image(image, settings, self.authorization)
+        choices = self._image_choices(image, source) if self.project.image_choices else []
         options = AnnotationOptions.model_validate(self.request.model_dump() | {"record": True})
         annotation = annotate_one(source, options, settings, self.context.dependencies_of, self.context.record_rows)
         if annotation.status != "succeeded":
@@ -344,14 +339,19 @@ class _Predicting:
         caption = annotation.caption.caption if annotation.caption else None
         return prediction(self.project, annotation.image_id, size, _boxes(annotation), caption, choices)
 
-    def _image_choices(self, pixels: Image.Image, region_key: str) -> list[dict[str, Any]]:
+    def _image_choices(self, image: TaskImage, source: Source | None) -> list[dict[str, Any]]:
+        """CLIP's whole-image choices on the task's picture (read here where it was not yet)."""
+        settings = self.context.settings
+        source = source or read_task_image(image, settings, self.authorization)
+        pixels = decode_image(source.data, max_pixels=settings.max_image_pixels).pixels
         tagger = self.context.dependencies_of(Step.TAG).tagger
         if tagger is None:
             raise TypeError("the Tag dependencies have no tagger")
         texts = {choices.name: [option.text for option in choices.options] for choices in self.project.image_choices}
-        scores = tagger.choose(pixels, texts)
-        min_score = self.context.settings.label_studio_multiple_choice_min_score
-        return image_choice_results(self.project, scores, min_score, region_key)
+        independent = {choices.name for choices in self.project.image_choices if choices.multiple}
+        scores = tagger.choose(pixels, texts, independent)
+        min_score = settings.label_studio_multiple_choice_min_score
+        return image_choice_results(self.project, scores, min_score, source.uri)
 
 
 def label_studio_routes(context: ApiContext, find_annotated: FindAnnotated | None) -> APIRouter:

@@ -2,26 +2,34 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
+import pi_heif
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from shared.errors import ImageRejected
 from shared.settings import ImageLimits
 from shared.storage.objects import StoreFor
 
-ACCEPTED_FORMATS = frozenset({"JPEG", "MPO", "PNG", "GIF", "WEBP", "BMP", "TIFF"})
+# HEIF: an iPhone's photos (HEIC) and other phones', decoded by pi-heif (pillow-heif's decoder-only build: libheif and
+# libde265, 4 MB where the encoder's x265 would add 23 to a Lambda package); AVIF by Pillow's own plugin
+ACCEPTED_FORMATS = frozenset({"JPEG", "MPO", "PNG", "GIF", "WEBP", "BMP", "TIFF", "HEIF", "AVIF"})
+pi_heif.register_heif_opener()
 
 
 @dataclass(frozen=True)
 class LoadedImage:
-    """A decoded image: RGB, EXIF orientation applied; ``source_format`` as the file declared it."""
+    """A decoded image: RGB, EXIF orientation applied; ``source_format`` as the file declared it;
+    ``content_sha256`` the digest of the bytes it was decoded from (what the rows keep, so that the same picture
+    under another name is found by a lookup)."""
 
     pixels: Image.Image
     source_format: str
+    content_sha256: str = ""
 
     @property
     def width(self) -> int:
@@ -68,7 +76,7 @@ def decode_image(data: bytes, *, max_pixels: int) -> LoadedImage:
         pixels = _to_rgb(ImageOps.exif_transpose(image))
     except Exception as error:  # Pillow's ways of saying truncated or corrupt: OSError, SyntaxError, struct...
         raise ImageRejected(f"truncated or corrupt {source_format} image: {error}") from error
-    return LoadedImage(pixels=pixels, source_format=source_format)
+    return LoadedImage(pixels=pixels, source_format=source_format, content_sha256=hashlib.sha256(data).hexdigest())
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

@@ -71,6 +71,7 @@ IMAGES_SCHEMA = pa.schema(
         ("failed_step", pa.string()),
         ("width", pa.int32()),
         ("height", pa.int32()),
+        ("content_sha256", pa.string()),
         ("prompt", pa.string()),
         ("detections", pa.list_(DETECTION_STRUCT)),
         # What each step took for this image (caption_ms is with the caption's columns, variants_ms with theirs)

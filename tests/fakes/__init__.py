@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +83,9 @@ class FakeTagger:
     ) -> tuple[list[list[AttributeScore]], np.ndarray]:
         return self.tag(crops, box_labels, vocabularies), self.embed_images(crops)
 
-    def choose(self, image: Image.Image, choices: Mapping[str, list[str]]) -> dict[str, list[float]]:
+    def choose(
+        self, image: Image.Image, choices: Mapping[str, list[str]], independent: Collection[str] = ()
+    ) -> dict[str, list[float]]:
         _fail(self.failure)
         return {name: [1.0 if index == 0 else 0.0 for index in range(len(texts))] for name, texts in choices.items()}
 

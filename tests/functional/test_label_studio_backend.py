@@ -22,6 +22,7 @@ from shared.serving.api import create_app
 from shared.serving.calls import rows_in_process
 from shared.settings import Settings
 from shared.storage.objects import store_for
+from tests.conftest import SAMPLES, phone_photo
 from tests.fakes import FakeDetector, FakeModels
 from tests.servers import media_server
 from tools.results.annotations import local_annotated_sources
@@ -68,12 +69,28 @@ def answer_within_s() -> float:
 
 
 @pytest.fixture
+def media_latency_s() -> list[float]:
+    """The stand-in's seconds per file, which a test may change as it goes."""
+    return [0.0]
+
+
+@pytest.fixture
+def media_requests() -> list[str]:
+    return []
+
+
+@pytest.fixture
 def backend(
-    tmp_path: Path, fakes: FakeModels, uploads: dict[str, bytes], answer_within_s: float
+    tmp_path: Path,
+    fakes: FakeModels,
+    uploads: dict[str, bytes],
+    answer_within_s: float,
+    media_latency_s: list[float],
+    media_requests: list[str],
 ) -> Iterator[tuple[TestClient, Settings]]:
     """The API app on the fakes, its rows written to and read from a local data folder, Label Studio's media
     served by the stand-in."""
-    with media_server(uploads, KEY) as label_studio:
+    with media_server(uploads, KEY, media_latency_s, media_requests) as label_studio:
         settings = Settings(
             data_dir=tmp_path / "data",
             label_studio_url=label_studio,
@@ -194,3 +211,143 @@ def test_a_page_of_more_tasks_than_a_hundred_gets_an_answer_for_each(
     first = next(iter(uploads))
     results = predict(client, [task(first, n) for n in range(150)])
     assert all(result and result["result"] for result in results)
+
+
+def many_uploads(count: int) -> dict[str, bytes]:
+    """``count`` pictures of their own, as Label Studio names uploads."""
+    return {f"/data/upload/1/{n:08x}-photo{n}.png": picture_of(n) for n in range(count)}
+
+
+def picture_of(number: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 24), (number % 256, number // 256, 50)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def retrieve_until_done(client: TestClient, tasks: list[dict[str, Any]], config: str = DETECTION) -> list[int]:
+    """Retrieve Predictions as Label Studio repeats it: each time for the tasks still without a prediction; the
+    number each call answered."""
+    answered, waiting = [], tasks
+    while waiting and len(answered) < 40:
+        results = predict(client, waiting, config)
+        answered.append(sum(1 for result in results if result))
+        waiting = [task for task, result in zip(waiting, results, strict=True) if not result]
+    assert not waiting, answered
+    return answered
+
+
+@pytest.mark.parametrize(("uploads", "answer_within_s", "media_latency_s"), [(many_uploads(40), 1.0, [0.05])])
+def test_a_page_slower_to_read_than_a_call_lasts_gets_answers_at_every_retrieve_until_all_are_done(
+    backend: tuple[TestClient, Settings], uploads: dict[str, bytes]
+) -> None:
+    client, _ = backend
+    # GIVEN 40 new pictures that Label Studio serves in 50 ms each (2 s to read them all) and calls of 1 s
+    tasks = [task(path, number) for number, path in enumerate(uploads)]
+    # WHEN Retrieve Predictions is chosen again and again for the tasks still without predictions
+    answered = retrieve_until_done(client, tasks)
+    # THEN every call answers some (the models run on what they reach, nothing is read ahead of them), and all end
+    assert all(answered) and sum(answered) == 40 and len(answered) > 1
+
+
+@pytest.mark.parametrize(("uploads", "answer_within_s"), [(many_uploads(60), 3.0)])
+def test_a_page_the_pipeline_annotated_before_is_answered_in_one_call_each_image_read_once_and_the_rows_files_never(
+    backend: tuple[TestClient, Settings],
+    fakes: FakeModels,
+    uploads: dict[str, bytes],
+    media_requests: list[str],
+    media_latency_s: list[float],
+) -> None:
+    client, settings = backend
+    tasks = [task(path, number) for number, path in enumerate(uploads)]
+    first = retrieve_until_done(client, tasks)
+    assert sum(first) == 60
+    # GIVEN the rows of 60 pictures, whose recorded files are gone since, and the models failing from now on
+    sources = run_local_query("SELECT source_uri FROM images", settings.data_dir).column(0).to_pylist()
+    recorded = [Path(uri) for uri in sources]
+    for path in recorded:
+        path.unlink()
+    fakes.detector.failure = RuntimeError("the models ran")
+    # WHEN the same pictures are uploaded to another project (another prefix) and all 60 asked for in a call of
+    # 3 s, while Label Studio takes 100 ms a file (6 s one after another)
+    again = {path.replace("/upload/1/", "/upload/2/"): data for path, data in uploads.items()}
+    uploads.update(again)
+    media_requests.clear()
+    media_latency_s[0] = 0.1
+    results = predict(client, [task(path, number) for number, path in enumerate(again)])
+    # THEN every task is answered from the rows at once, each image read once, none of the rows' files
+    assert all(result and result["result"] for result in results)
+    assert sorted(media_requests) == sorted(again)
+
+
+def test_rows_that_lack_what_the_config_asks_for_are_not_reused_and_the_models_fill_it(
+    backend: tuple[TestClient, Settings], fakes: FakeModels, uploads: dict[str, bytes]
+) -> None:
+    client, _ = backend
+    path = next(iter(uploads))
+    # GIVEN rows made for a config without a caption
+    predict(client, [task(path, 1)])
+    # WHEN the task is asked for by a config that also wants a caption
+    with_caption = DETECTION.replace("</View>", '<TextArea name="caption" toName="image"/></View>')
+    [answer] = predict(client, [task(path, 1)], with_caption)
+    # THEN the models ran again and the caption is there
+    assert [r["value"]["text"] for r in answer["result"] if r["type"] == "textarea"] == [["Found 1 dog."]]
+
+
+@pytest.mark.parametrize(
+    "uploads",
+    [
+        {
+            "/data/upload/1/7c04a148-caf%C3%A9.png": picture(10),
+            "/data/upload/2/1234abcd-caf%C3%A9.png": picture(10),
+            "/data/upload/1/0badcafe-my%20photo%20%C3%A9t%C3%A9.png": picture(30),
+        }
+    ],
+)
+def test_names_label_studio_keeps_percent_encoded_are_read_as_written_and_a_task_s_odd_url_is_only_its_own(
+    backend: tuple[TestClient, Settings], fakes: FakeModels
+) -> None:
+    client, settings = backend
+    # GIVEN an upload named café.png as Label Studio keeps it, and a task whose URL holds spaces and accents as is
+    tasks = [
+        task("/data/upload/1/7c04a148-caf%C3%A9.png", 1),
+        task("/data/upload/1/0badcafe-my photo été.png", 2),
+        task("/data/upload/1/\u0000-bad.png", 3),
+    ]
+    # WHEN predicted
+    results = predict(client, tasks)
+    # THEN the first two are answered, the row under the name as it was uploaded; the bad one only gets none
+    assert [bool(result) for result in results] == [True, True, False]
+    sources = run_local_query("SELECT source_uri FROM images ORDER BY source_uri", settings.data_dir).column(0)
+    assert sorted(Path(uri).name for uri in sources.to_pylist()) == ["café.png", "my photo été.png"]
+    # AND the same picture uploaded to another project is answered from that row
+    fakes.detector.failure = RuntimeError("the models ran")
+    [again] = predict(client, [task("/data/upload/2/1234abcd-caf%C3%A9.png", 4)])
+    assert again["result"] == results[0]["result"]
+
+
+def test_two_controls_of_one_name_leave_the_second_to_people_and_every_task_is_answered(
+    backend: tuple[TestClient, Settings], uploads: dict[str, bytes]
+) -> None:
+    client, _ = backend
+    config = (
+        "<View><Image name='image' value='$image'/><Choices name='scene' toName='image'><Choice value='indoors'/>"
+        "<Choice value='outdoors'/></Choices><Choices name='scene' toName='image'><Choice value='day'/>"
+        "<Choice value='night'/><Choice value='dusk'/></Choices></View>"
+    )
+    connected = client.post("/setup", json={"project": "1.1", "schema": config}).json()
+    assert connected["fills"] == ["Choices 'scene' (the image)"]
+    assert connected["left_to_people"] == [
+        "Choices 'scene': an earlier control has this name, and a result names its control"
+    ]
+    results = predict(client, [task(path, n) for n, path in enumerate(uploads)], config)
+    assert all(result["result"][0]["value"]["choices"] == ["indoors"] for result in results)
+
+
+@pytest.mark.parametrize(
+    "uploads", [{"/data/upload/1/0a1b2c3d-IMG_0001.HEIC": phone_photo(SAMPLES / "chelsea-rotated-exif.jpg")}]
+)
+def test_an_iphone_photo_uploaded_as_heic_is_pre_annotated_upright(backend: tuple[TestClient, Settings]) -> None:
+    client, _ = backend
+    [answer] = predict(client, [task("/data/upload/1/0a1b2c3d-IMG_0001.HEIC", 1)])
+    [region, *_] = answer["result"]
+    assert (region["original_width"], region["original_height"]) == (451, 300)

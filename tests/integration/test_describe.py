@@ -139,6 +139,20 @@ def test_boxes_asked_for_keep_each_crop_s_embedding_and_the_same_tags(tiny_setti
     assert np.linalg.norm(expected, axis=1) == pytest.approx([1, 1], abs=1e-6)
 
 
+def test_choices_that_may_hold_together_are_each_weighed_on_their_own_not_shared_out(tiny_settings: Settings) -> None:
+    tagger = load_tagger(tiny_settings)
+    options = ["a cat", "a sofa", "a window", "a plant", "a rug", "a lamp"]
+    one = {"one": options}
+    # WHEN six options are scored for a control of one choice and for one of several
+    single = tagger.choose(CAT, one)["one"]
+    several = tagger.choose(CAT, {"several": options}, independent={"several"})["several"]
+    # THEN one shares one probability among them; several give each option its own, against a photo of anything
+    assert sum(single) == pytest.approx(1.0, abs=1e-3)
+    assert all(0.0 < p < 1.0 for p in several) and sum(several) != pytest.approx(1.0, abs=0.05)
+    # AND an option's own probability does not change with the others offered beside it
+    assert tagger.choose(CAT, {"s": options[:2]}, independent={"s"})["s"] == several[:2]
+
+
 def test_text_embeddings_are_computed_once_per_vocabulary_and_label(tiny_settings: Settings) -> None:
     tagger = load_tagger(tiny_settings.describe)
     vocabularies = {"texture": ["smooth", "fluffy", "wiry"]}

@@ -25,6 +25,7 @@ def test_the_athena_queries_parse_as_athena_sql_and_select_by_the_condition() ->
             "error": None,
             "processed_at": "2026-11-30",
             "prompt": "dog.",
+            "content_sha256": None,
         }
         return pa.Table.from_pylist([row] if len(asked) == 1 else [])
 
@@ -48,8 +49,19 @@ def test_the_sources_label_studio_names_are_selected_by_uri_and_by_file_name_quo
 
     uris, names = ["s3://in/it's.jpg"], ["50%_off.jpg", "o'neil.png"]
     assert annotated_sources(athena, uris, names, engine="athena") == []
-    [sql] = asked
-    sqlglot.parse_one(sql, read="athena")
-    assert "source_uri IN ('s3://in/it''s.jpg')" in sql
-    assert "source_uri LIKE '%/50\\%\\_off.jpg' ESCAPE '\\'" in sql and "LIKE '%/o''neil.png'" in sql
-    assert annotated_sources(athena, [], [], engine="athena") == [] and len(asked) == 1
+    by_uri, by_name = asked
+    for sql in asked:
+        sqlglot.parse_one(sql, read="athena")
+    assert "source_uri IN ('s3://in/it''s.jpg')" in by_uri
+    assert "regexp_extract(source_uri, '[^/]*$') IN ('50%_off.jpg', 'o''neil.png')" in by_name
+    assert annotated_sources(athena, [], [], engine="athena") == [] and len(asked) == 2
+
+
+def test_a_page_of_ten_thousand_names_is_asked_in_queries_athena_takes() -> None:
+    from tools.results.annotations import annotated_sources
+
+    asked: list[str] = []
+    names = [f"IMG_{number:04d}-{'x' * 30}.HEIC" for number in range(10_000)]
+    annotated_sources(lambda sql: asked.append(sql) or pa.table({}), [], names, engine="athena")
+    assert 1 < len(asked) < 10 and all(len(sql.encode()) < 262_144 for sql in asked)
+    assert sum(sql.count(".HEIC'") for sql in asked) == 10_000

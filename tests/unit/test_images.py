@@ -8,7 +8,7 @@ from shared.errors import ImageRejected, ObjectMissing
 from shared.settings import Settings
 from shared.storage.images import decode_image, load_image
 from shared.storage.objects import store_for
-from tests.conftest import SAMPLES, encode
+from tests.conftest import SAMPLES, encode, phone_photo
 
 MAX_PIXELS = 40_000_000
 
@@ -68,6 +68,19 @@ def test_exif_orientation_is_applied_so_sizes_are_as_a_viewer_shows_them() -> No
     assert (loaded.width, loaded.height) == (upright.width, upright.height) == (451, 300)
     difference = np.abs(np.asarray(loaded.pixels, float) - np.asarray(upright.pixels, float)).mean()
     assert difference < 5  # the same picture, up to JPEG noise
+
+
+@pytest.mark.parametrize("fmt", ["HEIF", "AVIF"])
+def test_a_phone_s_heic_or_avif_photo_decodes_upright_as_the_same_picture(fmt: str) -> None:
+    # GIVEN the sideways-stored photo as an iPhone keeps it (HEIC), and as AVIF, each with its orientation
+    data = phone_photo(SAMPLES / "chelsea-rotated-exif.jpg", fmt)
+    # WHEN decoded
+    loaded = decode_image(data, max_pixels=MAX_PIXELS)
+    upright = decode_image((SAMPLES / "chelsea-the-cat.jpg").read_bytes(), max_pixels=MAX_PIXELS)
+    # THEN it is the upright picture, as a viewer shows it
+    assert loaded.source_format == fmt and (loaded.width, loaded.height) == (451, 300)
+    difference = np.abs(np.asarray(loaded.pixels, float) - np.asarray(upright.pixels, float)).mean()
+    assert difference < 8  # the same picture, up to two lossy encodings
 
 
 @pytest.mark.parametrize(

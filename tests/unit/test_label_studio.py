@@ -198,7 +198,7 @@ def test_a_task_s_image_is_named_as_it_was_before_label_studio_kept_it(location:
 def test_a_task_s_image_is_read_only_from_label_studio_or_the_input_buckets(
     task: object, label_studio_url: str, said: str
 ) -> None:
-    from shared.serving.label_studio_backend import task_image
+    from shared.serving.label_studio_media import task_image
     from shared.settings import Settings
 
     project = read_label_config("<View><Image name='image' value='$image'/><TextArea name='c' toName='image'/></View>")
@@ -211,7 +211,7 @@ def test_label_studio_s_key_is_not_sent_on_to_where_it_redirects() -> None:
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from shared.serving.label_studio_backend import _download
+    from shared.serving.label_studio_media import _download
 
     seen: dict[str, str | None] = {}
 

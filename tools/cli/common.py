@@ -41,9 +41,9 @@ def print_table(rows, title: str | None = None) -> None:
     )
 
 
-def quiet_logs(verbose: bool) -> None:
+def quiet_logs(verbose: bool, quietest: str = "ERROR") -> None:
     """The structured logs are Lambda's: a command says what happened in its own lines, and shows the logs when
-    asked (--verbose), or an error's record."""
+    asked (--verbose), or an error's record (a server, whose logs are its account of each call: ``quietest``)."""
     from shared.observability import logger
 
-    logger.setLevel("INFO" if verbose else "ERROR")
+    logger.setLevel("INFO" if verbose else quietest)

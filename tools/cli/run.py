@@ -109,7 +109,7 @@ def serve(
     from tools.results.annotations import athena_annotated_sources, local_annotated_sources
     from tools.results.search import local_similar
 
-    quiet_logs(verbose)
+    quiet_logs(verbose, quietest="INFO")  # what /setup found, why a task got no prediction: a server's account
     deployed = _deployed(stack) if stack else {}
     settings = use_settings(profile=profile, data_dir=data_dir, preload_models=True, api_hosts=[host], **deployed)
     try:

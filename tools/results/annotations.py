@@ -4,7 +4,7 @@ the gallery: one record per source image, its boxes with their classes and attri
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -39,6 +39,7 @@ class AnnotatedImage:
     error: str | None
     processed_at: Any
     prompt: str | None = None
+    content_sha256: str | None = None
     boxes: list[LabelledBox] = field(default_factory=list)
 
     @property
@@ -48,7 +49,7 @@ class AnnotatedImage:
 
 _IMAGE_COLUMNS = (
     "image_id, source_uri, batch_id, status, width, height, caption, annotated_uri, error, "
-    "CAST(processed_at AS VARCHAR) AS processed_at, prompt"
+    "CAST(processed_at AS VARCHAR) AS processed_at, prompt, content_sha256"
 )
 
 
@@ -120,15 +121,34 @@ def sql_text(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+# Athena takes a query string of at most 262,144 bytes (Athena User Guide, "Service Quotas": query string
+# length): a page of thousands of tasks names its sources in several queries, each well under it
+MAX_LISTED_CHARS = 150_000
+
+
 def annotated_sources(
     query: Query, uris: Sequence[str], names: Sequence[str], engine: Engine = "duckdb"
 ) -> list[AnnotatedImage]:
-    """The latest annotation of each source that is one of ``uris``, or whose file is named one of ``names``."""
-    conditions = [f"source_uri IN ({', '.join(sql_text(uri) for uri in uris)})"] if uris else []
-    for name in names:
-        pattern = "%/" + name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        conditions.append(f"source_uri LIKE {sql_text(pattern)} ESCAPE '\\'")
-    return read_annotated_images(query, " OR ".join(conditions), engine) if conditions else []
+    """The latest annotation of each source that is one of ``uris``, or whose file is named one of ``names``: a
+    lookup of each (a set membership), in as few queries as Athena's query length allows."""
+    found: list[AnnotatedImage] = []
+    for column, values in (("source_uri", uris), (f"regexp_extract(source_uri, {sql_text('[^/]*$')})", names)):
+        for chunk in _chunks([sql_text(value) for value in dict.fromkeys(values)], MAX_LISTED_CHARS):
+            found += read_annotated_images(query, f"{column} IN ({', '.join(chunk)})", engine)
+    return found
+
+
+def _chunks(items: list[str], max_chars: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    size = 0
+    for item in items:
+        if chunk and size + len(item) > max_chars:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
+        size += len(item) + 2
+    if chunk:
+        yield chunk
 
 
 def local_annotated_sources(data_dir: Path) -> Callable[[Sequence[str], Sequence[str]], list[AnnotatedImage]]:
@@ -137,11 +157,12 @@ def local_annotated_sources(data_dir: Path) -> Callable[[Sequence[str], Sequence
     import duckdb
 
     from shared.errors import RequestRejected
-    from tools.results.query import run_local_query
+    from tools.results.query import connect_local
 
     def find(uris: Sequence[str], names: Sequence[str]) -> list[AnnotatedImage]:
         try:
-            return annotated_sources(lambda sql: run_local_query(sql, data_dir), uris, names)
+            connection = connect_local(data_dir)  # one for the queries: each connection lists the tables' files
+            return annotated_sources(lambda sql: connection.sql(sql).to_arrow_table(), uris, names)
         except duckdb.Error as error:
             raise RequestRejected(f"the tables in {data_dir} could not be read: {error}") from None
 

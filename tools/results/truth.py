@@ -26,7 +26,7 @@ from tools.results.annotations import AnnotatedImage
 
 MAX_TRUTH_BYTES = 2 * 2**30
 MAX_YAML_BYTES = 1_000_000
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif", ".mpo")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif", ".mpo", ".heic", ".heif", ".avif")
 # Label Studio's region types: those whose geometry is a box or has one around it, and those that only label one
 BOX_TYPES = {"rectanglelabels", "rectangle", "polygonlabels", "polygon"}
 LABEL_TYPES = {"rectanglelabels", "polygonlabels", "labels"}

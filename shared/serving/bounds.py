@@ -250,9 +250,21 @@ def error_handlers() -> dict[Any, Any]:
             ApiError(503, f"a model is unavailable: {error}", kind="server_error", code="model_unavailable")
         ),
         HTTPException: lambda _, error: answer(
-            ApiError(error.status_code, str(error.detail), code=str(error.status_code))
+            error.error
+            if isinstance(error, BodyTooLarge)
+            else ApiError(error.status_code, str(error.detail), code=str(error.status_code))
         ),
     }
+
+
+class BodyTooLarge(HTTPException):
+    """A body found over the limit as it arrives (sent chunked, with no Content-Length). An HTTPException, since
+    FastAPI answers any other error raised while it reads a body as 400 "There was an error parsing the body"
+    (fastapi/routing.py) and passes an HTTPException on as it is."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.status, error.message)
+        self.error = error
 
 
 class BodyLimit:
@@ -283,7 +295,7 @@ class BodyLimit:
             message = await receive()
             received += len(message.get("body", b""))
             if received > self.max_bytes:
-                raise self._too_large()
+                raise BodyTooLarge(self._too_large())
             return message
 
         await self.app(scope, bounded_receive, send)

@@ -338,14 +338,22 @@ MAX_EMBEDDING_INPUTS = 64
 
 
 def embeddings(
-    inputs: list[str], encoding_format: str, model_name: str, settings: Settings, dependencies_of: DependenciesOf
+    inputs: list[str],
+    encoding_format: str,
+    model_name: str,
+    settings: Settings,
+    dependencies_of: DependenciesOf,
+    dimensions: int | None = None,
 ) -> dict[str, Any]:
     """OpenAI's embeddings answer for ``inputs`` with the Tag model's CLIP: a text's vector (the text tower, the text
     as written), or an image's given as a ``data:`` URL or an ``s3://`` location the deployment reads (the image
     tower on the whole image, as the pipeline embeds it); unit length, as floats or base64 of little-endian float32.
 
+    ``dimensions``: as OpenAI's, where it is the model's own length (a CLIP vector is not shortened: it would no
+    longer be the one the tables keep).
+
     Raises:
-        RequestRejected: another model named, no input or too many, an empty or too long text.
+        RequestRejected: another model named, no input or too many, an empty or too long text, other dimensions.
         ImageRejected: an image input that is not an image this pipeline accepts.
     """
     import numpy as np
@@ -369,6 +377,9 @@ def embeddings(
     for i, image in images:
         pixels = decode_image(image_source(image, settings).data, max_pixels=settings.max_image_pixels).pixels
         [vectors[i]] = tagger.embed_images([pixels])
+    length = next(len(vector) for vector in vectors if vector is not None)
+    if dimensions is not None and dimensions != length:
+        raise RequestRejected(f"dimensions: {tagger.name!r} gives vectors of {length}, not {dimensions}")
     data = [
         {
             "object": "embedding",

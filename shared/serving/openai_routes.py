@@ -11,7 +11,9 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
+from shared.errors import ModelUnavailable
 from shared.observability import logger
+from shared.pipeline.dependencies import Step
 from shared.serving.bounds import ApiContext, ApiError, upload
 from shared.serving.calls import (
     chat_chunks,
@@ -134,7 +136,9 @@ def openai_routes(context: ApiContext) -> APIRouter:
         from llama_cpp.server.types import ModelData, ModelList  # llama-cpp-python's OpenAI types
 
         owners = {settings.caption_model: "llama.cpp", ANNOTATION_MODEL: "annotate"}
-        owners |= {model: "open_clip" for model in settings.tagger_models or []}  # /v1/embeddings' (the one that loads)
+        embedding_model = _loaded_clip(context)
+        if embedding_model:
+            owners[embedding_model] = "open_clip"  # /v1/embeddings': the one that loaded, not those passed over
         if settings.api_images:
             owners[settings.variants_model] = "stable-diffusion.cpp"
         data = [ModelData(id=name, object="model", owned_by=owner, permissions=[]) for name, owner in owners.items()]
@@ -142,14 +146,14 @@ def openai_routes(context: ApiContext) -> APIRouter:
 
     @router.post("/embeddings", summary="CLIP embeddings of texts and images (data: URLs, s3:// locations)")
     async def embed(call: EmbeddingsCall) -> dict[str, Any]:
-        if call.dimensions is not None:
-            raise ApiError(400, "dimensions: the model's own length only; leave it out", param="dimensions")
-        if call.model not in (settings.tagger_models or []):
+        if call.model != await run_in_threadpool(_loaded_clip, context):
             # OpenAI's answer to a model it does not have
             raise ApiError(404, f"The model `{call.model[:80]}` does not exist", param="model", code="model_not_found")
         inputs = [call.input] if isinstance(call.input, str) else call.input
         return await context.run(
-            lambda: embeddings(inputs, call.encoding_format, call.model, settings, context.dependencies_of)
+            lambda: embeddings(
+                inputs, call.encoding_format, call.model, settings, context.dependencies_of, call.dimensions
+            )
         )
 
     @router.post("/chat/completions", summary="A chat completion from the caption model; stream=true for events")
@@ -172,6 +176,15 @@ def openai_routes(context: ApiContext) -> APIRouter:
         return _EventStream(_events(first, stream), release=lambda: _close_stream(stream, context))
 
     return router
+
+
+def _loaded_clip(context: ApiContext) -> str | None:
+    """The CLIP model /v1/embeddings answers with: the first of the settings' that loads (None: none does)."""
+    try:
+        tagger = context.dependencies_of(Step.TAG).tagger
+    except ModelUnavailable:
+        return None
+    return tagger.name if tagger else None
 
 
 def _next_or_none(chunks: Iterator[dict[str, Any]]) -> dict[str, Any] | None:

@@ -105,3 +105,15 @@ def test_it_finds_a_redelivered_prompt_regrouped_under_new_settings_when_its_man
 def test_a_console_folder_dropped_beside_an_image_starts_nothing_and_loses_nothing() -> None:
     steps = [Step("folder", name="summer"), Step("drop", name="cat"), Step("ingest")]
     assert play(steps, Stack.from_template()) is None
+
+
+def test_a_long_run_prints_no_cloudwatch_metric_json_among_its_report(capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN a step whose functions add more than Powertools' 100 values of one metric (it prints them then)
+    from shared.observability import MetricUnit, metrics
+    from tools.local.exactly_once import _quiet
+
+    with _quiet():
+        for _ in range(150):
+            metrics.add_metric(name="ImagesPlanned", unit=MetricUnit.Count, value=1)
+    # THEN nothing of CloudWatch's JSON reaches the terminal
+    assert '"_aws"' not in capsys.readouterr().out

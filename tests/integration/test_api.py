@@ -90,6 +90,9 @@ def test_the_openai_client_embeds_texts_and_images_as_the_pipeline_does(
     assert image == pytest.approx(tagger.embed_images([decode_image(CAT, max_pixels=10**8).pixels])[0], abs=1e-6)
     floats = client.embeddings.create(model=tagger.name, input="a cat on a sofa", encoding_format="float")
     assert floats.data[0].embedding == pytest.approx(text.tolist(), abs=1e-6) and answer.model == tagger.name
+    # AND dimensions of the model's own length are taken, as OpenAI takes them
+    own = client.embeddings.create(model=tagger.name, input="a cat on a sofa", dimensions=len(text))
+    assert len(own.data[0].embedding) == len(text)
     # AND a model it does not have is not found; a length of its own, an empty text and a broken image are each a 400
     with pytest.raises(openai.NotFoundError, match="text-embedding-3-small"):  # as OpenAI answers a model it lacks
         client.embeddings.create(model="text-embedding-3-small", input="a cat")
@@ -100,6 +103,20 @@ def test_the_openai_client_embeds_texts_and_images_as_the_pipeline_does(
     ):
         with pytest.raises(openai.BadRequestError, match=said):
             client.embeddings.create(**arguments)
+
+
+def test_only_the_clip_model_that_loaded_is_listed_and_embeds(api_settings: Settings) -> None:
+    from fastapi.testclient import TestClient
+
+    # GIVEN a first CLIP model that does not load, then one that does
+    loaded = api_settings.tagger_models[0]
+    settings = api_settings.model_copy(update={"tagger_models": ["no-such-org/no-such-clip", loaded]})
+    with TestClient(serving_app(settings), base_url="http://127.0.0.1") as http:
+        listed = [model["id"] for model in http.get("/v1/models").json()["data"]]
+        refused = http.post("/v1/embeddings", json={"model": "no-such-org/no-such-clip", "input": "a cat"})
+    # THEN the list names the one that loaded, and the other is not found, as OpenAI answers a model it lacks
+    assert loaded in listed and "no-such-org/no-such-clip" not in listed
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
 
 
 def test_the_openai_client_lists_the_models_and_gets_the_same_chat_plain_and_streamed(
@@ -249,6 +266,11 @@ HOSTILE = {
     ),
     "body over the limit": (
         {"content": b"x" * 1_200_000, "headers": {"content-type": "application/json"}},
+        413,
+        "body_too_large",
+    ),
+    "body over the limit, sent chunked (no Content-Length)": (
+        {"content": iter([b"x" * 200_000] * 6), "headers": {"content-type": "application/json"}},
         413,
         "body_too_large",
     ),
@@ -470,12 +492,21 @@ def test_a_stream_abandoned_mid_way_releases_the_model_at_once_and_ctrl_c_stops_
         body = {"prompt": "cat.", "caption": False, "image": base64.b64encode(CAT).decode()}
         assert httpx.post(f"{url}/v1/annotations", json=body, timeout=30).status_code == 200
 
+        # AND as Label Studio's backend it says in its log what /setup found and why a task got no prediction
+        config = "<View><Image name='i' value='$i'/><TextArea name='c' toName='i'/></View>"
+        assert httpx.post(f"{url}/setup", json={"schema": config}, timeout=30).status_code == 200
+        bad = {"tasks": [{"id": 7, "data": {"i": "/data/upload/1/x.jpg"}}], "label_config": config}
+        assert httpx.post(f"{url}/predict", json=bad, timeout=30).json()["results"] == [[]]
+
         # AND Ctrl-C stops the server
         os.killpg(server.pid, signal.SIGINT)
         try:
             assert server.wait(timeout=15) == 0
         except subprocess.TimeoutExpired:
             pytest.fail("the server did not stop on Ctrl-C")
+        log = server.stdout.read().decode()  # type: ignore[union-attr]
+        assert '"message":"project connected"' in log and '"fills":["TextArea \'c\'"]' in log
+        assert '"message":"task not pre-annotated"' in log and "LABEL_STUDIO_URL" in log
 
 
 def test_hostile_chat_and_image_calls_are_refused_by_the_openai_client(client: openai.OpenAI) -> None:

@@ -41,6 +41,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from unittest import mock
 
 from tools.local.drop_stack import Stack
 from tools.local.drop_world import Broken, World, _Invocation
@@ -263,8 +264,11 @@ def _quiet() -> Iterator[None]:
     logger.setLevel("CRITICAL")
     batch_level = batch.level
     batch.setLevel(logging.CRITICAL)
+    # Powertools prints a metric's values as CloudWatch's JSON once it holds 100 of them, disabled or not
+    # (cloudwatch_emf/cloudwatch.py, add_metric): a long step would print them among the report
     try:
-        yield
+        with mock.patch.object(metrics, "add_metric", lambda *_, **__: None):
+            yield
     finally:
         metrics.clear_metrics()
         logger.setLevel(level)

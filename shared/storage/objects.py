@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote, unquote_to_bytes, urlparse
 
-from shared.errors import ImageRejected, ObjectMissing, TransientError
+from shared.errors import ImageRejected, ObjectMissing, RequestRejected, TransientError
 
 
 class ObjectStore(Protocol):
@@ -253,12 +253,15 @@ class ObjectExists(Exception):
 def _s3_errors(operation: str, kwargs: dict[str, Any]) -> Iterator[None]:
     """What botocore gave up on, as the pipeline reads it: throttling and 5xx are TransientError, which the workflow
     retries; a missing key is ObjectMissing."""
-    from botocore.exceptions import ClientError, ConnectionError, ReadTimeoutError
+    from botocore.exceptions import ClientError, ConnectionError, NoCredentialsError, ReadTimeoutError
 
     try:
         yield
     except (ConnectionError, ReadTimeoutError) as error:
         raise TransientError(f"S3 {operation} failed: {error}") from error
+    except NoCredentialsError:  # on a laptop without AWS set up; a function always has its role's
+        where = f"s3://{kwargs.get('Bucket', '')}/{kwargs.get('Key', '')}"
+        raise RequestRejected(f"{where}: no AWS credentials here to read it (aws configure, or AWS_PROFILE)") from None
     except ClientError as error:
         code = error.response.get("Error", {}).get("Code", "")
         status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)

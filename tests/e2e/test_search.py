@@ -51,8 +51,9 @@ def _json(*arguments: str) -> list:
 
 
 def test_an_image_searched_like_itself_ranks_first_at_one(annotated: Path) -> None:
+    # the rows name the model that embedded them (the tiny profile's): the search takes it, no --profile again
     cat = str(SAMPLES / "chelsea-the-cat.jpg")
-    hits = _json("search", "--like", cat, "--profile", "tiny", "--data-dir", str(annotated))
+    hits = _json("search", "--like", cat, "--data-dir", str(annotated))
     assert hits[0]["source_uri"].endswith("/chelsea-the-cat.jpg") and hits[0]["score"] == pytest.approx(1, abs=1e-5)
     assert len(hits) == 4 and [hit["score"] for hit in hits] == sorted((hit["score"] for hit in hits), reverse=True)
     assert all(hit["labels"] for hit in hits)  # each hit says what was found in it
@@ -85,6 +86,9 @@ def test_a_box_s_crop_searched_like_itself_ranks_first_among_the_boxes(
     assert (hits[0]["source_uri"], hits[0]["detection_index"]) == (box["source_uri"], box["detection_index"])
     assert hits[0]["score"] == pytest.approx(1, abs=1e-5) and hits[0]["label"]
     assert len({(hit["source_uri"], hit["detection_index"]) for hit in hits}) == len(hits) > 1
+    # AND a --where on the box's own columns, unqualified, keeps its boxes only
+    cats = _json("search", "a cat", "--where", "label = 'cat'", *arguments)
+    assert cats and {hit["label"] for hit in cats} == {"cat"}
 
 
 def test_a_text_s_vector_is_clip_s_text_tower_output_as_torch_computes_it(tiny_settings: Settings) -> None:
@@ -111,6 +115,7 @@ def test_bad_searches_get_one_line_and_exit_2(annotated: Path) -> None:
         (["search", "a cat", "--where", "labl = 1", *data], "--where 'labl = 1': Binder Error"),
         (["search", "--like", str(annotated / "missing.jpg"), *data], "missing.jpg does not exist"),
         (["search", "--like", str(SAMPLES / "coffee.webp"), "a cup", *data], "a text, or --like an image"),
+        (["search", "--like", "s3://no-such-bucket/cat.jpg", *data], "s3://no-such-bucket/cat.jpg"),
     ):
         result = runner.invoke(app, arguments)
         assert result.exit_code == 2 and said in result.output, (arguments, result.output)
@@ -127,6 +132,13 @@ def test_the_label_studio_export_can_keep_one_image_of_each_group_and_the_hits_m
     # THEN the cat's two copies are left out: the coffee and the first of the cat's group remain
     tasks = json.loads((out_dir / "tasks.json").read_text())
     assert "2 near-duplicates left out" in result.output and len(tasks) == 2
+    # AND where the group's first is not exported (outside --where), one of the others is kept in its place
+    only_copies = "source_uri NOT LIKE '%/cat-copy.jpg'"
+    second = ["export", "--format", "labelstudio", "--out", str(tmp_path / "ls2"), "--data-dir", str(annotated)]
+    result = CliRunner().invoke(app, [*second, "--where", only_copies, "--one-per-group", "--threshold", "0.999"])
+    assert result.exit_code == 0, result.output
+    kept = [Path(task["data"]["image"]).name for task in json.loads((tmp_path / "ls2" / "tasks.json").read_text())]
+    assert "1 near-duplicates left out" in result.output and len(kept) == 2 and "coffee.webp" in kept
     # AND a search's hits, written as a gallery page, come in the ranking's order
     gallery = tmp_path / "hits"
     like = ["search", "--like", str(SAMPLES / "coffee.webp"), "--limit", "2", "--profile", "tiny"]

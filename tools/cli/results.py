@@ -207,6 +207,9 @@ def _one_per_group(images: list[Any], data_dir: Path, stack: str | None, thresho
         groups = duplicate_groups(connect_local(data_dir), threshold)
     except RequestRejected as error:
         raise fail(f"--one-per-group: {error}") from None
+    # each group among the images being exported (not those deleted since, or outside --where): its first stays
+    exported = {image.source_uri for image in images}
+    groups = [members for group in groups if len(members := [source for source in group if source in exported]) > 1]
     left_out = {source for group in groups for source in group[1:]}
     err.print(
         f"{len(left_out)} near-duplicates left out, one image kept of each of {len(groups)} groups", highlight=False

@@ -90,6 +90,7 @@ def _search_hits(
         IMAGES,
         athena_models,
         checked_model,
+        comparable_model,
         image_vector,
         search,
         search_on_athena,
@@ -106,11 +107,15 @@ def _search_hits(
 
         models = athena_models(run, ranked)
         chosen["tagger_models"] = [checked_model(*models, None, None, None, ranked)[0]]
+    else:
+        # the rows name the model their vectors are of (whatever profile made them): the query's is made with it
+        connection = connect_local(data_dir)
+        chosen["tagger_models"] = [comparable_model(connection, None, ranked=ranked)[0]]
     settings = use_settings(profile=profile, data_dir=data_dir, **chosen)
     query = text_vector(text, settings) if text is not None else image_vector(str(like), settings)
     if stack:
         return search_on_athena(run, query, where, limit, models, ranked)
-    return search(connect_local(data_dir), query, where, limit, ranked)
+    return search(connection, query, where, limit, ranked)
 
 
 def _write_hits_gallery(sources: list[str], out_dir: Path, data_dir: Path) -> None:

@@ -211,16 +211,19 @@ def search_sql(
     source), with its labels and caption; or of each box, with its label, class and corners. DuckDB's takes the
     parameters $model, $revision, $vector and $limit; Athena's, the values written in (:func:`athena_search_sql`)."""
     words = _DIALECT[dialect]
-    if ranked is BOXES:  # each box of the latest images with the box's own detection row, where --where applies
+    if ranked is BOXES:
+        # each box of the latest images with the box's own detection row: --where sees only the documented i. and
+        # d. (an unqualified label is the box's), never the vectors' table, whose columns share those names
         return f"""
-SELECT e.source_uri, e.detection_index, d.label, d.class_label,
+SELECT e.source_uri, e.detection_index, b.label, b.class_label,
        {words["score"].format(vector=vector)} AS score,
-       d.x0, d.y0, d.x1, d.y1, i.caption
-FROM images_latest i
-JOIN box_embeddings e ON e.image_id = i.image_id AND e.batch_id = i.batch_id
- AND e.model = {model} AND e.model_revision = {revision}
-JOIN detections d ON d.image_id = e.image_id AND d.batch_id = e.batch_id AND d.detection_index = e.detection_index
-WHERE ({where or "TRUE"})
+       b.x0, b.y0, b.x1, b.y1, b.caption
+FROM box_embeddings e
+JOIN (SELECT d.image_id, d.batch_id, d.detection_index, d.label, d.class_label, d.x0, d.y0, d.x1, d.y1, i.caption
+      FROM images_latest i JOIN detections d ON d.image_id = i.image_id AND d.batch_id = i.batch_id
+      WHERE ({where or "TRUE"})) b
+  ON e.image_id = b.image_id AND e.batch_id = b.batch_id AND e.detection_index = b.detection_index
+WHERE e.model = {model} AND e.model_revision = {revision}
 ORDER BY score DESC, e.source_uri, e.detection_index
 LIMIT {limit}
 """

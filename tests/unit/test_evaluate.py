@@ -239,6 +239,27 @@ def test_label_studio_s_labels_are_the_pipeline_s_phrases_and_its_uploads_are_ma
     assert result.overall.recall == 1.0
 
 
+def test_an_upload_named_with_accents_is_matched_by_its_name_as_it_was_written(tmp_path: Path) -> None:
+    # GIVEN Label Studio's upload of café.jpg, kept percent-encoded in its path, and the pipeline's café.jpg
+    truth = read_json(tmp_path, [labelled_task([rectangle()], image="/data/upload/4/7c04a148-caf%C3%A9.jpg")])
+    cafe = replace(PREDICTED[0], source_uri="s3://in/photos/café.jpg")
+    # THEN they are one image
+    assert evaluate_labels(truth, [cafe], 0.35).images == 1
+
+
+def test_a_label_studio_rectangle_of_negative_width_is_refused_as_coco_s_is(tmp_path: Path) -> None:
+    with pytest.raises(RequestRejected, match="negative width or height"):
+        read_json(tmp_path, [labelled_task([rectangle(width=-20)])])
+
+
+def test_the_backend_s_own_export_of_predictions_says_what_it_is_and_what_to_do(tmp_path: Path) -> None:
+    # GIVEN a Label Studio export of tasks that hold the backend's predictions and nobody's annotation
+    task = {"id": 1, "data": {"image": "/data/upload/4/0a1b2c3d-a.jpg"}, "annotations": [], "predictions": [{}]}
+    # THEN it is said to be predictions only, and what to do
+    with pytest.raises(RequestRejected, match=r"1 tasks and no annotation, 1 with predictions .* \(Submit on each\)"):
+        read_json(tmp_path, [task])
+
+
 def test_a_rotated_rectangle_is_scored_as_the_upright_box_around_it(tmp_path: Path) -> None:
     # 20% x 40% of a 200 x 100 image is 40 x 40 px from (20, 20); turned 90 degrees clockwise about its top-left
     # corner it covers x from -20 to 20, y from 20 to 60

@@ -225,6 +225,13 @@ def _label_studio_truth(tasks: list[dict[str, Any]]) -> list[TruthImage]:
         boxes, caption = _label_studio_boxes(done[-1].get("result") or [], f"task {task.get('id', number)}")
         image = data.get("image", next(iter(data.values())))
         images.append(TruthImage(key=str(image), boxes=boxes, caption=caption))
+    if tasks and not images:
+        predicted = sum(1 for task in tasks if task.get("predictions"))
+        what = f", {predicted} with predictions (the models', not a person's)" if predicted else ""
+        raise RequestRejected(
+            f"a Label Studio export of {len(tasks)} tasks and no annotation{what}: review the tasks in Label Studio "
+            "(Submit on each), export again and evaluate that"
+        )
     return images
 
 
@@ -279,6 +286,8 @@ def _region_box(value: dict[str, Any], width: float, height: float) -> tuple[flo
         points = [(float(x), float(y)) for x, y in value["points"]]
     else:
         x, y, w, h = (float(value[key]) for key in ("x", "y", "width", "height"))
+        if w < 0 or h < 0:  # refused as COCO's box of negative size is (checked_box), not turned into another box
+            raise RequestRejected(f"a rectangle of negative width or height ({w:g}% by {h:g}%)")
         turn = math.radians(float(value.get("rotation") or 0))
         cos, sin = math.cos(turn), math.sin(turn)
         # Percent of the width and of the height are not the same length: turn in pixels

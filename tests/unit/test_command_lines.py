@@ -26,6 +26,23 @@ def test_a_wide_query_result_fits_the_terminal_and_says_where_the_whole_values_a
     assert code == 0 and output.rstrip().endswith("1 row"), output
 
 
+def test_make_demo_s_table_at_80_columns_keeps_status_and_boxes_whole_and_shows_paths_by_their_names(
+    tmp_path: Path,
+) -> None:
+    # GIVEN the demo's query over rows whose sources are long paths and whose captions are long
+    source = "/home/someone/projects/annotate/samples/" + "a-long-folder-name/" * 3 + "chelsea-the-cat.jpg"
+    sql = (
+        f"SELECT '{source}' AS source_uri, 'succeeded' AS status, 12 AS boxes, "
+        "'A cat sits on a sofa beside a cup of coffee, in the light of a window on a winter morning' AS caption"
+    )
+    # WHEN printed on a terminal of 80 columns
+    result = CliRunner().invoke(app, ["query", sql, "--data-dir", str(tmp_path)], env={"COLUMNS": "80"})
+    # THEN the short cells are whole, the path is its file name, and every line fits
+    [row] = [line for line in result.output.splitlines() if "succeeded" in line]
+    assert "…/chelsea-the-cat.jpg" in row and "│ 12 " in row, result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 80, result.output
+
+
 def test_export_into_a_folder_that_holds_other_files_is_refused_without_walking_it(results_with_rows: Path) -> None:
     code, output = annotate("export", "--format", "coco", "--out", "/", "--data-dir", str(results_with_rows))
     assert code == 2 and "--out / already holds files annotate export did not write" in output, output
@@ -86,3 +103,24 @@ def test_bench_photo_says_in_one_line_that_a_sample_is_no_image(tmp_path: Path) 
     code, output = annotate("bench-photo", str(notes), "--out-dir", str(tmp_path / "out"))
     assert code == 2 and "notes.jpg is not an image Pillow reads" in output and output.count("\n") == 1, output
     assert not (tmp_path / "out").exists()
+
+
+def test_sam_build_finds_python_3_12_where_this_machine_has_it_or_says_how_to_get_it(tmp_path: Path) -> None:
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    script = str(Path(__file__).resolve().parents[2] / "scripts" / "sam_build.sh")
+    # GIVEN a PATH whose only python3.12 is a 3.11 in disguise, and no pyenv or uv
+    (tmp_path / "python3.12").symlink_to(sys.executable)
+    bare = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    found = subprocess.run(["bash", script, "--which-python"], env=bare, capture_output=True, text=True, timeout=60)
+    # THEN it is not taken for Lambda's runtime, and the message says how to install one
+    assert found.returncode == 1 and "install it (pyenv install 3.12" in found.stderr
+    # AND with this machine's own PATH it finds a real 3.12 if there is one
+    found = subprocess.run(["bash", script, "--which-python"], env=os.environ, capture_output=True, text=True)
+    if shutil.which("python3.12") or shutil.which("pyenv") or shutil.which("uv"):
+        interpreter = found.stdout.strip()
+        version = subprocess.run([interpreter, "-V"], capture_output=True, text=True).stdout
+        assert found.returncode == 0 and version.startswith("Python 3.12"), found.stderr

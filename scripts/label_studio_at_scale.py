@@ -37,8 +37,13 @@ from shared.serving.api import serving_app  # noqa: E402
 from shared.settings import Profile, use_settings  # noqa: E402
 from tests.integration.test_label_studio import api, personal_access_token  # noqa: E402
 from tests.integration.test_label_studio_templates import shipped_templates  # noqa: E402
-from tests.servers import LABEL_STUDIO_PASSWORD, LABEL_STUDIO_USER, answering, label_studio_process  # noqa: E402
-from tests.servers import serving_in_thread  # noqa: E402
+from tests.servers import (  # noqa: E402
+    LABEL_STUDIO_PASSWORD,
+    LABEL_STUDIO_USER,
+    answering,
+    label_studio_process,
+    serving_in_thread,
+)
 from tools.cli import app  # noqa: E402
 from tools.results.annotations import local_annotated_sources  # noqa: E402
 
@@ -62,7 +67,8 @@ def uploaded(ls: httpx.Client, title: str, config: str, folder: Path) -> int:
     project = int(ls.post("/api/projects", json={"title": title, "label_config": config}).json()["id"])
     paths = sorted(folder.iterdir())
     for start in range(0, len(paths), UPLOADS_PER_IMPORT):
-        files = [(f"file{n}", (p.name, p.read_bytes())) for n, p in enumerate(paths[start : start + UPLOADS_PER_IMPORT])]
+        chunk = paths[start : start + UPLOADS_PER_IMPORT]
+        files = [(f"file{n}", (path.name, path.read_bytes())) for n, path in enumerate(chunk)]
         answer = ls.post(f"/api/projects/{project}/import", files=files)
         assert answer.status_code == 201, answer.text
     return project
@@ -83,9 +89,7 @@ def retrieve_until_done(
     while before < tasks and len(calls) < most:
         asked = {"selectedItems": {"all": True, "excluded": []}}
         started = time.monotonic()
-        answer = ls.post(
-            "/api/dm/actions", params={"id": "retrieve_tasks_predictions", "project": project}, json=asked
-        )
+        answer = ls.post("/api/dm/actions", params={"id": "retrieve_tasks_predictions", "project": project}, json=asked)
         seconds = time.monotonic() - started
         after = predicted_tasks(ls, project)
         calls.append({"seconds": round(seconds, 1), "status": answer.status_code, "new_predictions": after - before})

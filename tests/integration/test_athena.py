@@ -58,7 +58,20 @@ def test_label_studio_s_tasks_are_found_among_a_deployed_stack_s_rows(athena: ob
     from tools.results.annotations import athena_annotated_sources
 
     athena_backends["123456789012"][REGION].query_results_queue.clear()  # the fixture's rows are another query's
-    image = ["a1", "s3://in/cat.jpg", "b-1", "succeeded", "64", "48", "A cat.", None, None, "2026-12-05", "cat."]
+    image = [
+        "a1",
+        "s3://in/cat.jpg",
+        "b-1",
+        "succeeded",
+        "64",
+        "48",
+        "A cat.",
+        None,
+        None,
+        "2026-12-05",
+        "cat.",
+        "0" * 64,
+    ]
     _queue(
         [
             (name, "integer" if name in ("width", "height") else "varchar")
@@ -74,6 +87,7 @@ def test_label_studio_s_tasks_are_found_among_a_deployed_stack_s_rows(athena: ob
                 "error",
                 "processed_at",
                 "prompt",
+                "content_sha256",
             )
         ],
         [image],
@@ -97,5 +111,6 @@ def test_label_studio_s_tasks_are_found_among_a_deployed_stack_s_rows(athena: ob
     )
     [found] = athena_annotated_sources(Settings().athena)(["s3://in/cat.jpg"], ["cat.jpg"])
     assert (found.source_uri, found.caption, found.prompt) == ("s3://in/cat.jpg", "A cat.", "cat.")
+    assert found.content_sha256 == "0" * 64
     [cat] = found.boxes
     assert (cat.label, cat.box.x1, cat.class_label, cat.attributes) == ("cat", 30.0, "tabby", {"color": "gray"})

@@ -117,6 +117,7 @@ def main() -> None:
     print(f"annotate run of {arguments.tasks} photos: {run_s:.0f} s", flush=True)
     config = shipped_templates()["computer-vision/object-detection-with-bounding-boxes"]
     report: dict[str, Any] = {"tasks": arguments.tasks, "annotate_run_s": round(run_s), "label_studio_waits_s": 100}
+    (root / "label-studio").mkdir()
     with label_studio_process(root / "label-studio", LABEL_STUDIO_USER, LABEL_STUDIO_PASSWORD) as started_ls:
         url = answering(started_ls)
         token = personal_access_token(url)

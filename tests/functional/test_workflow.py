@@ -168,13 +168,18 @@ def test_a_rejected_image_ends_as_a_detect_failure_and_the_batch_goes_on(workflo
     assert failed.annotated_uri is None and failed.caption is None
 
 
-def test_a_detector_failure_skips_every_later_step(workflow, fakes: FakeModels) -> None:
+def test_a_detector_failure_skips_every_later_step(fakes: FakeModels) -> None:
     fakes.detector.failure = ModelUnavailable("no detector weights")
+    invoked: list[str] = []
 
-    _, documents = run_batch(workflow, fakes)
+    with local_workflow(lambda name, payload, error: invoked.append(name)) as workflow:
+        _, documents = run_batch(workflow, fakes)
 
     document = documents["s3://in/a.jpg"]
     assert (document.failed_step, document.detections, document.caption) == ("detect", [], None)
+    # the functions that ran: Detect, then the result and the rows; no model step after Detect
+    assert "detect" in invoked and "write_result" in invoked
+    assert not {"classify", "tag", "caption"} & set(invoked), invoked
 
 
 def test_a_caption_failure_is_recorded_and_the_rest_is_kept(workflow, fakes: FakeModels) -> None:
@@ -184,7 +189,7 @@ def test_a_caption_failure_is_recorded_and_the_rest_is_kept(workflow, fakes: Fak
 
     document = documents["s3://in/a.jpg"]
     assert (document.failed_step, document.error) == ("caption", "caption: ModelUnavailable: no GGUF here")
-    assert all(d.class_label and d.attributes for d in document.detections)
+    assert document.detections and all(d.class_label and d.attributes for d in document.detections)
 
 
 def test_an_image_without_boxes_is_embedded_not_classified_and_still_gets_a_caption(

@@ -63,13 +63,20 @@ def test_cost_prices_from_the_checkout_s_bench_wherever_it_is_run(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     code, output = annotate("cost", "--out-dir", str(tmp_path / "out"))
-    assert code == 0 and (tmp_path / "out" / "cost.md").is_file(), output
+    assert code == 0, output
+    # the table prices each scenario's options from the checkout's bench, a dollar figure in every row
+    table = (tmp_path / "out" / "cost.md").read_text()
+    rows = [line for line in table.split("\n\n")[0].splitlines() if line.startswith("| steady: ")]
+    assert len(rows) >= 4 and all("$" in row.split("|")[3] for row in rows), table[:2000]
+    assert "\nSeconds: " in table  # where the seconds priced come from
 
 
-@pytest.mark.parametrize("truth", ["/dev/zero", "/nowhere/truth.json"])
-def test_evaluate_says_what_is_wrong_with_its_truth_in_one_line(truth: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("truth", "said"), [("/dev/zero", "/dev/zero: not a regular file"), ("/nowhere/truth.json", "no such file")]
+)
+def test_evaluate_says_what_is_wrong_with_its_truth_in_one_line(truth: str, said: str, tmp_path: Path) -> None:
     code, output = annotate("evaluate", "--truth", truth, "--data-dir", str(tmp_path))
-    assert code == 2 and output.count("\n") == 1, output
+    assert code == 2 and output.count("\n") == 1 and said in output, output
 
 
 @pytest.mark.parametrize(

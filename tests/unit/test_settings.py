@@ -37,4 +37,6 @@ def test_no_setting_describes_a_measured_figure():
 
 
 def test_sections_are_frozen_like_the_settings():
+    # the sections Settings is made of (found, not an empty list), each frozen
+    assert {"DetectionSettings", "CaptionSettings", "LabelStudioSettings"} <= {section.__name__ for section in SECTIONS}
     assert all(issubclass(section, BaseModel) and section.model_config.get("frozen") for section in SECTIONS)

@@ -91,3 +91,27 @@ def test_every_model_function_logs_its_cpu_at_init(capsys: pytest.CaptureFixture
         logger.setLevel(level)
     [record] = [json.loads(line) for line in capsys.readouterr().err.splitlines() if '"cpu"' in line]
     assert record["message"] == "cpu" and record["cpu"] and isinstance(record["cpu_flags"], list)
+
+
+@pytest.mark.parametrize(
+    ("function", "loads"),
+    [
+        ("detect", [Step.DETECT]),
+        ("classify", [Step.CLASSIFY]),
+        ("tag", [Step.TAG]),
+        ("caption", [Step.CAPTION]),
+        ("api", [Step.DETECT, Step.CLASSIFY, Step.TAG, Step.CAPTION]),
+    ],
+)
+def test_each_model_function_s_handler_module_loads_its_models_at_import(
+    built: list[Step], monkeypatch: pytest.MonkeyPatch, function: str, loads: list[Step]
+) -> None:
+    import importlib
+
+    # GIVEN a runtime without SnapStart, and the handler's module not imported yet
+    monkeypatch.setitem(sys.modules, "snapshot_restore_py", None)
+    monkeypatch.delitem(sys.modules, f"functions.{function}.app", raising=False)
+    # WHEN Lambda imports the handler (its init phase)
+    importlib.import_module(f"functions.{function}.app")
+    # THEN the function's models were built then, not on its first image
+    assert built == loads

@@ -328,8 +328,9 @@ def _variants_document(state: ImageState, deps: Dependencies) -> tuple[VariantsO
 def write_group_table(
     state: WriteGroupTableInput, deps: Dependencies, known: Mapping[str, ImageResult] | None = None
 ) -> GroupSummary:
-    """Gather the group's result documents into its files of the ``images`` and ``detections`` tables, and keep
-    the group's summary where SummarizeBatch finds it. A document in ``known`` (by its location) is not read
+    """Gather the group's result documents into its file of each table (``images``, ``detections``, ``embeddings``,
+    ``box_embeddings``: shared/storage/tables.py's SCHEMAS), and keep the group's summary where SummarizeBatch
+    finds it. A document in ``known`` (by its location) is not read
     again: the bulk worker holds what it wrote."""
     from shared.storage.tables import write_table_files  # pyarrow: only WriteGroupTable's and SummarizeBatch's packages
 

@@ -1,4 +1,5 @@
-"""In-memory stand-ins for every port a step uses: object storage and the five models. Each can be told to fail."""
+"""In-memory stand-ins for the ports a step's work goes through: object storage and the five models (the clients
+of AWS's other services are moto's in the tests that need them). Each can be told to fail."""
 
 from __future__ import annotations
 

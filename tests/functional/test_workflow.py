@@ -1,4 +1,4 @@
-"""The workflow definition on moto's interpreter and the real handlers, with every port a fake: the merge of the
+"""The workflow definition on moto's interpreter and the real handlers, storage and the models faked: the merge of the
 steps' results and every failure path, in seconds."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from shared.contracts import MadeBy, PictureFormat
+from shared.contracts import AnnotationRequest, MadeBy, PictureFormat
 from shared.settings import ImageLimits, Settings, get_settings
 from shared.storage.objects import StoreFor, store_for
 
@@ -116,23 +116,35 @@ def _variants(settings: Settings) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class StepPort:
-    """What a step works with beyond the store, limits and pictures every step has: the field of
-    :class:`Dependencies` it fills (its model), and how that is loaded from the settings (once per
-    process, heavy imports inside), with what made the step's output."""
+    """A step with a model: the field of :class:`Dependencies` it fills, how that is loaded from the settings (once
+    per process, heavy imports inside, with what made the step's output), whether it is one of an image's
+    annotation steps (the API loads it before a call, the bench and chaos count it), when a request wants it, and
+    whether the image's row names its model (a ``<fills>_model`` column)."""
 
     fills: str
     load: Callable[[Settings], dict[str, Any]]
+    annotates: bool = True
+    wanted: Callable[[AnnotationRequest], bool] = lambda _: True
+    row_names_model: bool = False
 
 
-# Every step's port: the real dependencies, the fakes of the tests and SnapStart's warm-up read this table. A new step
-# with a model is one entry here (docs/development.md, "Recipes").
+# Every step with a model, in the order an image meets them. The real dependencies, the tests' fakes, SnapStart's
+# warm-up, the API's preload and needed steps, the rows' model columns, chaos and the bench's step lists are read from
+# here (tests/unit/test_step_registry.py holds each to it).
 STEP_PORTS: dict[Step, StepPort] = {
-    Step.DETECT: StepPort("detector", _detect),
-    Step.CLASSIFY: StepPort("classifier", _classify),
-    Step.TAG: StepPort("tagger", _tag),
-    Step.CAPTION: StepPort("captioner", _caption),
-    Step.VARIANTS: StepPort("generator", _variants),
+    Step.DETECT: StepPort("detector", _detect, row_names_model=True),
+    Step.CLASSIFY: StepPort("classifier", _classify, row_names_model=True),
+    Step.TAG: StepPort("tagger", _tag, row_names_model=True),
+    Step.CAPTION: StepPort("captioner", _caption, wanted=lambda request: request.caption),
+    Step.VARIANTS: StepPort("generator", _variants, annotates=False),
 }
+# An image's annotation steps with a model (Variants, a task of its own, is not one)
+ANNOTATION_MODEL_STEPS: tuple[Step, ...] = tuple(step for step, port in STEP_PORTS.items() if port.annotates)
+
+
+def steps_wanted(request: AnnotationRequest) -> list[Step]:
+    """The model steps ``request`` runs, in order, then WriteResult: what one call loads before its image runs."""
+    return [step for step in ANNOTATION_MODEL_STEPS if STEP_PORTS[step].wanted(request)] + [Step.WRITE_RESULT]
 
 
 def build_dependencies(step: Step, settings: Settings) -> Dependencies:

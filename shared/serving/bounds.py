@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 
 from shared.errors import ImageRejected, ModelUnavailable, RequestRejected
 from shared.observability import logger
-from shared.pipeline.dependencies import Step
+from shared.pipeline.dependencies import ANNOTATION_MODEL_STEPS
 from shared.serving.calls import (
     DependenciesOf,
     RecordRows,
@@ -332,7 +332,7 @@ class ApiContext:
     def preload(self) -> None:
         """Every model, Detect first: a first annotation waits for Detect, Classify and Tag only. One after another:
         side by side on two cores, they took 1.5 s longer to the first answer (annotate bench-api)."""
-        for step in (Step.DETECT, Step.CLASSIFY, Step.TAG, Step.CAPTION):
+        for step in ANNOTATION_MODEL_STEPS:
             try:
                 self.dependencies_of(step)
             except ModelUnavailable as error:

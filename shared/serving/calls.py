@@ -30,7 +30,7 @@ from shared.contracts import (
 from shared.errors import ImageRejected, RequestRejected
 from shared.pipeline import steps
 from shared.pipeline.batches import batch_id, image_ref
-from shared.pipeline.dependencies import Dependencies, Step
+from shared.pipeline.dependencies import Dependencies, Step, steps_wanted
 from shared.pipeline.one_image import annotate_image
 from shared.settings import Settings
 from shared.storage import layout
@@ -175,7 +175,7 @@ def annotate_one(
     fingerprinting = store_for if options.record else store_for_this_call
     ref = image_ref(source_uri, fingerprinting(source_uri).fingerprint(source_uri))
     task = ImageTask(batch_id=batch_id(request, [ref]), request=request, image=ref, results_uri=root)
-    needed = [Step.DETECT, Step.CLASSIFY, Step.TAG, Step.WRITE_RESULT] + ([Step.CAPTION] if request.caption else [])
+    needed = steps_wanted(request)
     # Loaded before the image runs: a model that cannot load is the service's failure (503), not the image's.
     dependencies = {step: replace(dependencies_of(step), store_for=store_for_this_call) for step in needed}
     result = annotate_image(task, dependencies.__getitem__, decoded)

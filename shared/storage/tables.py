@@ -57,6 +57,7 @@ CAPTION_FIELDS = [
 ]
 
 # The steps whose model a row names, and its column: detector_model, classifier_model, tagger_model.
+# (storage sits below the pipeline, so this is written out: tests/unit/test_step_registry.py holds it to STEP_PORTS)
 MADE_BY_ROLES = {"detect": "detector", "classify": "classifier", "tag": "tagger"}
 
 # Which image a row is about: the first columns of every table.

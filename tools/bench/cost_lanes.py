@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from shared.pipeline.dependencies import ANNOTATION_MODEL_STEPS
 from shared.storage.tables import SCHEMAS
 from tools.bench.cost_inputs import (
     HOURS_PER_MONTH,
@@ -78,7 +79,7 @@ LOG_BYTES_PER_INVOCATION = 1_450
 # X-Ray's sampling of traced Lambda invocations and executions: "by default ... the first request each second, and
 # five percent of any additional requests" (X-Ray developer guide, "Sampling rules"), each function on its own
 SAMPLED_PER_SECOND, SAMPLED_BEYOND = 1, 0.05
-MODEL_STEPS = ("detect", "classify", "tag", "caption")
+MODEL_STEPS = tuple(step.value for step in ANNOTATION_MODEL_STEPS)
 
 
 def dropped_images_per_execution(scenario: Scenario) -> float:

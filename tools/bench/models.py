@@ -39,6 +39,8 @@ FULL_SIZE_RANDOM: dict[str, Any] = {
     "tagger_models": ["random:clip-vit-b-32"],
 }
 # step -> (its loader, the Settings section it takes)
+# Each annotation step's loader, by the path a cold start's own process imports (tests/unit/test_step_registry.py
+# holds its steps to the registry's)
 STEP_LOADERS = {
     "detect": ("shared.models.grounding_onnx:load_detector", "detection"),
     "classify": ("shared.models.classification:load_classifier", "describe"),

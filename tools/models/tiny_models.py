@@ -32,6 +32,7 @@ def build_model(source: str, files: ModelFiles) -> Path:
         "convnext": _build_convnext,
         "clip": _build_clip,
         "sdxs": _build_sdxs,
+        "smolvlm": lambda folder: _build_smolvlm(folder, files),
         "grounding-dino-tiny": lambda folder: _build_grounding_dino(folder, full_size=True),
         "convnext-tiny-224": lambda folder: _build_convnext(folder, full_size=True),
         "clip-vit-b-32": lambda folder: _build_clip(folder, full_size=True),
@@ -68,6 +69,7 @@ def build_named_models(settings: Settings, variants: bool = False) -> None:
     for source in [*sources, *([settings.variants_model] if variants else [])]:
         if source.startswith(BUILT_PREFIXES):
             build_model(source, settings.model_files)
+    build_vision_captioner(settings)
     from tools.models.describe_export import exported_classifier_dir, exported_tagger_dir
     from tools.models.detector_export import exported_detector_dir
 
@@ -81,6 +83,12 @@ def build_named_models(settings: Settings, variants: bool = False) -> None:
     seconds = exports_finished()
     if seconds is not None:
         print(f"models exported in {seconds:.0f} s", file=sys.stderr, flush=True)
+
+
+def build_vision_captioner(settings: Settings) -> None:
+    """The vision-language model the caption step uses with ``caption_vision``, where it is one built here."""
+    if settings.caption_vision and settings.caption_vision_model.startswith(BUILT_PREFIXES):
+        build_model(settings.caption_vision_model.split("/", 1)[0], settings.model_files)  # tiny:NAME/FILE
 
 
 def bert_base_uncased_vocab() -> dict[str, int]:
@@ -228,3 +236,140 @@ def _build_sdxs(folder: Path) -> None:
     (folder / "text_encoder").mkdir()
     save_file(weights, folder / "text_encoder" / "model.safetensors")
     text_encoder.config.save_pretrained(folder / "text_encoder")
+
+
+# A vocabulary to tokenize captions and the chat's turns with: SentencePiece trained here on these lines, with the
+# tokens llama.cpp's multimodal library looks up for SmolVLM's images (tools/mtmd/mtmd.cpp, PROJECTOR_TYPE_IDEFICS3)
+SMOLVLM_TEXT = [
+    "A photo of a cat on a sofa.",
+    "A dog runs on the beach.",
+    "Two cups of coffee on a table.",
+    "The light of a window on a winter morning.",
+    "A red umbrella in the rain.",
+    "Write a one or two sentence caption of this photo.",
+    'Facts: {"looked_for":["cat","dog"],"found":[{"object":"cat","count":1,"where":["left"]}]}',
+    "User Assistant image caption the a of in on with and",
+]
+SMOLVLM_TOKENS = [
+    "<image>",
+    "<fake_token_around_image>",
+    "<global-img>",
+    "<end_of_utterance>",
+    "\n\n",
+    "\n",
+    *(f"<row_{row}_col_{column}>" for row in range(1, 7) for column in range(1, 7)),
+]
+# SmolVLM's turns, for the image's part in the text: what llama-cpp-python's MTMDChatHandler renders a chat with
+SMOLVLM_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] | capitalize }}: {% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for part in message['content'] %}{% if part['type'] == 'text' %}"
+    "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<end_of_utterance>\n{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+
+def _build_smolvlm(folder: Path, files: ModelFiles) -> None:
+    """SmolVLM's architecture (a SigLIP vision tower, the pixel shuffle connector, a Llama text model), small and
+    with random weights, saved as transformers saves it, then converted by llama.cpp's own converter to a model GGUF
+    (``model.gguf``) and a vision projector GGUF (``mmproj.gguf``), as llama.cpp's SmolVLM GGUFs are made."""
+    import json
+    import subprocess
+
+    import sentencepiece
+    import torch
+    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
+
+    checkpoint = folder / "hf"
+    checkpoint.mkdir()
+    corpus = folder / "corpus.txt"
+    corpus.write_text("\n".join(SMOLVLM_TEXT * 50))
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(checkpoint / "tokenizer"),
+        vocab_size=520,
+        model_type="bpe",
+        user_defined_symbols=SMOLVLM_TOKENS,
+        byte_fallback=True,  # any character a prompt holds is some token
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+        pad_id=3,
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        remove_extra_whitespaces=False,
+        normalization_rule_name="identity",
+        num_threads=1,  # one thread: the same vocabulary on every machine
+        minloglevel=2,
+    )
+    corpus.unlink()
+    vocabulary = sentencepiece.SentencePieceProcessor(model_file=str(checkpoint / "tokenizer.model"))
+    torch.manual_seed(_SEED)
+    text = {"model_type": "llama", "vocab_size": vocabulary.get_piece_size(), "hidden_size": 64}
+    text |= {"intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    text |= {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2}
+    text |= {"pad_token_id": 3, "tie_word_embeddings": False}
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    vision |= {"image_size": 64, "patch_size": 16, "num_channels": 3}
+    config = SmolVLMConfig(
+        text_config=text,
+        vision_config=vision,
+        scale_factor=2,
+        image_token_id=vocabulary.piece_to_id("<image>"),
+        tie_word_embeddings=False,
+    )
+    SmolVLMForConditionalGeneration(config).eval().save_pretrained(checkpoint)
+    saved = json.loads((checkpoint / "config.json").read_text())
+    saved["text_config"]["architectures"] = ["VLlama3ForCausalLM"]  # as SmolVLM's own config names its text model
+    (checkpoint / "config.json").write_text(json.dumps(saved, indent=2))
+    preprocessing = {"size": {"longest_edge": 64}, "max_image_size": {"longest_edge": 64}, "do_image_splitting": False}
+    preprocessing |= {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # SmolVLM's own
+    (checkpoint / "preprocessor_config.json").write_text(json.dumps(preprocessing))
+    tokenizer_config = {"add_prefix_space": True, "bos_token": "<s>", "eos_token": "</s>"}
+    (checkpoint / "tokenizer_config.json").write_text(
+        json.dumps(tokenizer_config | {"chat_template": SMOLVLM_CHAT_TEMPLATE})
+    )
+    converter = llama_cpp_converter(files)
+    for output, flags in (("model.gguf", []), ("mmproj.gguf", ["--mmproj"])):
+        command = [sys.executable, str(converter), str(checkpoint), *flags, "--outfile", str(folder / output)]
+        converted = subprocess.run([*command, "--outtype", "f32"], capture_output=True, text=True, timeout=600)
+        if converted.returncode != 0:
+            raise ModelUnavailable(f"llama.cpp's converter failed on the tiny SmolVLM: {converted.stderr[-1500:]}")
+    shutil.rmtree(checkpoint)
+
+
+def llama_cpp_converter(files: ModelFiles) -> Path:
+    """llama.cpp's ``convert_hf_to_gguf.py``, as the installed llama-cpp-python's source distribution vendors it
+    (with its ``conversion`` package and its own ``gguf-py``): downloaded from PyPI once per machine."""
+    import subprocess
+    import tarfile
+    from importlib.metadata import version
+
+    release = version("llama-cpp-python")
+    folder = files.model_cache_dir / f"llama.cpp-converter-{release}"
+    script = folder / "convert_hf_to_gguf.py"
+    if script.is_file():
+        return script
+    with tempfile.TemporaryDirectory(dir=files.model_cache_dir) as downloads:
+        command = [sys.executable, "-m", "pip", "download", f"llama-cpp-python=={release}", "--no-binary", ":all:"]
+        fetched = subprocess.run(
+            [*command, "--no-deps", "-d", downloads],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        if fetched.returncode != 0:
+            raise ModelUnavailable(f"llama-cpp-python's source could not be downloaded: {fetched.stderr[-800:]}")
+        [archive] = Path(downloads).glob("llama_cpp_python-*.tar.gz")
+        vendored = f"llama_cpp_python-{release}/vendor/llama.cpp/"
+        staging = Path(downloads) / "converter"
+        with tarfile.open(archive) as source:
+            wanted = [
+                member
+                for member in source.getmembers()
+                if member.name == vendored + "convert_hf_to_gguf.py"
+                or member.name.startswith((vendored + "conversion/", vendored + "gguf-py/"))
+            ]
+            source.extractall(staging, members=wanted, filter="data")
+        shutil.rmtree(folder, ignore_errors=True)
+        (staging / vendored).rename(folder)
+    return script

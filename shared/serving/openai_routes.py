@@ -69,16 +69,32 @@ class TextPart(BaseModel):
     text: str
 
 
+class ImageUrl(BaseModel):
+    url: str = Field(description="A data: URL of the picture (this server fetches no other URL)")
+    detail: str | None = None
+
+
+class ImagePart(BaseModel):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
 class ChatMessage(BaseModel):
-    """One message as this model reads it: a role and text (a string, or OpenAI's text parts)."""
+    """One message as this model reads it: a role and text (a string, or OpenAI's text parts), and pictures
+    (``image_url`` parts) where the chat model sees them."""
 
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant"]
-    content: str | list[TextPart]
+    content: str | list[TextPart | ImagePart]
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    def images(self) -> list[ImagePart]:
+        return [] if isinstance(self.content, str) else [part for part in self.content if isinstance(part, ImagePart)]
 
 
 class ChatCompletionCall(BaseModel):
@@ -123,8 +139,23 @@ def _chat_arguments(body: bytes, settings: Settings) -> dict[str, Any]:
     completion = CreateChatCompletionRequest.model_validate_json(body).model_dump(exclude_none=True)
     if completion.get("tools") or completion.get("functions"):
         raise ApiError(400, "tools and functions are not supported by this model", param="tools")
-    messages = [message.model_dump(exclude_none=True) | {"content": message.text()} for message in checked.messages]
+    pictures = [image for message in checked.messages for image in message.images()]
+    if pictures and not (settings.caption_vision or settings.caption_mmproj):
+        raise ApiError(
+            400, "messages: this server's chat model sees no image (serve it with --caption-vision)", param="messages"
+        )
+    if any(not image.image_url.url.startswith("data:image/") for image in pictures):
+        raise ApiError(400, "image_url: a data:image/... URL (this server fetches none)", param="messages")
+    messages = [
+        message.model_dump(exclude_none=True) | ({} if message.images() else {"content": message.text()})
+        for message in checked.messages
+    ]
     return completion | {"messages": messages, "max_tokens": limit or settings.api_max_chat_tokens}
+
+
+def chat_model(settings: Settings) -> str:
+    """The model /v1/chat/completions answers with: the vision-language one where captions see the image."""
+    return settings.caption_vision_model if settings.caption_vision else settings.caption_model
 
 
 def openai_routes(context: ApiContext) -> APIRouter:
@@ -135,7 +166,7 @@ def openai_routes(context: ApiContext) -> APIRouter:
     def models() -> dict[str, Any]:
         from llama_cpp.server.types import ModelData, ModelList  # llama-cpp-python's OpenAI types
 
-        owners = {settings.caption_model: "llama.cpp", ANNOTATION_MODEL: "annotate"}
+        owners = {chat_model(settings): "llama.cpp", ANNOTATION_MODEL: "annotate"}
         embedding_model = _loaded_clip(context)
         if embedding_model:
             owners[embedding_model] = "open_clip"  # /v1/embeddings': the one that loaded, not those passed over
@@ -160,13 +191,11 @@ def openai_routes(context: ApiContext) -> APIRouter:
     async def chat(request: Request) -> Any:
         completion = _chat_arguments(await request.body(), settings)
         if not completion.get("stream"):
-            return await context.run(
-                lambda: chat_completion(completion, settings.caption_model, context.dependencies_of)
-            )
+            return await context.run(lambda: chat_completion(completion, chat_model(settings), context.dependencies_of))
         await context.admission.enter()  # 429 now, before the stream's headers are sent
         chunks: Generator[dict[str, Any]] | None = None
         try:
-            chunks = await run_in_threadpool(chat_chunks, completion, settings.caption_model, context.dependencies_of)
+            chunks = await run_in_threadpool(chat_chunks, completion, chat_model(settings), context.dependencies_of)
             # The first chunk before the headers: a failure to start is answered with its status, not a 200
             first = await run_in_threadpool(_next_or_none, chunks)
         except BaseException:

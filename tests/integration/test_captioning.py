@@ -188,3 +188,40 @@ def test_the_environment_captions_with_the_llama_cpp_build_the_stack_deploys() -
     # local captions are the deployed ones and annotate bench times what runs there
     assert "AVX2 = 1" in features
     assert "AVX512" not in features and "OPENMP" not in features
+
+
+def test_the_openai_client_s_chat_with_an_image_answers_about_that_image(vision_settings: Settings) -> None:
+    import base64
+
+    import openai
+    from PIL import Image
+
+    from shared.serving.api import serving_app
+    from tests.conftest import encode
+    from tests.servers import serving_in_thread
+
+    def ask(client: openai.OpenAI, color: str) -> str:
+        url = "data:image/png;base64," + base64.b64encode(encode(Image.new("RGB", (64, 64), color), "PNG")).decode()
+        content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is in it?"}]
+        answer = client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": content}],
+            max_tokens=8,
+            temperature=0,  # type: ignore[list-item,misc]
+        )
+        return answer.choices[0].message.content or ""
+
+    # GIVEN `annotate serve --caption-vision` (its app, on the tiny vision-language model)
+    with serving_in_thread(serving_app(vision_settings)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        # WHEN OpenAI's own client asks about a red picture, a blue one, and the red one again
+        red, blue, red_again = (ask(client, color) for color in ("red", "blue", "red"))
+        listed = [model.id for model in client.models.list()]
+    # THEN each answer is about its picture: another picture, another answer; the same, the same
+    assert red != blue and red == red_again
+    assert "tiny:smolvlm/model.gguf" in listed
+    # AND a server whose chat model sees no image says so, in OpenAI's error shape
+    with serving_in_thread(serving_app(vision_settings.model_copy(update={"caption_vision": False}))) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        with pytest.raises(openai.BadRequestError, match="sees no image"):
+            ask(client, "red")

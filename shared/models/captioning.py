@@ -148,6 +148,8 @@ class Captioner(Protocol):
         self, facts: dict[str, Any], image: Image.Image | None = None, *, as_json: bool = False
     ) -> CaptionOutput: ...
 
+    def answer(self, image: Image.Image, question: str) -> str: ...
+
 
 @dataclass
 class LlamaCaptioner:
@@ -223,6 +225,20 @@ class LlamaCaptioner:
             completion_tokens=len(pieces),
             peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         )
+
+    def answer(self, image: Image.Image, question: str) -> str:
+        """The vision-language model's answer to ``question`` about ``image``: one line, bounded.
+
+        Raises:
+            ModelUnavailable: the model sees no image (no projector).
+        """
+        if not self.multimodal:
+            raise ModelUnavailable("the caption model sees no image: serve a vision-language model (--caption-vision)")
+        content = [{"type": "image_url", "image_url": {"url": _data_uri(image)}}, {"type": "text", "text": question}]
+        answer = self.chat(
+            {"messages": [{"role": "user", "content": content}], "max_tokens": self.max_tokens, "temperature": 0.0}
+        )
+        return clean_caption(answer["choices"][0]["message"]["content"] or "")
 
     def chat(self, completion: dict[str, Any]) -> dict[str, Any]:
         """llama-cpp-python's chat completion (OpenAI's shape) on this model, between captions."""

@@ -63,7 +63,7 @@ UNFILLED = {
     "Labels": "labels of regions drawn by hand",
 }
 FILLED = "RectangleLabels (boxes), per-region Choices (class, attributes), Choices (the whole image) and a TextArea "
-FILLED += "(the caption) on one Image"
+FILLED += "(the caption) on one Image, and with a vision-language model a TextArea answering a task's Text question"
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,16 @@ class ImageChoices:
 
 
 @dataclass(frozen=True)
+class Question:
+    """A TextArea that answers a question a task holds (Label Studio's Visual Question Answering template): the
+    TextArea, the Text object it answers, and the task data's key the question is under."""
+
+    control: str
+    text: str
+    key: str
+
+
+@dataclass(frozen=True)
 class Project:
     """What a label config asks of the models, by its controls' names, and what it leaves to people."""
 
@@ -107,6 +117,7 @@ class Project:
     region_choices: Mapping[str, tuple[Option, ...]] = field(default_factory=dict)  # per-region: name -> options
     image_choices: tuple[ImageChoices, ...] = ()
     caption: str | None = None  # the TextArea that takes the caption
+    questions: tuple[Question, ...] = ()  # TextAreas the vision-language model answers, each about the picture
     left_to_people: tuple[str, ...] = ()  # each control the models do not fill, and why
 
     @property
@@ -151,6 +162,7 @@ class Project:
         filled = [f"RectangleLabels {self.boxes!r}"] if self.boxes else []
         filled += [f"Choices {name!r} (per box)" for name in self.region_choices if self.boxes]
         filled += [f"Choices {choices.name!r} (the image)" for choices in self.image_choices]
+        filled += [f"TextArea {question.control!r} (answers Text {question.text!r})" for question in self.questions]
         return filled + ([f"TextArea {self.caption!r}"] if self.caption else [])
 
 
@@ -178,8 +190,9 @@ def original_name(location: str) -> str:
     return "" if name in ("", ".", "..") or not name.isprintable() else name
 
 
-def read_label_config(config: str) -> Project:
-    """What a Label Studio label config asks the models to fill, and what it leaves to people.
+def read_label_config(config: str, sees_images: bool = False) -> Project:
+    """What a Label Studio label config asks the models to fill, and what it leaves to people; ``sees_images``: the
+    caption model is a vision-language model, which answers the questions a task holds about its picture.
 
     Raises:
         RequestRejected: not XML, not one Image, or nothing on it the models can fill (said in one line).
@@ -199,7 +212,8 @@ def read_label_config(config: str) -> Project:
     if not value.startswith("$") or len(value) < 2:
         took = f"pages ({image.get('valueList')})" if image.get("valueList") else f"{value!r}, not $key"
         raise RequestRejected(f"the Image {name!r} takes {took}: the models fill one image a task")
-    reader = _ControlReader(name)
+    texts = {element.get("name", ""): element.get("value", "") for element in root.iter("Text")}
+    reader = _ControlReader(name, texts, sees_images)
     for control in root.iter():
         if control.get("toName") is not None:
             reader.read(control)
@@ -215,11 +229,14 @@ class _ControlReader:
     """Reads each control of a config in order, keeping those the models fill on ``image``."""
 
     image: str
+    texts: Mapping[str, str] = field(default_factory=dict)  # each Text object's value, by name
+    sees_images: bool = False
     boxes: str | None = None
     labels: tuple[Option, ...] = ()
     region_choices: dict[str, tuple[Option, ...]] = field(default_factory=dict)
     image_choices: list[ImageChoices] = field(default_factory=list)
     caption: str | None = None
+    questions: list[Question] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
     named: set[str] = field(default_factory=set)
 
@@ -228,7 +245,9 @@ class _ControlReader:
         targets = [target.strip() for target in control.get("toName", "").split(",")]
         per_region = control.get("perRegion", "").lower() == "true"
         why: str | None
-        if self.image not in targets:
+        if tag == "TextArea" and name and name not in self.named and len(targets) == 1 and targets[0] in self.texts:
+            why = self._question(name, targets[0])
+        elif self.image not in targets:
             why = f"on {', '.join(repr(t) for t in targets)}, not the image"
         elif not name:
             why = "it has no name"
@@ -248,6 +267,15 @@ class _ControlReader:
         if why:
             self.left.append(f"{tag} {name!r}: {why}")
         self.named.add(name)
+
+    def _question(self, name: str, text: str) -> str | None:
+        if not self.sees_images:
+            return "it answers a question about the picture: serve a vision-language model (--caption-vision)"
+        value = self.texts[text]
+        if not value.startswith("$") or len(value) < 2:
+            return f"its question is the config's own text ({value[:40]!r}), not a task's"
+        self.questions.append(Question(name, text, value[1:]))
+        return None
 
     def _boxes(self, control: ElementTree.Element, name: str) -> str | None:
         if self.boxes:
@@ -312,6 +340,7 @@ class _ControlReader:
             region_choices=region_choices,
             image_choices=tuple(self.image_choices),
             caption=self.caption,
+            questions=tuple(self.questions),
             left_to_people=tuple(self.left),
         )
 
@@ -417,15 +446,26 @@ def prediction(
     size: tuple[int, int],
     boxes: list[LabelledBox],
     caption: str | None,
-    image_choices: list[dict[str, Any]],
+    whole_image: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """One of Label Studio's predictions: the regions in the config's names, the caption, the whole image's
-    choices; a score per region and the lowest for the prediction."""
+    results (its choices, the answers to its questions); a score per region and the lowest for the prediction."""
     result = region_results(boxes, size[0] or 1, size[1] or 1, project, region_key)
-    result += caption_result(caption or "", project) + image_choices
+    result += caption_result(caption or "", project) + whole_image
     scores = [item["score"] for item in result if "score" in item]
     # an empty prediction is no claim of full confidence: it sorts first among the tasks to review
     return {"result": result, "score": min(scores, default=1.0 if result else 0.0), "model_version": MODEL_VERSION}
+
+
+def answer_result(question: Question, answer: str, region_key: str) -> dict[str, Any]:
+    """An answer in the question's TextArea."""
+    return {
+        "id": uuid.uuid5(uuid.NAMESPACE_URL, f"{region_key}/{question.control}").hex[:10],
+        "from_name": question.control,
+        "to_name": question.text,
+        "type": "textarea",
+        "value": {"text": [answer]},
+    }
 
 
 def caption_result(caption: str, project: Project) -> list[dict[str, Any]]:

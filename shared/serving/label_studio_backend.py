@@ -35,6 +35,7 @@ from pathlib import PurePosixPath
 from typing import Any, Protocol
 
 from fastapi import APIRouter
+from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -49,6 +50,7 @@ from shared.serving.label_studio import (
     MODEL_VERSION,
     LabelledBox,
     Project,
+    answer_result,
     image_choice_results,
     prediction,
     read_label_config,
@@ -61,6 +63,7 @@ MAX_TASKS_PER_CALL = 100_000  # Label Studio sends every selected task at once: 
 # Images read at once from Label Studio to match rows: its media are served by a pool of workers, and eight keep a
 # page moving without crowding the people using it
 DOWNLOADS_AT_ONCE = 8
+MAX_QUESTION_CHARS = 500  # a question a task holds, as the vision-language model reads it
 LEFT = "not reached within the call's time: the next Retrieve Predictions asks again"
 
 
@@ -287,19 +290,19 @@ class _Predicting:
     async def _from_row(self, image: TaskImage, identified: Identified) -> dict[str, Any]:
         earlier = identified.earlier
         assert earlier is not None
-        choices: list[dict[str, Any]] = []
-        if self.project.image_choices:
-            choices = await self._timed_choices(image, identified.source)
+        whole_image: list[dict[str, Any]] = []
+        if self.project.image_choices or self.project.questions:
+            whole_image = await self._timed_whole_image(image, identified.source)
         size = (earlier.width or 1, earlier.height or 1)
-        return prediction(self.project, earlier.image_id, size, earlier.boxes, earlier.caption, choices)
+        return prediction(self.project, earlier.image_id, size, earlier.boxes, earlier.caption, whole_image)
 
-    async def _timed_choices(self, image: TaskImage, source: Source | None) -> list[dict[str, Any]]:
+    async def _timed_whole_image(self, image: TaskImage, source: Source | None) -> list[dict[str, Any]]:
         if time.monotonic() + self.longest_choices_s > self.deadline:
             raise _Left
         started = time.monotonic()
-        choices = await self.context.run(functools.partial(self._image_choices, image, source))
+        results = await self.context.run(functools.partial(self._whole_image, image, source))
         self.longest_choices_s = max(self.longest_choices_s, time.monotonic() - started)
-        return choices
+        return results
 
     async def _answer_with_models(self, index: int, image: TaskImage, answers: list[Any]) -> str:
         """Runs the models on the task where the call's time allows; returns why it got no answer ("" when it
@@ -309,8 +312,8 @@ class _Predicting:
         started = time.monotonic()
         try:
             if self.request is None:
-                choices = await self._timed_choices(image, None)
-                answers[index] = prediction(self.project, image.location, (1, 1), [], None, choices)
+                whole_image = await self._timed_whole_image(image, None)
+                answers[index] = prediction(self.project, image.location, (1, 1), [], None, whole_image)
             else:
                 answers[index] = await self.context.run(functools.partial(self._predict, image))
         except _Left:
@@ -326,11 +329,11 @@ class _Predicting:
         return ""
 
     def _predict(self, image: TaskImage) -> dict[str, Any]:
-        """The task's prediction from the models (CLIP's whole-image choices on the same pixels)."""
+        """The task's prediction from the models (the whole image's choices and answers on the same pixels)."""
         settings = self.context.settings
         assert self.request is not None
         source = read_task_image(image, settings, self.authorization)
-        choices = self._image_choices(image, source) if self.project.image_choices else []
+        choices = self._whole_image(image, source) if self.project.image_choices or self.project.questions else []
         options = AnnotationOptions.model_validate(self.request.model_dump() | {"record": True})
         annotation = annotate_one(source, options, settings, self.context.dependencies_of, self.context.record_rows)
         if annotation.status != "succeeded":
@@ -339,11 +342,36 @@ class _Predicting:
         caption = annotation.caption.caption if annotation.caption else None
         return prediction(self.project, annotation.image_id, size, _boxes(annotation), caption, choices)
 
-    def _image_choices(self, image: TaskImage, source: Source | None) -> list[dict[str, Any]]:
-        """CLIP's whole-image choices on the task's picture (read here where it was not yet)."""
+    def _whole_image(self, image: TaskImage, source: Source | None) -> list[dict[str, Any]]:
+        """CLIP's whole-image choices and the vision-language model's answers to the task's questions, on the
+        task's picture (read here where it was not yet)."""
         settings = self.context.settings
         source = source or read_task_image(image, settings, self.authorization)
         pixels = decode_image(source.data, max_pixels=settings.max_image_pixels).pixels
+        choices = self._image_choices(pixels, source.uri) if self.project.image_choices else []
+        return choices + self._answers(image, pixels, source.uri)
+
+    def _answers(self, image: TaskImage, pixels: Image.Image, region_key: str) -> list[dict[str, Any]]:
+        """Each question the task holds (Visual Question Answering's $q1...), answered by the vision-language model
+        on the picture; a question missing from the task, or empty, gets no answer."""
+        data = image.task.get("data") if isinstance(image.task, dict) else None
+        questions = {
+            question: data.get(question.key) if isinstance(data, dict) else None for question in self.project.questions
+        }
+        asked = [(question, text) for question, text in questions.items() if isinstance(text, str) and text.strip()]
+        if not asked:
+            return []
+        captioner = self.context.dependencies_of(Step.CAPTION).captioner
+        if captioner is None:
+            raise TypeError("the Caption dependencies have no captioner")
+        return [
+            answer_result(question, captioner.answer(pixels, text[:MAX_QUESTION_CHARS]), region_key)
+            for question, text in asked
+        ]
+
+    def _image_choices(self, pixels: Image.Image, region_key: str) -> list[dict[str, Any]]:
+        """CLIP's whole-image choices on the task's picture."""
+        settings = self.context.settings
         tagger = self.context.dependencies_of(Step.TAG).tagger
         if tagger is None:
             raise TypeError("the Tag dependencies have no tagger")
@@ -351,7 +379,7 @@ class _Predicting:
         independent = {choices.name for choices in self.project.image_choices if choices.multiple}
         scores = tagger.choose(pixels, texts, independent)
         min_score = settings.label_studio_multiple_choice_min_score
-        return image_choice_results(self.project, scores, min_score, source.uri)
+        return image_choice_results(self.project, scores, min_score, region_key)
 
 
 def label_studio_routes(context: ApiContext, find_annotated: FindAnnotated | None) -> APIRouter:
@@ -361,7 +389,7 @@ def label_studio_routes(context: ApiContext, find_annotated: FindAnnotated | Non
     settings = context.settings
 
     def checked(label_config: str) -> tuple[Project, AnnotationRequest | None]:
-        project = read_label_config(label_config)
+        project = read_label_config(label_config, sees_images=settings.caption_vision or bool(settings.caption_mmproj))
         return project, project.request(settings.ingest_prompt) if project.runs_pipeline else None
 
     @router.post("/setup", summary="Label Studio connects a project: what its label config asks, checked")

@@ -99,6 +99,42 @@ def test_every_template_label_studio_ships_is_filled_in_its_own_names_or_refused
         assert "Image" in reason or "they fill RectangleLabels" in reason, (name, reason)
 
 
+def test_with_a_vision_language_model_the_question_answering_and_captioning_templates_are_filled_validly(
+    tiny_settings: Settings,
+) -> None:
+    from tools.models.tiny_models import build_vision_captioner
+
+    # GIVEN the backend on the tiny vision-language model (annotate serve --caption-vision)
+    settings = tiny_settings.model_copy(update={"caption_vision": True, "caption_max_tokens": 8})
+    build_vision_captioner(settings)
+    templates = shipped_templates()
+    vqa = templates["computer-vision/visual-question-answering"]
+    captioning = templates["computer-vision/image-captioning"]
+    photo = "data:image/jpeg;base64," + base64.b64encode((SAMPLES / "chelsea-the-cat.jpg").read_bytes()).decode()
+    questions = {"q1": "What animal is this?", "q2": "What color is it?", "q3": "Where is it?", "q4": ""}
+    with TestClient(serving_app(settings), base_url="http://127.0.0.1") as backend:
+        connected = backend.post("/setup", json={"project": "1.1", "schema": vqa}).json()
+        # WHEN Label Studio's Visual Question Answering task (its image and its questions) is asked for
+        answered = backend.post(
+            "/predict", json={"tasks": [{"id": 1, "data": {"image": photo, **questions}}], "label_config": vqa}
+        )
+        [answers] = answered.json()["results"]
+        [caption] = backend.post(
+            "/predict", json={"tasks": [{"id": 2, "data": {"captioning": photo}}], "label_config": captioning}
+        ).json()["results"]
+    # THEN each question the task holds is answered in its own TextArea; the empty one is not
+    assert connected["fills"] == [f"TextArea 'answer{n}' (answers Text 'q{n}')" for n in (1, 2, 3, 4)]
+    assert [(r["from_name"], r["to_name"]) for r in answers["result"]] == [
+        ("answer1", "q1"),
+        ("answer2", "q2"),
+        ("answer3", "q3"),
+    ]
+    assert all(r["value"]["text"][0] for r in answers["result"])
+    assert [r["type"] for r in caption["result"]] == ["textarea"]
+    # AND Label Studio's own SDK finds both valid for their templates
+    assert label_studio_finds([(vqa, answers), (captioning, caption)]) == [[], []]
+
+
 def test_the_export_fills_a_project_s_own_config(tmp_path: Path, tiny_settings: Settings) -> None:
     """`annotate export --format labelstudio --label-config FILE`: tasks in the names of the user's own project,
     valid for it by Label Studio's SDK."""

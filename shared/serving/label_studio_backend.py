@@ -46,16 +46,9 @@ from shared.pipeline.batches import image_ref
 from shared.pipeline.dependencies import Step
 from shared.serving.bounds import ApiContext
 from shared.serving.calls import Annotation, AnnotationOptions, Source, annotate_one
-from shared.serving.label_studio import (
-    MODEL_VERSION,
-    LabelledBox,
-    Project,
-    answer_result,
-    image_choice_results,
-    prediction,
-    read_label_config,
-)
+from shared.serving.label_studio import MODEL_VERSION, LabelledBox, Project, read_label_config
 from shared.serving.label_studio_media import TaskImage, authorization_header, locate_task_image, read_task_image
+from shared.serving.label_studio_results import answer_result, image_choice_results, prediction
 from shared.storage.images import decode_image
 from shared.storage.objects import store_for
 

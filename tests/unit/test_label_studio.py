@@ -7,15 +7,8 @@ import pytest
 
 from shared.contracts import Box
 from shared.errors import RequestRejected
-from shared.serving.label_studio import (
-    LabelledBox,
-    attribute_name,
-    image_choice_results,
-    label_config,
-    original_name,
-    read_label_config,
-    region_results,
-)
+from shared.serving.label_studio import LabelledBox, attribute_name, original_name, read_label_config
+from shared.serving.label_studio_results import image_choice_results, label_config, region_results
 
 PETS = """<View>
   <Image name="photo" value="$picture"/>

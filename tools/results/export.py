@@ -21,15 +21,8 @@ from PIL import Image
 from shared.contracts import AnnotationRequest
 from shared.errors import ImageRejected, RequestRejected
 from shared.pipeline.batches import image_ref
-from shared.serving.label_studio import (
-    CLASS_CONTROL,
-    LabelledBox,
-    Option,
-    Project,
-    label_config,
-    prediction,
-    read_label_config,
-)
+from shared.serving.label_studio import CLASS_CONTROL, LabelledBox, Option, Project, read_label_config
+from shared.serving.label_studio_results import label_config, prediction
 from shared.storage.images import decode_image
 from shared.storage.objects import StoreFor
 from tools.results.annotations import AnnotatedImage

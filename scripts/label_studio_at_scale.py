@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -47,7 +48,8 @@ from tests.servers import (  # noqa: E402
 from tools.cli import app  # noqa: E402
 from tools.results.annotations import local_annotated_sources  # noqa: E402
 
-UPLOADS_PER_IMPORT = 250
+# Label Studio takes at most DATA_UPLOAD_MAX_NUMBER_FILES files a request (100 by default: its settings/base.py)
+UPLOADS_PER_IMPORT = 100
 MOST_RETRIEVES = 60
 LABEL_STUDIO_WAITS_S = 100  # ML_TIMEOUT_PREDICT's default
 
@@ -106,17 +108,28 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "label-studio-at-scale.json")
     parser.add_argument("--answer-within-s", type=float, default=80.0)
     parser.add_argument("--new-retrieves", type=int, default=MOST_RETRIEVES)
+    parser.add_argument("--match-by-name", action="store_true", help="ANNOTATE_LABEL_STUDIO_MATCH_BY_NAME")
+    parser.add_argument("--only-from-rows", action="store_true", help="Leave out the project the models annotate")
+    parser.add_argument("--root", type=Path, help="A folder of an earlier run: its photos and rows are reused")
     arguments = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="label-studio-at-scale-"))
-    images = photos(root / "images", arguments.tasks)
-    started = time.monotonic()
-    run = ["run", str(images), "--prompt", "airplane. car.", "--profile", "tiny", "--no-caption"]
-    result = CliRunner().invoke(app, [*run, "--data-dir", str(root / "rows")])
-    assert result.exit_code == 0, result.output
-    run_s = time.monotonic() - started
-    print(f"annotate run of {arguments.tasks} photos: {run_s:.0f} s", flush=True)
+    root = arguments.root or Path(tempfile.mkdtemp(prefix="label-studio-at-scale-"))
+    run_s = 0.0
+    if (root / "rows" / "tables").is_dir():
+        images = root / "images"
+        print(f"reusing the photos and rows in {root}", flush=True)
+    else:
+        images = photos(root / "images", arguments.tasks)
+        started = time.monotonic()
+        run = ["run", str(images), "--prompt", "airplane. car.", "--profile", "tiny", "--no-caption"]
+        result = CliRunner().invoke(app, [*run, "--data-dir", str(root / "rows")])
+        assert result.exit_code == 0, result.output
+        run_s = time.monotonic() - started
+        print(f"annotate run of {arguments.tasks} photos: {run_s:.0f} s", flush=True)
     config = shipped_templates()["computer-vision/object-detection-with-bounding-boxes"]
     report: dict[str, Any] = {"tasks": arguments.tasks, "annotate_run_s": round(run_s), "label_studio_waits_s": 100}
+    report["match_by_name"] = arguments.match_by_name
+    shutil.rmtree(root / "label-studio", ignore_errors=True)
+    shutil.rmtree(root / "new", ignore_errors=True)
     (root / "label-studio").mkdir()
     with label_studio_process(root / "label-studio", LABEL_STUDIO_USER, LABEL_STUDIO_PASSWORD) as started_ls:
         url = answering(started_ls)
@@ -124,7 +137,7 @@ def main() -> None:
         with api(url, token) as ls:
             for name, data, detector in (
                 ("from rows", root / "rows", str(root / "no-detector-here")),
-                ("new", root / "new", None),
+                *([] if arguments.only_from_rows else [("new", root / "new", None)]),
             ):
                 settings = use_settings(
                     profile=Profile.TINY,
@@ -132,6 +145,7 @@ def main() -> None:
                     label_studio_url=url,
                     label_studio_api_key=SecretStr(token),
                     label_studio_answer_within_s=arguments.answer_within_s,
+                    label_studio_match_by_name=arguments.match_by_name,
                     **({"detector_model": detector} if detector else {}),
                 )
                 upload_started = time.monotonic()

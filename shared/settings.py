@@ -475,6 +475,13 @@ class LabelStudioSettings(_Section):
     label_studio_answer_within_s: float = Field(
         80.0, ge=1.0, le=3600.0, description="Seconds a Label Studio /predict call runs models before it answers"
     )
+    # Label Studio serves its uploads one request each (about 40 a second on 2 cores beside it): a page of thousands
+    # of pictures annotated before takes several calls when each is read to match its bytes, one when matched by name
+    label_studio_match_by_name: bool = Field(
+        False,
+        description="Answer a task from the rows of the one annotated picture of its file name without reading it"
+        " (a different picture uploaded under that name would get those rows)",
+    )
     label_studio_multiple_choice_min_score: float = Field(
         0.5,
         ge=0.0,

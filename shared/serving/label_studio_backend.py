@@ -122,12 +122,13 @@ def answers_config(row: Annotated, project: Project, request: AnnotationRequest)
 
 @dataclass(frozen=True)
 class EarlierRows:
-    """The rows that answer a call's config, as lookups: by the sha256 of the bytes they annotated, and by source
-    (an s3:// task's rows name its URI); the file names they have."""
+    """The rows that answer a call's config, as lookups: by the sha256 of the bytes they annotated, by source (an
+    s3:// task's rows name its URI), and by file name where one picture has that name (``by_own_name``)."""
 
     by_digest: dict[str, Annotated]
     by_source: dict[str, Annotated]
     names: frozenset[str]
+    by_own_name: dict[str, Annotated]
 
     @classmethod
     def of(cls, rows: Sequence[Annotated], project: Project, request: AnnotationRequest) -> EarlierRows:
@@ -138,7 +139,14 @@ class EarlierRows:
                 by_source[row.source_uri] = row
                 if row.content_sha256:
                     by_digest[row.content_sha256] = row
-        return cls(by_digest, by_source, frozenset(PurePosixPath(uri).name for uri in by_source))
+        pictures: dict[str, set[str]] = {}
+        named: dict[str, Annotated] = {}
+        for uri, row in by_source.items():
+            name = PurePosixPath(uri).name
+            pictures.setdefault(name, set()).add(row.content_sha256 or uri)
+            named[name] = row
+        own = {name: row for name, row in named.items() if len(pictures[name]) == 1}
+        return cls(by_digest, by_source, frozenset(pictures), own)
 
     def may_hold(self, image: TaskImage) -> bool:
         """Whether a row may answer the task: one of its name, or of its location."""
@@ -271,7 +279,10 @@ class _Predicting:
 
     def _identify(self, image: TaskImage, rows: EarlierRows) -> Identified:
         """The row that annotated the task's picture: for an s3:// task, its source's row while the object is as it
-        was (one HEAD); otherwise, the row of the same bytes (one read)."""
+        was (one HEAD); with ``label_studio_match_by_name``, the row of the one picture of the task's file name (no
+        read); otherwise, the row of the same bytes (one read)."""
+        if self.context.settings.label_studio_match_by_name and not image.kept and image.name in rows.by_own_name:
+            return Identified(rows.by_own_name[image.name], None)
         earlier = rows.by_source.get(image.location)
         if earlier is not None:
             unchanged = image_ref(image.location, store_for(image.location).fingerprint(image.location)).image_id

@@ -80,6 +80,11 @@ def media_requests() -> list[str]:
 
 
 @pytest.fixture
+def match_by_name() -> bool:
+    return False
+
+
+@pytest.fixture
 def backend(
     tmp_path: Path,
     fakes: FakeModels,
@@ -87,6 +92,7 @@ def backend(
     answer_within_s: float,
     media_latency_s: list[float],
     media_requests: list[str],
+    match_by_name: bool,
 ) -> Iterator[tuple[TestClient, Settings]]:
     """The API app on the fakes, its rows written to and read from a local data folder, Label Studio's media
     served by the stand-in."""
@@ -96,6 +102,7 @@ def backend(
             label_studio_url=label_studio,
             label_studio_api_key=SecretStr(KEY),
             label_studio_answer_within_s=answer_within_s,
+            label_studio_match_by_name=match_by_name,
         )
 
         def dependencies_of(step: Step) -> Dependencies:
@@ -351,3 +358,26 @@ def test_an_iphone_photo_uploaded_as_heic_is_pre_annotated_upright(backend: tupl
     [answer] = predict(client, [task("/data/upload/1/0a1b2c3d-IMG_0001.HEIC", 1)])
     [region, *_] = answer["result"]
     assert (region["original_width"], region["original_height"]) == (451, 300)
+
+
+@pytest.mark.parametrize(("uploads", "match_by_name"), [(many_uploads(30), True)])
+def test_matched_by_name_a_page_annotated_before_is_answered_without_reading_a_picture_of_a_name_only_one_has(
+    backend: tuple[TestClient, Settings], fakes: FakeModels, uploads: dict[str, bytes], media_requests: list[str]
+) -> None:
+    client, _ = backend
+    boxes_only = DETECTION.split("  <Choices name=\"scene\"")[0] + "</View>"  # no whole-image choice: no pixels needed
+    retrieve_until_done(client, [task(path, number) for number, path in enumerate(uploads)], boxes_only)
+    # GIVEN rows of 30 pictures of their own names, and two pictures of one name (as iOS names every upload)
+    uploads["/data/upload/1/aaaaaaaa-image.jpg"] = picture_of(500)
+    uploads["/data/upload/1/bbbbbbbb-image.jpg"] = picture_of(501)
+    named_alike = [task("/data/upload/1/aaaaaaaa-image.jpg", 90), task("/data/upload/1/bbbbbbbb-image.jpg", 91)]
+    predict(client, named_alike, boxes_only)
+    fakes.detector.failure = RuntimeError("the models ran")
+    # WHEN the same pictures are uploaded to another project, and one more picture named image.jpg
+    again = {path.replace("/upload/1/", "/upload/2/"): data for path, data in uploads.items()}
+    uploads.update(again)
+    media_requests.clear()
+    results = predict(client, [task(path, number) for number, path in enumerate(again)], boxes_only)
+    # THEN every one is answered from the rows; only the pictures of the shared name were read, to tell them apart
+    assert all(result and result["result"] for result in results)
+    assert sorted(media_requests) == ["/data/upload/2/aaaaaaaa-image.jpg", "/data/upload/2/bbbbbbbb-image.jpg"]

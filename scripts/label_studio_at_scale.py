@@ -65,7 +65,7 @@ def photos(folder: Path, count: int) -> Path:
     return folder
 
 
-def uploaded(ls: httpx.Client, title: str, config: str, folder: Path) -> int:
+def uploaded(ls: FreshApi, title: str, config: str, folder: Path) -> int:
     project = int(ls.post("/api/projects", json={"title": title, "label_config": config}).json()["id"])
     paths = sorted(folder.iterdir())
     for start in range(0, len(paths), UPLOADS_PER_IMPORT):
@@ -76,13 +76,29 @@ def uploaded(ls: httpx.Client, title: str, config: str, folder: Path) -> int:
     return project
 
 
-def predicted_tasks(ls: httpx.Client, project: int) -> int:
+class FreshApi:
+    """Label Studio's REST API with a new access token for each request: its access tokens last minutes, and a call
+    of ten thousand tasks takes longer."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.token = url, token
+
+    def get(self, path: str, **options: Any) -> httpx.Response:
+        with api(self.url, self.token) as client:
+            return client.get(path, **options)
+
+    def post(self, path: str, **options: Any) -> httpx.Response:
+        with api(self.url, self.token) as client:
+            return client.post(path, **options)
+
+
+def predicted_tasks(ls: FreshApi, project: int) -> int:
     tasks = ls.get("/api/projects/" + str(project)).json()
     return int(tasks.get("total_predictions_number") or 0)
 
 
 def retrieve_until_done(
-    ls: httpx.Client, project: int, backend: str, tasks: int, most: int = MOST_RETRIEVES
+    ls: FreshApi, project: int, backend: str, tasks: int, most: int = MOST_RETRIEVES
 ) -> list[dict[str, Any]]:
     connected = ls.post("/api/ml", json={"project": project, "url": backend, "title": "annotate"})
     assert connected.status_code == 201 and connected.json()["readable_state"] == "Connected", connected.text
@@ -134,32 +150,32 @@ def main() -> None:
     with label_studio_process(root / "label-studio", LABEL_STUDIO_USER, LABEL_STUDIO_PASSWORD) as started_ls:
         url = answering(started_ls)
         token = personal_access_token(url)
-        with api(url, token) as ls:
-            for name, data, detector in (
-                ("from rows", root / "rows", str(root / "no-detector-here")),
-                *([] if arguments.only_from_rows else [("new", root / "new", None)]),
-            ):
-                settings = use_settings(
-                    profile=Profile.TINY,
-                    data_dir=data,
-                    label_studio_url=url,
-                    label_studio_api_key=SecretStr(token),
-                    label_studio_answer_within_s=arguments.answer_within_s,
-                    label_studio_match_by_name=arguments.match_by_name,
-                    **({"detector_model": detector} if detector else {}),
-                )
-                upload_started = time.monotonic()
-                project = uploaded(ls, name, config, images)
-                print(f"{name}: {arguments.tasks} uploaded in {time.monotonic() - upload_started:.0f} s", flush=True)
-                backend_app = serving_app(settings, find_annotated=local_annotated_sources(data))
-                with serving_in_thread(backend_app) as backend:
-                    most = MOST_RETRIEVES if name == "from rows" else arguments.new_retrieves
-                    calls = retrieve_until_done(ls, project, backend, arguments.tasks, most)
-                report[name] = {
-                    "calls": calls,
-                    "predicted": predicted_tasks(ls, project),
-                    "longest_call_s": max(call["seconds"] for call in calls),
-                }
+        ls = FreshApi(url, token)
+        for name, data, detector in (
+            ("from rows", root / "rows", str(root / "no-detector-here")),
+            *([] if arguments.only_from_rows else [("new", root / "new", None)]),
+        ):
+            settings = use_settings(
+                profile=Profile.TINY,
+                data_dir=data,
+                label_studio_url=url,
+                label_studio_api_key=SecretStr(token),
+                label_studio_answer_within_s=arguments.answer_within_s,
+                label_studio_match_by_name=arguments.match_by_name,
+                **({"detector_model": detector} if detector else {}),
+            )
+            upload_started = time.monotonic()
+            project = uploaded(ls, name, config, images)
+            print(f"{name}: {arguments.tasks} uploaded in {time.monotonic() - upload_started:.0f} s", flush=True)
+            backend_app = serving_app(settings, find_annotated=local_annotated_sources(data))
+            with serving_in_thread(backend_app) as backend:
+                most = MOST_RETRIEVES if name == "from rows" else arguments.new_retrieves
+                calls = retrieve_until_done(ls, project, backend, arguments.tasks, most)
+            report[name] = {
+                "calls": calls,
+                "predicted": predicted_tasks(ls, project),
+                "longest_call_s": max(call["seconds"] for call in calls),
+            }
     arguments.out.parent.mkdir(parents=True, exist_ok=True)
     arguments.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

@@ -365,7 +365,7 @@ def test_matched_by_name_a_page_annotated_before_is_answered_without_reading_a_p
     backend: tuple[TestClient, Settings], fakes: FakeModels, uploads: dict[str, bytes], media_requests: list[str]
 ) -> None:
     client, _ = backend
-    boxes_only = DETECTION.split("  <Choices name=\"scene\"")[0] + "</View>"  # no whole-image choice: no pixels needed
+    boxes_only = DETECTION.split('  <Choices name="scene"')[0] + "</View>"  # no whole-image choice: no pixels needed
     retrieve_until_done(client, [task(path, number) for number, path in enumerate(uploads)], boxes_only)
     # GIVEN rows of 30 pictures of their own names, and two pictures of one name (as iOS names every upload)
     uploads["/data/upload/1/aaaaaaaa-image.jpg"] = picture_of(500)

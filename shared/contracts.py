@@ -139,6 +139,10 @@ class AnnotationRequest(Frozen):
         " annotate search and annotate duplicates read; boxes: that and each box's crop embedding (the one its tags"
         " were scored with), a row each of the box_embeddings table; none: not computed",
     )
+    masks: bool = Field(
+        False,
+        description="Segment each box: a mask (COCO run-length encoding) per detection, a row each of the masks table",
+    )
     job_id: str | None = Field(
         None, pattern=r"^[A-Za-z0-9._:/-]{1,128}$", description="The sender's name for this work; every row keeps it"
     )
@@ -404,6 +408,7 @@ class FailedStep(StrEnum):
     DETECT = "detect"
     CLASSIFY = "classify"
     TAG = "tag"
+    SEGMENT = "segment"
     DESCRIBE = "describe"  # the Parallel state itself (its branches catch their own failures)
     CAPTION = "caption"
     VARIANTS = "variants"
@@ -494,6 +499,34 @@ class TagOutput(Frozen):
     made_by: MadeBy = Field(default_factory=MadeBy)
 
 
+class BoxMask(Frozen):
+    """A box's mask as COCO's compressed run-length encoding (pycocotools' ``counts`` string and the image's size),
+    within its box; its area in pixels and the model's predicted IoU as its score."""
+
+    counts: str = Field(description="COCO RLE counts (compressed, as pycocotools writes them)")
+    height: int = Field(gt=0)
+    width: int = Field(gt=0)
+    area: int = Field(ge=0)
+    score: Score
+
+
+class BoxMasks(Frozen):
+    """Each box's mask, in the detections' order (``None`` for a box that covers no pixel). Segment writes it as a
+    document beside the image's result document, as Tag does the boxes' embeddings: a 12 MP image's masks take
+    kilobytes each, and an image may have hundreds of boxes, past the state's 256 KiB."""
+
+    model: str
+    revision: str
+    masks: list[BoxMask | None]
+
+
+class SegmentOutput(Frozen):
+    masks_uri: str = Field(description="Where the boxes' BoxMasks document is")
+    masks: int = Field(ge=0, description="How many boxes got a mask")
+    ms: float = Field(ge=0, description="Time this step took for the image, fetch and decode included")
+    made_by: MadeBy = Field(default_factory=MadeBy)
+
+
 class BranchFailure(Frozen):
     """A Parallel branch whose step failed; its Catch turned the error into this output."""
 
@@ -505,6 +538,7 @@ class DescribeOutput(Frozen):
 
     classify: ClassifyOutput | BranchFailure | None = Field(None, description="None: no box to classify")
     tag: TagOutput | BranchFailure
+    segment: SegmentOutput | BranchFailure | None = Field(None, description="None: no mask asked for, or no box")
 
 
 class CaptionOutput(Frozen):
@@ -591,13 +625,16 @@ class ImageResult(Frozen):
     detect_ms: float | None = None
     classify_ms: float | None = None
     tag_ms: float | None = None
+    segment_ms: float | None = None
     made_by: dict[str, MadeBy] = Field(
-        default_factory=dict, description="Per step (detect, classify, tag): its model and output-changing settings"
+        default_factory=dict,
+        description="Per step (detect, classify, tag, segment): its model and output-changing settings",
     )
     caption: CaptionOutput | None = None
     variants: VariantsOutput | None = None
     embedding: ImageEmbedding | None = None
     box_embeddings: BoxEmbeddings | None = None
+    masks: BoxMasks | None = None
     annotated_uri: str | None = None
     result_uri: str | None = None
     processed_at: datetime

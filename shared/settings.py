@@ -59,6 +59,9 @@ PROFILE_MODELS: dict[Profile, dict[str, Any]] = {
         "caption_vision_model": "hf:ggml-org/SmolVLM-256M-Instruct-GGUF/SmolVLM-256M-Instruct-Q8_0.gguf",
         "caption_vision_mmproj": "hf:ggml-org/SmolVLM-256M-Instruct-GGUF/mmproj-SmolVLM-256M-Instruct-Q8_0.gguf",
         "variants_model": "IDKiro/sdxs-512-dreamshaper",
+        # EdgeTAM (Apache-2.0; Zhou et al., CVPR 2025): SAM 2's mask decoder on a RepViT-M1 image encoder, the
+        # fastest promptable segmenter transformers ships on this CPU (docs/performance.md, "Segment")
+        "segment_model": "yonigozlan/EdgeTAM-hf",
     },
     Profile.TINY: {
         "detector_model": "tiny:grounding-dino",
@@ -73,6 +76,7 @@ PROFILE_MODELS: dict[Profile, dict[str, Any]] = {
         "caption_vision_model": "tiny:smolvlm/model.gguf",
         "caption_vision_mmproj": "tiny:smolvlm/mmproj.gguf",
         "variants_model": "tiny:sdxs",
+        "segment_model": "tiny:edgetam",
     },
 }
 
@@ -244,6 +248,14 @@ class DescribeSettings(ModelFiles, SessionThreads):
     )
     crop_margin: float = Field(0.1, ge=0, le=1, description="Margin added around each box before cropping")
     text_cache_size: int = Field(4096, ge=16, le=1_000_000, description="Text embeddings kept per process")
+
+
+class SegmentSettings(ModelFiles, SessionThreads):
+    """Segment's (masks per box, where a request asks): the promptable segmenter."""
+
+    segment_model: str = Field(
+        "", description="SAM-family model (EdgeTAM, SAM 2): hub id, local folder, s3:// prefix, tiny:edgetam"
+    )
 
 
 class CaptionSettings(ModelFiles):
@@ -495,6 +507,7 @@ class Settings(
     ProcessSettings,
     DetectionSettings,
     DescribeSettings,
+    SegmentSettings,
     CaptionSettings,
     VariantsSettings,
     ImageLimits,
@@ -523,6 +536,7 @@ class Settings(
     image_limits: ClassVar[_SectionOf[ImageLimits]] = _SectionOf(ImageLimits)
     detection: ClassVar[_SectionOf[DetectionSettings]] = _SectionOf(DetectionSettings)
     describe: ClassVar[_SectionOf[DescribeSettings]] = _SectionOf(DescribeSettings)
+    segment: ClassVar[_SectionOf[SegmentSettings]] = _SectionOf(SegmentSettings)
     caption: ClassVar[_SectionOf[CaptionSettings]] = _SectionOf(CaptionSettings)
     variants: ClassVar[_SectionOf[VariantsSettings]] = _SectionOf(VariantsSettings)
     ingest: ClassVar[_SectionOf[IngestSettings]] = _SectionOf(IngestSettings)

@@ -52,7 +52,7 @@ def tiny_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     from tools.models.tiny_models import build_named_models
 
     settings = Settings(profile=Profile.TINY, data_dir=tmp_path_factory.mktemp("annotate-data"))
-    build_named_models(settings, variants=True)
+    build_named_models(settings, variants=True, masks=True)
     return settings
 
 

@@ -11,11 +11,11 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from shared.observability import logger, metrics
-from shared.pipeline.dependencies import ANNOTATION_MODEL_STEPS
+from shared.pipeline.dependencies import DEFAULT_MODEL_STEPS
 from shared.pipeline.warmup import prepare_function
 from shared.serving.api import lambda_adapter
 
-prepare_function(*ANNOTATION_MODEL_STEPS)
+prepare_function(*DEFAULT_MODEL_STEPS)
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -35,7 +35,7 @@ def summarize_batch(state: SummarizeInput, deps: Dependencies, hand_backs_left: 
     out) are handed back to a later round while the batch has rounds left (:func:`hand_back`; none when
     ``hand_backs_left`` is False: no state of the execution runs any more); after its last, each of their images gets
     a failure row, so that every image of the batch ends as one row. Idempotent: run again, it writes the same."""
-    from shared.storage.tables import table_file_uris, write_table_files
+    from shared.storage.tables import table_file_uris, tables_written, write_table_files
 
     groups_uri = layout.all_groups(state)
     groups = TypeAdapter(list[ImageGroup]).validate_json(deps.store_for(groups_uri).read_bytes(groups_uri))
@@ -49,10 +49,12 @@ def summarize_batch(state: SummarizeInput, deps: Dependencies, hand_backs_left: 
     rows = [] if handed_back else _unfinished_rows(state, unfinished)
     stem = f"{state.batch_id}-unfinished"
     if rows:
-        write_table_files(rows, state.results_uri, stem, state.planned_at, deps.store_for)
+        # failure rows: no masks (and no masks file, whatever the request)
+        write_table_files(rows, state.results_uri, stem, state.planned_at, deps.store_for, tables_written(False))
         logger.warning("groups did not finish", extra={"batch_id": state.batch_id, "groups": len(unfinished)})
     elif not handed_back:  # a rerun that finished every group: the earlier run's failure rows are no longer true
-        for uri in table_file_uris(state.results_uri, stem, state.planned_at).values():
+        for table in tables_written(False):
+            uri = table_file_uris(state.results_uri, stem, state.planned_at)[table]
             deps.store_for(uri).delete(uri)
     uri = layout.batch_summary(state.results_uri, state.batch_id)
     summary = BatchSummary(

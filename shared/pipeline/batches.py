@@ -75,9 +75,17 @@ def image_ref(uri: str, fingerprint: str) -> ImageRef:
     return ImageRef(image_id=hashlib.sha256(f"{uri}\0{fingerprint}".encode()).hexdigest()[:16], source_uri=uri)
 
 
+# Request fields added since batches were first named, hashed only when set away from their default: a message
+# delivered before a deployment that added one, and again after it, still names the batch it named first.
+FIELDS_HASHED_WHEN_SET = ("masks",)
+
+
 def batch_id(request: AnnotationRequest, images: list[ImageRef]) -> str:
     """Derived from the images' content and the request, so the same inputs and options name the same batch."""
-    digest = hashlib.sha256(request.model_dump_json().encode())
+    unset = {
+        name for name in FIELDS_HASHED_WHEN_SET if getattr(request, name) == type(request).model_fields[name].default
+    }
+    digest = hashlib.sha256(request.model_dump_json(exclude=unset).encode())
     for image in sorted(images, key=lambda ref: ref.image_id):
         digest.update(image.image_id.encode())
     return f"b-{digest.hexdigest()[:20]}"

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from shared.models.captioning import Captioner
     from shared.models.classification import Classifier
     from shared.models.detection import Detector
+    from shared.models.segmentation import Segmenter
     from shared.models.tagging import Tagger
     from shared.models.variants import Generator
     from shared.storage.images import LoadedImage
@@ -30,6 +31,7 @@ class Step(StrEnum):
     DETECT = "detect"
     CLASSIFY = "classify"
     TAG = "tag"
+    SEGMENT = "segment"
     CAPTION = "caption"
     WRITE_RESULT = "write_result"
     WRITE_GROUP_TABLE = "write_group_table"
@@ -56,6 +58,7 @@ class Dependencies:
     detector: Detector | None = None
     classifier: Classifier | None = None
     tagger: Tagger | None = None
+    segmenter: Segmenter | None = None
     captioner: Captioner | None = None
     generator: Generator | None = None
 
@@ -102,6 +105,13 @@ def _tag(settings: Settings) -> dict[str, Any]:
     }
 
 
+def _segment(settings: Settings) -> dict[str, Any]:
+    from shared.models.segmentation import load_segmenter
+
+    segmenter = load_segmenter(settings.segment)
+    return {"segmenter": segmenter, "made_by": MadeBy(model=segmenter.name)}
+
+
 def _caption(settings: Settings) -> dict[str, Any]:
     from shared.models.captioning import load_captioner
 
@@ -135,6 +145,7 @@ STEP_PORTS: dict[Step, StepPort] = {
     Step.DETECT: StepPort("detector", _detect, row_names_model=True),
     Step.CLASSIFY: StepPort("classifier", _classify, row_names_model=True),
     Step.TAG: StepPort("tagger", _tag, row_names_model=True),
+    Step.SEGMENT: StepPort("segmenter", _segment, wanted=lambda request: request.masks, row_names_model=True),
     Step.CAPTION: StepPort("captioner", _caption, wanted=lambda request: request.caption),
     Step.VARIANTS: StepPort("generator", _variants, annotates=False),
 }
@@ -145,6 +156,11 @@ ANNOTATION_MODEL_STEPS: tuple[Step, ...] = tuple(step for step, port in STEP_POR
 def steps_wanted(request: AnnotationRequest) -> list[Step]:
     """The model steps ``request`` runs, in order, then WriteResult: what one call loads before its image runs."""
     return [step for step in ANNOTATION_MODEL_STEPS if STEP_PORTS[step].wanted(request)] + [Step.WRITE_RESULT]
+
+
+# The model steps a request with the defaults runs: what the API loads before its first call (a call that asks for
+# more, masks, loads it then) and what `annotate cost` prices per image (masks apart, as an option).
+DEFAULT_MODEL_STEPS: tuple[Step, ...] = tuple(steps_wanted(AnnotationRequest(prompt="object."))[:-1])
 
 
 def build_dependencies(step: Step, settings: Settings) -> Dependencies:

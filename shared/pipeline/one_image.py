@@ -1,8 +1,9 @@
 """One image annotated in one process, as the workflow annotates it: Detect; then, where it found boxes, Classify and
-Tag; then Caption where the request asks; then WriteResult. Each step's failure is recorded as the workflow's
-Catch records it (a Lambda error's type and message), so the result document is the one the workflow writes.
-The synchronous side and a bulk worker call this; tests hold it to the workflow's rows and, on every branch of the
-ASL's Choice states, to the steps the workflow runs (tests/functional/test_routing.py)."""
+Tag (and Segment where the request asks for masks); then Caption where the request asks; then WriteResult. Each
+step's failure is recorded as the workflow's Catch records it (a Lambda error's type and message), so the result
+document is the one the workflow writes. The synchronous side and a bulk worker call this; tests hold it to the
+workflow's rows and, on every branch of the ASL's Choice states, to the steps the workflow runs
+(tests/functional/test_routing.py)."""
 
 from __future__ import annotations
 
@@ -74,9 +75,15 @@ def annotate_image(
                 else None  # as the workflow's NothingToClassify
             )
             tag = _run(lambda: steps.tag(described, dependencies_of(Step.TAG)))
+            segment = (
+                _run(lambda: steps.segment(described, dependencies_of(Step.SEGMENT)))
+                if steps.segment_wanted(task.request, detection.detections)
+                else None  # as the workflow's NothingToSegment
+            )
             description = DescribeOutput(
                 classify=BranchFailure(failure=classify) if isinstance(classify, StepFailure) else classify,
                 tag=BranchFailure(failure=tag) if isinstance(tag, StepFailure) else tag,
+                segment=BranchFailure(failure=segment) if isinstance(segment, StepFailure) else segment,
             )
             state = state.model_copy(update={"description": description})
         if task.request.caption:

@@ -17,6 +17,7 @@ from shared.contracts import (
     BoxAttributes,
     BoxClasses,
     BoxEmbeddings,
+    BoxMasks,
     BranchFailure,
     CaptionOutput,
     ClassifyOutput,
@@ -32,6 +33,7 @@ from shared.contracts import (
     ImageState,
     ImageTask,
     MadeBy,
+    SegmentOutput,
     Status,
     StepFailure,
     TagOutput,
@@ -177,10 +179,30 @@ def tag(task: DescribeInput, deps: Dependencies) -> TagOutput:
     )
 
 
+def segment(task: DescribeInput, deps: Dependencies) -> SegmentOutput:
+    """A mask for every box of the image (one image encoding, its boxes decoded in one batch), written to a document
+    beside the image's result document, where WriteResult reads it in."""
+    started = time.perf_counter()
+    model = _required(deps.segmenter, "segmenter")
+    image = task.task.image
+    masks = model.segment(_image(image.source_uri, deps).pixels, [detection.box for detection in task.detections])
+    uri = layout.masks_document(task.task.results_uri, task.task.batch_id, image.image_id)
+    document = BoxMasks(model=model.name, revision=model.revision, masks=masks)
+    _write_step_document(uri, document.model_dump_json().encode(), deps)
+    made = sum(mask is not None for mask in masks)
+    logger.info("segmented", extra={"image_id": image.image_id, "boxes": len(masks), "masks": made})
+    return SegmentOutput(masks_uri=uri, masks=made, ms=_elapsed_ms(started), made_by=deps.made_by)
+
+
 def describe_wanted(request: AnnotationRequest, detections: list[Detection]) -> bool:
     """Whether the Describe state runs for an image (the workflow's DescribeWanted): boxes to classify and tag, or
     an embedding to make."""
     return bool(detections) or request.embeddings != "none"
+
+
+def segment_wanted(request: AnnotationRequest, detections: list[Detection]) -> bool:
+    """Whether Describe's Segment branch segments (the workflow's SegmentWanted): boxes, and a request for masks."""
+    return bool(detections) and request.masks
 
 
 def merged_detections(
@@ -204,6 +226,8 @@ def merged_detections(
             )
             for d, c in zip(detections, description.classify.classes, strict=True)
         ]
+    if isinstance(description.segment, BranchFailure):
+        failures[FailedStep.SEGMENT] = description.segment.failure
     if isinstance(description.tag, BranchFailure):
         failures[FailedStep.TAG] = description.tag.failure
     else:
@@ -280,11 +304,13 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
         detect_ms=state.detection.ms if state.detection else None,
         classify_ms=_branch_ms(state.description.classify) if state.description else None,
         tag_ms=_branch_ms(state.description.tag) if state.description else None,
+        segment_ms=_branch_ms(state.description.segment) if state.description else None,
         made_by=_made_by(state),
         caption=state.caption,
         variants=variants,
         embedding=tagged.embedding if tagged else None,
         box_embeddings=_box_embeddings(tagged, deps),
+        masks=_masks(state.description.segment if state.description else None, deps),
         annotated_uri=annotated_uri,
         result_uri=json_uri,
         processed_at=datetime.now(UTC),
@@ -301,18 +327,25 @@ def _box_embeddings(tag: TagOutput | None, deps: Dependencies) -> BoxEmbeddings 
     return BoxEmbeddings.model_validate_json(_step_document(tag.box_embeddings_uri, deps))
 
 
+def _masks(segmented: SegmentOutput | BranchFailure | None, deps: Dependencies) -> BoxMasks | None:
+    """The boxes' masks Segment wrote for the image, where the request asked for them."""
+    if not isinstance(segmented, SegmentOutput):
+        return None
+    return BoxMasks.model_validate_json(_step_document(segmented.masks_uri, deps))
+
+
+_Output = DetectOutput | ClassifyOutput | TagOutput | SegmentOutput
+
+
 def _made_by(state: ImageState) -> dict[str, MadeBy]:
-    outputs: dict[str, DetectOutput | ClassifyOutput | TagOutput | BranchFailure | None] = {"detect": state.detection}
+    outputs: dict[str, _Output | BranchFailure | None] = {"detect": state.detection}
     if state.description is not None:
-        outputs |= {"classify": state.description.classify, "tag": state.description.tag}
-    return {
-        step: output.made_by
-        for step, output in outputs.items()
-        if isinstance(output, DetectOutput | ClassifyOutput | TagOutput)
-    }
+        description = state.description
+        outputs |= {"classify": description.classify, "tag": description.tag, "segment": description.segment}
+    return {step: output.made_by for step, output in outputs.items() if isinstance(output, _Output)}
 
 
-def _branch_ms(output: ClassifyOutput | TagOutput | BranchFailure | None) -> float | None:
+def _branch_ms(output: ClassifyOutput | TagOutput | SegmentOutput | BranchFailure | None) -> float | None:
     return None if output is None or isinstance(output, BranchFailure) else output.ms
 
 
@@ -328,17 +361,18 @@ def _variants_document(state: ImageState, deps: Dependencies) -> tuple[VariantsO
 def write_group_table(
     state: WriteGroupTableInput, deps: Dependencies, known: Mapping[str, ImageResult] | None = None
 ) -> GroupSummary:
-    """Gather the group's result documents into its file of each table (``images``, ``detections``, ``embeddings``,
-    ``box_embeddings``: shared/storage/tables.py's SCHEMAS), and keep the group's summary where SummarizeBatch
-    finds it. A document in ``known`` (by its location) is not read
-    again: the bulk worker holds what it wrote."""
-    from shared.storage.tables import write_table_files  # pyarrow: only WriteGroupTable's and SummarizeBatch's packages
+    """Gather the group's result documents into its file of each table its request fills (shared/storage/tables.py's
+    SCHEMAS: ``images``, ``detections``, ``embeddings``, ``box_embeddings``, and ``masks`` where the request asks),
+    and keep the group's summary where SummarizeBatch finds it. A document in ``known`` (by its location) is not
+    read again: the bulk worker holds what it wrote."""
+    # pyarrow: only WriteGroupTable's and SummarizeBatch's packages
+    from shared.storage.tables import tables_written, write_table_files
 
     now = datetime.now(UTC)
     results = [_result_of(outcome, state, deps, now, known or {}) for outcome in state.outcomes]
-    uris = write_table_files(
-        results, state.results_uri, f"{state.batch_id}-{state.group_id}", state.planned_at, deps.store_for
-    )
+    stem = f"{state.batch_id}-{state.group_id}"
+    tables = tables_written(state.request.masks)
+    uris = write_table_files(results, state.results_uri, stem, state.planned_at, deps.store_for, tables)
     failed = sum(result.status is Status.FAILED for result in results)
     summary = GroupSummary(
         batch_id=state.batch_id,

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 
 from shared.errors import ImageRejected, ModelUnavailable, RequestRejected
 from shared.observability import logger
-from shared.pipeline.dependencies import ANNOTATION_MODEL_STEPS
+from shared.pipeline.dependencies import DEFAULT_MODEL_STEPS
 from shared.serving.calls import (
     DependenciesOf,
     RecordRows,
@@ -330,9 +330,10 @@ class ApiContext:
                 self.after_call()
 
     def preload(self) -> None:
-        """Every model, Detect first: a first annotation waits for Detect, Classify and Tag only. One after another:
+        """Every model a request with the defaults runs, Detect first (masks load with the first call that asks for
+        them): a first annotation waits for Detect, Classify and Tag only. One after another:
         side by side on two cores, they took 1.5 s longer to the first answer (annotate bench-api)."""
-        for step in ANNOTATION_MODEL_STEPS:
+        for step in DEFAULT_MODEL_STEPS:
             try:
                 self.dependencies_of(step)
             except ModelUnavailable as error:

@@ -22,7 +22,7 @@ def result_document(root: str, batch_id: str, image_id: str) -> str:
     return join_uri(root, RESULTS, batch_id, image_id) + ".json"
 
 
-STEP_DOCUMENT_SUFFIXES = (".variants.json", ".boxes.json")  # what steps write beside a result document
+STEP_DOCUMENT_SUFFIXES = (".variants.json", ".boxes.json", ".masks.json")  # what steps write beside a result document
 
 
 def is_result_document(uri: str) -> bool:
@@ -47,6 +47,11 @@ def variants_document(root: str, batch_id: str, image_id: str) -> str:
 def box_embeddings_document(root: str, batch_id: str, image_id: str) -> str:
     """Beside the image's own result document: Tag writes it, WriteResult reads it in."""
     return join_uri(root, RESULTS, batch_id, image_id) + STEP_DOCUMENT_SUFFIXES[1]
+
+
+def masks_document(root: str, batch_id: str, image_id: str) -> str:
+    """Beside the image's own result document: Segment writes it, WriteResult reads it in."""
+    return join_uri(root, RESULTS, batch_id, image_id) + STEP_DOCUMENT_SUFFIXES[2]
 
 
 def variant_picture(root: str, batch_id: str, image_id: str, index: int) -> str:

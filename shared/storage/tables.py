@@ -1,6 +1,7 @@
 """The Parquet tables: ``images`` (one row per input image), ``detections`` (one row per box), ``embeddings``
-(one row per image embedded: its CLIP vector, which ``annotate search`` and ``annotate duplicates`` compare) and
-``box_embeddings`` (one row per box embedded, where a request asked).
+(one row per image embedded: its CLIP vector, which ``annotate search`` and ``annotate duplicates`` compare),
+``box_embeddings`` (one row per box embedded, where a request asked) and ``masks`` (one row per box segmented, where a
+request asked).
 
 All are partitioned by ``dt=YYYY-MM-DD`` (the day ingest planned the batch) and hold one file per group of images,
 named by the batch and group, so running a batch again replaces its rows instead of adding a second copy.
@@ -58,7 +59,7 @@ CAPTION_FIELDS = [
 
 # The steps whose model a row names, and its column: detector_model, classifier_model, tagger_model.
 # (storage sits below the pipeline, so this is written out: tests/unit/test_step_registry.py holds it to STEP_PORTS)
-MADE_BY_ROLES = {"detect": "detector", "classify": "classifier", "tag": "tagger"}
+MADE_BY_ROLES = {"detect": "detector", "classify": "classifier", "tag": "tagger", "segment": "segmenter"}
 
 # Which image a row is about: the first columns of every table.
 IMAGE_KEY_FIELDS = [("image_id", pa.string()), ("source_uri", pa.string()), ("batch_id", pa.string())]
@@ -79,6 +80,7 @@ IMAGES_SCHEMA = pa.schema(
         ("detect_ms", pa.float64()),
         ("classify_ms", pa.float64()),
         ("tag_ms", pa.float64()),
+        ("segment_ms", pa.float64()),
         # Which models made the row, and their steps' settings that change output (JSON: {step: {setting: value}})
         *((f"{role}_model", pa.string()) for role in MADE_BY_ROLES.values()),
         ("output_settings", pa.string()),
@@ -133,11 +135,29 @@ BOX_EMBEDDINGS_SCHEMA = pa.schema(
     ]
 )
 
+# A box's mask, where its request asked (masks: true): COCO's compressed run-length encoding (pycocotools reads
+# `counts` with the image's height and width), within the box; the box is its image's detection_index.
+MASKS_SCHEMA = pa.schema(
+    [
+        *IMAGE_KEY_FIELDS,
+        ("detection_index", pa.int32()),
+        ("label", pa.string()),
+        ("counts", pa.string()),
+        ("height", pa.int32()),
+        ("width", pa.int32()),
+        ("area", pa.int64()),
+        ("score", pa.float64()),
+        *EMBEDDING_MODEL_FIELDS,
+        ("processed_at", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+
 SCHEMAS = {
     "images": IMAGES_SCHEMA,
     "detections": DETECTIONS_SCHEMA,
     "embeddings": EMBEDDINGS_SCHEMA,
     "box_embeddings": BOX_EMBEDDINGS_SCHEMA,
+    "masks": MASKS_SCHEMA,
 }
 
 # `annotate evaluate`'s rows: per label (and for every label together, ``label`` null), how the pipeline's boxes
@@ -273,11 +293,31 @@ def box_embeddings_table(results: list[ImageResult]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=BOX_EMBEDDINGS_SCHEMA)
 
 
+def masks_table(results: list[ImageResult]) -> pa.Table:
+    rows = [
+        {
+            **_image_key(result),
+            "detection_index": index,
+            "label": detection.label,
+            **mask.model_dump(),
+            "model": result.masks.model,
+            "model_revision": result.masks.revision,
+            "processed_at": result.processed_at,
+        }
+        for result in results
+        if result.masks is not None
+        for index, (detection, mask) in enumerate(zip(result.detections, result.masks.masks, strict=True))
+        if mask is not None
+    ]
+    return pa.Table.from_pylist(rows, schema=MASKS_SCHEMA)
+
+
 TABLE_ROWS = {
     "images": images_table,
     "detections": detections_table,
     "embeddings": embeddings_table,
     "box_embeddings": box_embeddings_table,
+    "masks": masks_table,
 }
 
 
@@ -296,14 +336,32 @@ def parquet_bytes(table: pa.Table) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
+# Tables a group writes only where its request asks for what they hold: a request without masks writes no empty
+# `masks` file (a PUT a group saved; the same batch run again has the same request, so no older file is left over).
+OPTIONAL_TABLES = {"masks"}
+
+
+def tables_written(masks: bool) -> list[str]:
+    """The tables a group's rows go to, for a request that does (or does not) ask for masks."""
+    return [name for name in SCHEMAS if masks or name not in OPTIONAL_TABLES]
+
+
 def write_table_files(
-    results: list[ImageResult], results_root: str, file_stem: str, day: datetime, store_for: StoreFor
+    results: list[ImageResult],
+    results_root: str,
+    file_stem: str,
+    day: datetime,
+    store_for: StoreFor,
+    tables: list[str] | None = None,
 ) -> dict[str, str]:
-    """Write ``results``' rows of each table under ``file_stem``, replacing an earlier copy; returns their URIs.
+    """Write ``results``' rows of each table (of ``tables``: by default all) under ``file_stem``, replacing an
+    earlier copy; returns their URIs.
 
     The day is the batch's planning day, so the same batch run again writes the same files.
     """
     uris = table_file_uris(results_root, file_stem, day)
     for name, rows_of in TABLE_ROWS.items():
+        if tables is not None and name not in tables:
+            continue
         store_for(uris[name]).write_bytes(uris[name], parquet_bytes(rows_of(results)), "application/vnd.apache.parquet")
     return uris

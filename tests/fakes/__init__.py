@@ -1,4 +1,4 @@
-"""In-memory stand-ins for the ports a step's work goes through: object storage and the five models (the clients
+"""In-memory stand-ins for the ports a step's work goes through: object storage and the six models (the clients
 of AWS's other services are moto's in the tests that need them). Each can be told to fail."""
 
 from __future__ import annotations
@@ -11,7 +11,16 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from shared.contracts import AttributeScore, CaptionOutput, ClassScore, Detection, MadeBy, VariantsRequest
+from shared.contracts import (
+    AttributeScore,
+    Box,
+    BoxMask,
+    CaptionOutput,
+    ClassScore,
+    Detection,
+    MadeBy,
+    VariantsRequest,
+)
 from shared.pipeline.dependencies import STEP_PORTS, Dependencies, Step
 from shared.settings import ImageLimits
 from shared.storage.objects import MemoryStore
@@ -131,6 +140,30 @@ class FakeCaptioner:
 
 
 @dataclass
+class FakeSegmenter:
+    """Each box's mask is its rectangle, encoded as Segment encodes a real one (COCO RLE)."""
+
+    failure: Exception | None = None
+    name: str = "fake-segmenter"
+    revision: str = "fake-revision"
+
+    def segment(self, image: Image.Image, boxes: list[Box]) -> list[BoxMask | None]:
+        from shared.models.segmentation import box_window, encoded
+
+        _fail(self.failure)
+        masks: list[BoxMask | None] = []
+        for box in boxes:
+            x0, y0, x1, y1 = box_window(box, image.width, image.height)
+            if x1 <= x0 or y1 <= y0:
+                masks.append(None)
+                continue
+            mask = np.zeros((image.height, image.width), np.uint8, order="F")
+            mask[y0:y1, x0:x1] = 1
+            masks.append(encoded(mask, 0.9))
+        return masks
+
+
+@dataclass
 class FakeGenerator:
     """Plain gray pictures of the requested size."""
 
@@ -153,6 +186,7 @@ class FakeModels:
     detector: FakeDetector = field(default_factory=lambda: FakeDetector([]))
     classifier: FakeClassifier = field(default_factory=FakeClassifier)
     tagger: FakeTagger = field(default_factory=FakeTagger)
+    segmenter: FakeSegmenter = field(default_factory=FakeSegmenter)
     captioner: FakeCaptioner = field(default_factory=FakeCaptioner)
     generator: FakeGenerator = field(default_factory=FakeGenerator)
     image_limits: ImageLimits = field(

@@ -10,7 +10,7 @@ from tests.fakes import FakeModels
 
 
 def test_the_annotation_steps_are_the_registry_s_in_the_order_an_image_meets_them() -> None:
-    assert ANNOTATION_MODEL_STEPS == (Step.DETECT, Step.CLASSIFY, Step.TAG, Step.CAPTION)
+    assert ANNOTATION_MODEL_STEPS == (Step.DETECT, Step.CLASSIFY, Step.TAG, Step.SEGMENT, Step.CAPTION)
 
 
 def test_chaos_the_bench_and_the_cost_count_the_registry_s_steps() -> None:
@@ -19,14 +19,19 @@ def test_chaos_the_bench_and_the_cost_count_the_registry_s_steps() -> None:
     from tools.local.chaos_faults import MODEL_STEPS as FAULTED
 
     names = [step.value for step in ANNOTATION_MODEL_STEPS]
-    assert sorted(FAULTED) == sorted(names) and list(PRICED) == names and list(STEP_LOADERS) == names
+    assert sorted(FAULTED) == sorted(names) and list(STEP_LOADERS) == names
+    # the cost prices what a request with the defaults runs (masks, an option, apart)
+    default = [step.value for step in steps_wanted(AnnotationRequest(prompt="cat.")) if step is not Step.WRITE_RESULT]
+    assert list(PRICED) == default == [name for name in names if name != "segment"]
 
 
 def test_a_call_loads_the_steps_its_request_wants() -> None:
-    with_caption = steps_wanted(AnnotationRequest(prompt="cat.", caption=True))
-    without = steps_wanted(AnnotationRequest(prompt="cat.", caption=False))
-    assert with_caption == [*ANNOTATION_MODEL_STEPS, Step.WRITE_RESULT]
-    assert without == [step for step in with_caption if step is not Step.CAPTION]
+    everything = steps_wanted(AnnotationRequest(prompt="cat.", caption=True, masks=True))
+    without_caption = steps_wanted(AnnotationRequest(prompt="cat.", caption=False, masks=True))
+    without_masks = steps_wanted(AnnotationRequest(prompt="cat.", caption=True))
+    assert everything == [*ANNOTATION_MODEL_STEPS, Step.WRITE_RESULT]
+    assert without_caption == [step for step in everything if step is not Step.CAPTION]
+    assert without_masks == [step for step in everything if step is not Step.SEGMENT]
 
 
 def test_each_annotation_step_has_its_seconds_and_where_it_says_so_its_model_in_the_images_row() -> None:

@@ -92,7 +92,7 @@ def test_queues_are_encrypted_and_have_dead_letter_queues() -> None:
             assert properties["RedrivePolicy"]["maxReceiveCount"] >= 1
 
 
-@pytest.mark.parametrize("table", ["images", "detections", "embeddings", "box_embeddings", "evaluations"])
+@pytest.mark.parametrize("table", ["images", "detections", "embeddings", "box_embeddings", "masks", "evaluations"])
 def test_glue_columns_equal_the_parquet_schema_the_code_writes(table: str) -> None:
     [glue] = [
         r
@@ -218,7 +218,8 @@ def _parameters_in(value: Any) -> set[str]:
 
 def test_snapstart_is_off_unless_asked_and_then_switches_every_model_function_and_its_preload() -> None:
     assert template()["Parameters"]["EnableSnapStart"]["Default"] == "false"
-    assert set(VERSIONED) == {"DetectFunction", "ClassifyFunction", "TagFunction", "CaptionFunction", "ApiFunction"}
+    model_functions = {"DetectFunction", "ClassifyFunction", "TagFunction", "SegmentFunction", "CaptionFunction"}
+    assert set(VERSIONED) == model_functions | {"ApiFunction"}
     for properties in VERSIONED.values():
         assert properties["SnapStart"]["ApplyOn"] == {"Fn::If": ["SnapStartEnabled", "PublishedVersions", "None"]}
     preload = template()["Globals"]["Function"]["Environment"]["Variables"]["ANNOTATE_PRELOAD_MODELS"]

@@ -100,6 +100,7 @@ def test_every_model_function_logs_its_cpu_at_init(capsys: pytest.CaptureFixture
         ("classify", [Step.CLASSIFY]),
         ("tag", [Step.TAG]),
         ("caption", [Step.CAPTION]),
+        ("segment", [Step.SEGMENT]),
         ("api", [Step.DETECT, Step.CLASSIFY, Step.TAG, Step.CAPTION]),
     ],
 )

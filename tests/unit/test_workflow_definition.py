@@ -33,6 +33,7 @@ from shared.contracts import (
     ImageRef,
     ImageState,
     ImageTask,
+    SegmentOutput,
     StepFailure,
     SummarizeInput,
     TagOutput,
@@ -116,7 +117,13 @@ LAMBDA_TASKS = {name: s for name, s in STATES.items() if s["Type"] == "Task" and
 
 
 def test_every_lambda_task_retries_throttles_and_service_errors_and_each_model_step_snapstarts() -> None:
-    snapstart_functions = {"DetectFunctionArn", "ClassifyFunctionArn", "TagFunctionArn", "CaptionFunctionArn"}
+    snapstart_functions = {
+        "DetectFunctionArn",
+        "ClassifyFunctionArn",
+        "TagFunctionArn",
+        "SegmentFunctionArn",
+        "CaptionFunctionArn",
+    }
     assert len(LAMBDA_TASKS) == len(FUNCTION_PLACEHOLDERS)
     for name, state in LAMBDA_TASKS.items():
         retried = {error for retrier in state["Retry"] for error in retrier["ErrorEquals"]}
@@ -253,6 +260,9 @@ CONTRACTS: dict[str, tuple[type[BaseModel] | None, BaseModel | dict[str, Any]]] 
     "ClassifyFailed": (BranchFailure, BranchFailure(failure=FAILURE)),
     "NothingToClassify": (None, {}),  # its Result (null) is checked on its own
     "TagFailed": (BranchFailure, BranchFailure(failure=FAILURE)),
+    "Segment": (DescribeInput, SegmentOutput(masks_uri="s3://out/results/b/x.masks.json", masks=1, ms=1.0)),
+    "SegmentFailed": (BranchFailure, BranchFailure(failure=FAILURE)),
+    "NothingToSegment": (None, {}),  # its Result (null) is checked on its own
     "Caption": (ImageState, CAPTION),
     # Batch SubmitJob (.sync): its job is checked in the test; its result is Batch's description of the job
     "Variants": (None, {"JobId": "6f7e", "JobName": "annotate-variants", "Status": "SUCCEEDED"}),
@@ -308,7 +318,12 @@ def test_every_task_and_pass_state_has_a_contract() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    [name for name in CONTRACTS if name not in BATCH_STATES | {"ClassifyFailed", "TagFailed", "NothingToClassify"}],
+    [
+        name
+        for name in CONTRACTS
+        if name not in BATCH_STATES | {"ClassifyFailed", "TagFailed", "SegmentFailed", "NothingToClassify"}
+        and name != "NothingToSegment"
+    ],
 )
 def test_each_image_state_takes_its_model_and_leaves_a_valid_image_state(name: str) -> None:
     state, (input_model, output) = STATES[name], CONTRACTS[name]
@@ -328,7 +343,7 @@ def test_each_image_state_takes_its_model_and_leaves_a_valid_image_state(name: s
         ImageState.model_validate(after)
 
 
-@pytest.mark.parametrize("name", ["Classify", "Tag"])
+@pytest.mark.parametrize("name", ["Classify", "Tag", "Segment"])
 def test_a_failed_describe_branch_becomes_a_branch_failure(name: str) -> None:
     catch = STATES[name]["Catch"][-1]
     caught = write_path(state_input(STATES[name], full_state()), catch["ResultPath"], dumped(FAILURE))
@@ -338,9 +353,15 @@ def test_a_failed_describe_branch_becomes_a_branch_failure(name: str) -> None:
 
 def test_the_describe_results_are_selected_by_name_into_the_image_state() -> None:
     describe = STATES["Describe"]
-    results = [dumped(ClassifyOutput(classes=[BoxClasses()], ms=1.0)), dumped(BranchFailure(failure=FAILURE))]
+    segmented = SegmentOutput(masks_uri="s3://out/results/b/x.masks.json", masks=1, ms=1.0)
+    results = [
+        dumped(ClassifyOutput(classes=[BoxClasses()], ms=1.0)),
+        dumped(BranchFailure(failure=FAILURE)),
+        dumped(segmented),
+    ]
     after = ImageState.model_validate(state_output(describe, full_state(), results))
     assert after.description is not None and after.description.tag == BranchFailure(failure=FAILURE)
+    assert after.description.segment == segmented
 
 
 def test_an_image_without_boxes_is_described_for_its_embedding_without_classify() -> None:
@@ -354,7 +375,7 @@ def test_an_image_without_boxes_is_described_for_its_embedding_without_classify(
     branch = STATES["Describe"]["Branches"][0]
     assert branch["StartAt"] == "ClassifyWanted" and STATES["ClassifyWanted"]["Default"] == "NothingToClassify"
     nothing = STATES["NothingToClassify"]
-    results = [nothing["Result"], dumped(TagOutput(tags=[], ms=1.0))]
+    results = [nothing["Result"], dumped(TagOutput(tags=[], ms=1.0)), STATES["NothingToSegment"]["Result"]]
     after = ImageState.model_validate(state_output(STATES["Describe"], no_boxes, results))
     assert after.description is not None and after.description.classify is None
 
@@ -366,8 +387,9 @@ def test_every_catch_of_an_image_step_records_its_failure_under_a_failed_step() 
         for catch in state.get("Catch", [])
         if catch.get("ResultPath", "").startswith("$.failures.")
     }
-    # Classify and Tag fail as branches, WriteResult into write_failure, a group in SummarizeBatch's rows
-    assert keys == set(FailedStep) - {FailedStep.CLASSIFY, FailedStep.TAG, FailedStep.WRITE_RESULT, FailedStep.GROUP}
+    # Classify, Tag and Segment fail as branches, WriteResult into write_failure, a group in SummarizeBatch's rows
+    branches = {FailedStep.CLASSIFY, FailedStep.TAG, FailedStep.SEGMENT}
+    assert keys == set(FailedStep) - branches - {FailedStep.WRITE_RESULT, FailedStep.GROUP}
     for key in keys:
         ImageState.model_validate(write_path(full_state(), f"$.failures.{key}", dumped(FAILURE)))
 

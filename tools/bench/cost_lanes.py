@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from shared.pipeline.dependencies import ANNOTATION_MODEL_STEPS
-from shared.storage.tables import SCHEMAS
+from shared.pipeline.dependencies import DEFAULT_MODEL_STEPS
+from shared.storage.tables import tables_written
 from tools.bench.cost_inputs import (
     HOURS_PER_MONTH,
     SECONDS_PER_MONTH,
@@ -61,7 +61,8 @@ S3_GETS_PER_IMAGE, S3_PUTS_PER_IMAGE = 5, 2
 # job's skip; the table write reads nothing back); its JSON and picture written. Per group (BulkImagesPerGroup images
 # in the bulk lane, ImagesPerGroup in the Lambda lane's): a file of each table (written even where it has no rows) and
 # its summary.
-BULK_S3_GETS_PER_IMAGE, BULK_S3_PUTS_PER_IMAGE, S3_PUTS_PER_GROUP = 2, 2, len(SCHEMAS) + 1
+# each group's file of each table a request without masks fills, and its summary
+BULK_S3_GETS_PER_IMAGE, BULK_S3_PUTS_PER_IMAGE, S3_PUTS_PER_GROUP = 2, 2, len(tables_written(masks=False)) + 1
 SQS_REQUESTS_PER_IMAGE = 3  # send, receive, delete
 # A dropped image's claim is written three times: in progress, the execution it starts in, started
 # (shared/pipeline/claims.py)
@@ -79,7 +80,7 @@ LOG_BYTES_PER_INVOCATION = 1_450
 # X-Ray's sampling of traced Lambda invocations and executions: "by default ... the first request each second, and
 # five percent of any additional requests" (X-Ray developer guide, "Sampling rules"), each function on its own
 SAMPLED_PER_SECOND, SAMPLED_BEYOND = 1, 0.05
-MODEL_STEPS = tuple(step.value for step in ANNOTATION_MODEL_STEPS)
+MODEL_STEPS = tuple(step.value for step in DEFAULT_MODEL_STEPS)  # masks are an option, priced as one
 
 
 def dropped_images_per_execution(scenario: Scenario) -> float:

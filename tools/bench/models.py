@@ -45,6 +45,7 @@ STEP_LOADERS = {
     "detect": ("shared.models.grounding_onnx:load_detector", "detection"),
     "classify": ("shared.models.classification:load_classifier", "describe"),
     "tag": ("shared.models.tagging:load_tagger", "describe"),
+    "segment": ("shared.models.segmentation:load_segmenter", "segment"),
     "caption": ("shared.models.captioning:load_captioner", "caption"),
 }
 

@@ -39,22 +39,25 @@ def models_push(
 def models_export(
     profile: Annotated[Profile, typer.Option(help="Whose models to export")] = Profile.DEFAULT,
     short_side: Annotated[int, typer.Option(help="The detection short side the detector is exported for")] = 800,
+    masks: Annotated[bool, typer.Option(help="The segmenter too (EdgeTAM: what Segment runs)")] = True,
 ) -> None:
-    """Export the profile's Grounding DINO (once per image size, see detector_aspect_ratios), ConvNeXt and CLIP
-    to ONNX, into the model cache: what Detect, Classify and Tag run. `annotate models push` uploads them."""
+    """Export the profile's Grounding DINO (once per image size, see detector_aspect_ratios), ConvNeXt, CLIP and
+    EdgeTAM to ONNX, into the model cache: what Detect, Classify, Tag and Segment run. `annotate models push`
+    uploads them."""
     from shared.errors import ModelUnavailable
     from tools.models.tiny_models import build_named_models
 
     quiet_logs(False)
     settings = use_settings(profile=profile, detection_short_side=short_side)
     try:
-        build_named_models(settings)
+        build_named_models(settings, masks=masks)
     except ModelUnavailable as error:
         raise fail(str(error)) from None
     sizes = ", ".join(f"{height}x{width}" for height, width in settings.detection.export_sizes())
     out.print(
         f"exported into {settings.model_cache_dir / 'onnx'}: {settings.detector_model} at {sizes}; "
-        f"{settings.classifier_model}; {', '.join(settings.tagger_models or [])}",
+        f"{settings.classifier_model}; {', '.join(settings.tagger_models or [])}"
+        + (f"; {settings.segment_model}" if masks else ""),
         soft_wrap=True,
         highlight=False,
     )
@@ -64,11 +67,12 @@ def models_export(
 def models_build(
     profile: Annotated[Profile, typer.Option(help="Whose tiny: and random: models to build")] = Profile.TINY,
     variants: Annotated[bool, typer.Option(help="The diffusion model too (0.85 GB at full size)")] = False,
+    masks: Annotated[bool, typer.Option(help="The segmenter too")] = True,
 ) -> None:
     """Build the profile's random-weight models (tiny:, random:) into the model cache, offline."""
     from tools.models.tiny_models import build_named_models
 
     quiet_logs(False)
     settings = use_settings(profile=profile)
-    build_named_models(settings, variants=variants)
+    build_named_models(settings, variants=variants, masks=masks)
     out.print(f"built into {settings.model_cache_dir / 'tiny'}", highlight=False)

@@ -49,6 +49,9 @@ def run(
     embeddings: Annotated[
         str, typer.Option(help="image (each image's CLIP vector), boxes (and each box's: box_embeddings) or none")
     ] = "image",
+    masks: Annotated[
+        bool, typer.Option(help="A mask per box (EdgeTAM): the masks table, drawn in the pictures, in the exports")
+    ] = False,
     lane: Annotated[
         str, typer.Option(help="lambda, bulk (a Fargate task's worker, here in this process) or auto (by batch size)")
     ] = "auto",
@@ -65,6 +68,7 @@ def run(
         "top_k": top_k,
         "caption": caption,
         "embeddings": embeddings,
+        "masks": masks,
         "lane": lane,
     }
     if attribute:
@@ -279,7 +283,7 @@ def _run_locally(
 
     _refuse_remote_locations(message.images)
     try:
-        build_named_models(settings, variants=message.variants is not None)
+        build_named_models(settings, variants=message.variants is not None, masks=message.masks)
     except ModelUnavailable as error:
         raise fail(str(error)) from None
 

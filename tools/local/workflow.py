@@ -16,6 +16,7 @@ FUNCTION_PLACEHOLDERS = {
     "DetectFunctionArn": "detect",
     "ClassifyFunctionArn": "classify",
     "TagFunctionArn": "tag",
+    "SegmentFunctionArn": "segment",
     "CaptionFunctionArn": "caption",
     "WriteResultFunctionArn": "write_result",
     "WriteGroupTableFunctionArn": "write_group_table",

@@ -33,9 +33,11 @@ def build_model(source: str, files: ModelFiles) -> Path:
         "clip": _build_clip,
         "sdxs": _build_sdxs,
         "smolvlm": lambda folder: _build_smolvlm(folder, files),
+        "edgetam": _build_edgetam,
         "grounding-dino-tiny": lambda folder: _build_grounding_dino(folder, full_size=True),
         "convnext-tiny-224": lambda folder: _build_convnext(folder, full_size=True),
         "clip-vit-b-32": lambda folder: _build_clip(folder, full_size=True),
+        "edgetam-hf": lambda folder: _build_edgetam(folder, full_size=True),
     }
     name = source.split(":", 1)[1]
     if name not in builders:
@@ -62,19 +64,23 @@ def build_model(source: str, files: ModelFiles) -> Path:
     return folder
 
 
-def build_named_models(settings: Settings, variants: bool = False) -> None:
-    """Build every ``tiny:``/``random:`` model the settings name (the diffusion model only with ``variants``), and
-    the ONNX exports that Detect, Classify and Tag run."""
+def build_named_models(settings: Settings, variants: bool = False, masks: bool = False) -> None:
+    """Build every ``tiny:``/``random:`` model the settings name (the diffusion model only with ``variants``, the
+    segmenter only with ``masks``), and the ONNX exports that Detect, Classify, Tag (and Segment) run."""
     sources = [settings.detector_model, settings.classifier_model, *(settings.tagger_models or [])]
-    for source in [*sources, *([settings.variants_model] if variants else [])]:
+    optional = [*([settings.variants_model] if variants else []), *([settings.segment_model] if masks else [])]
+    for source in [*sources, *optional]:
         if source.startswith(BUILT_PREFIXES):
             build_model(source, settings.model_files)
     build_vision_captioner(settings)
     from tools.models.describe_export import exported_classifier_dir, exported_tagger_dir
     from tools.models.detector_export import exported_detector_dir
+    from tools.models.segment_export import exported_segmenter_dir
 
     exported_detector_dir(settings.detection)
     exported_classifier_dir(settings.describe)
+    if masks:
+        exported_segmenter_dir(settings.segment)
     for source in settings.tagger_models or []:  # Tag takes the first that loads: export what can be
         try:
             exported_tagger_dir(source, settings.model_files)
@@ -166,6 +172,36 @@ def _build_convnext(folder: Path, full_size: bool = False) -> None:
     ConvNextForImageClassification(config).eval().save_pretrained(folder)
     # convnext-tiny-224's own preprocessing; the processor's default (384 px) would triple the compute.
     ConvNextImageProcessor(size={"shortest_edge": 224}).save_pretrained(folder)
+
+
+def _build_edgetam(folder: Path, full_size: bool = False) -> None:
+    """EdgeTAM: its RepViT-M1 image encoder (timm) as the checkpoint has it, and SAM 2's prompt encoder and mask
+    decoder, narrowed to 32 channels at a 256-pixel input for the tiny one; full size is yonigozlan/EdgeTAM-hf's."""
+    import torch
+    from transformers import EdgeTamConfig, EdgeTamModel, Sam2ImageProcessor, TimmWrapperConfig
+    from transformers.models.edgetam.configuration_edgetam import EdgeTamVisionConfig
+
+    backbone = TimmWrapperConfig(
+        architecture="repvit_m1",
+        do_pooling=False,
+        model_args={"in_chans": 3, "features_only": True, "out_indices": [0, 1, 2, 3]},
+    )
+    size, hidden = (1024, 256) if full_size else (256, 32)
+    narrow: dict[str, Any] = {} if full_size else {"mlp_dim": 64, "num_attention_heads": 2, "iou_head_hidden_dim": 32}
+    config = EdgeTamConfig(
+        vision_config=EdgeTamVisionConfig(
+            backbone_config=backbone,
+            fpn_hidden_size=hidden,
+            backbone_feature_sizes=[[size // stride] * 2 for stride in (4, 8, 16)],
+        ),
+        prompt_encoder_config={"hidden_size": hidden, "image_size": size, "patch_size": 16},
+        mask_decoder_config={"hidden_size": hidden, **narrow},
+    )
+    torch.manual_seed(_SEED)
+    EdgeTamModel(config).eval().save_pretrained(folder)
+    Sam2ImageProcessor(
+        size={"height": size, "width": size}, mask_size={"height": size // 4, "width": size // 4}
+    ).save_pretrained(folder)
 
 
 # open_clip's own config format: ViT-B-32's layout, shrunk to one narrow layer per tower.

@@ -16,6 +16,7 @@ from shared.models.cache import cached_per_settings
 from shared.models.onnx_runtime import as_rgb, find_export, normalized, ort_session, weights_file
 from shared.observability import logger
 from shared.settings import SegmentSettings
+from shared.storage.masks import encoded
 
 SEGMENTER_MANIFEST = "segmenter-export.json"
 SEGMENTER_EXPORT_VERSION = 1  # part of the cached export's key: raised when the graphs change form
@@ -81,27 +82,6 @@ def mask_in_box(logits: np.ndarray, box: Box, width: int, height: int, threshold
     mask = np.zeros((height, width), np.uint8, order="F")  # column-major: the order COCO's encoding reads
     mask[y0:y1, x0:x1] = window > threshold
     return mask
-
-
-def encoded(mask: np.ndarray, score: float) -> BoxMask:
-    """A mask as COCO's compressed run-length encoding (pycocotools), with its area and the model's score."""
-    from pycocotools import mask as coco_mask
-
-    rle = coco_mask.encode(np.asfortranarray(mask))
-    return BoxMask(
-        counts=rle["counts"].decode("ascii"),
-        height=int(rle["size"][0]),
-        width=int(rle["size"][1]),
-        area=int(coco_mask.area(rle)),
-        score=round(min(max(score, 0.0), 1.0), 4),
-    )
-
-
-def decoded(mask: BoxMask) -> np.ndarray:
-    """A stored mask as a (height, width) array of 0 and 1."""
-    from pycocotools import mask as coco_mask
-
-    return np.asarray(coco_mask.decode({"size": [mask.height, mask.width], "counts": mask.counts.encode("ascii")}))
 
 
 @dataclass

@@ -282,10 +282,13 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
         variants, failure = _variants_document(state, deps)
         failures |= {FailedStep.VARIANTS: failure} if failure else {}
     tagged = state.description.tag if state.description and isinstance(state.description.tag, TagOutput) else None
+    masks = _masks(state.description.segment if state.description else None, deps)
     annotated_uri = None
     if state.detection is not None:
         image = _image(task.image.source_uri, deps)
-        picture = draw_detections(image.pixels, detections, deps.picture_max_side, deps.picture_format)
+        picture = draw_detections(
+            image.pixels, detections, deps.picture_max_side, deps.picture_format, masks.masks if masks else None
+        )
         annotated_uri = layout.picture(task.results_uri, task.batch_id, task.image.image_id, deps.picture_format)
         deps.store_for(annotated_uri).write_bytes(annotated_uri, picture, deps.picture_format.media_type)
     result = ImageResult(
@@ -310,7 +313,7 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
         variants=variants,
         embedding=tagged.embedding if tagged else None,
         box_embeddings=_box_embeddings(tagged, deps),
-        masks=_masks(state.description.segment if state.description else None, deps),
+        masks=masks,
         annotated_uri=annotated_uri,
         result_uri=json_uri,
         processed_at=datetime.now(UTC),

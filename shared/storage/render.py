@@ -1,4 +1,4 @@
-"""The annotated picture: boxes and labels drawn over the image."""
+"""The annotated picture: boxes, labels and (where the request asked) masks drawn over the image."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
-from shared.contracts import Detection, PictureFormat
+from shared.contracts import BoxMask, Detection, PictureFormat
+from shared.storage.masks import decoded
 
 # Pillow's options per format: JPEG at 90 keeps the captions' edges clean enough to read; WebP at 80 (method 4, its
 # default effort) about half a JPEG's bytes for thirty times its seconds; PNG as it was, lossless and uncompressed.
@@ -31,20 +32,25 @@ def draw_detections(
     detections: list[Detection],
     max_side: int = 0,
     picture_format: PictureFormat = PictureFormat.JPEG,
+    masks: list[BoxMask | None] | None = None,
 ) -> bytes:
-    """The bytes of ``image`` with each detection's box and 'label score class attributes' caption, in
-    ``picture_format``; downscaled first to ``max_side`` pixels on its longest side where it is longer (0: its own
-    size)."""
+    """The bytes of ``image`` with each detection's box and 'label score class attributes' caption (and its mask,
+    tinted in its label's colour, where ``masks`` has one), in ``picture_format``; downscaled first to ``max_side``
+    pixels on its longest side where it is longer (0: its own size)."""
     scale = min(1.0, max_side / max(image.size)) if max_side else 1.0
     if scale < 1.0:
         size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
         canvas = image.resize(size, Image.Resampling.LANCZOS)
     else:
         canvas = image.copy()
+    labels = sorted({d.label for d in detections})
+    for detection, mask in zip(detections, masks or [None] * len(detections), strict=True):
+        if mask is not None:
+            color = _PALETTE[labels.index(detection.label) % len(_PALETTE)]
+            _tint(canvas, mask, color)
     draw = ImageDraw.Draw(canvas)
     line = max(2, round(min(canvas.size) / 200))
     font = ImageFont.load_default(size=max(12, round(min(canvas.size) / 30)))
-    labels = sorted({d.label for d in detections})
     for detection in detections:
         color = _PALETTE[labels.index(detection.label) % len(_PALETTE)]
         x0, y0, x1, y1 = (scale * v for v in (detection.box.x0, detection.box.y0, detection.box.x1, detection.box.y1))
@@ -59,3 +65,12 @@ def draw_detections(
         draw.rectangle((left, top - lift, right + 2 * line, bottom - lift + line), fill=color)
         draw.text((x0 + line, y0 - lift), text, fill="white", font=font)
     return encode_picture(canvas, picture_format)
+
+
+def _tint(canvas: Image.Image, mask: BoxMask, color: str, opacity: float = 0.45) -> None:
+    """The mask's pixels of ``canvas`` blended towards ``color`` (the mask resized to the canvas where it was
+    downscaled)."""
+    covered = Image.fromarray(decoded(mask) * round(255 * opacity), mode="L")
+    if covered.size != canvas.size:
+        covered = covered.resize(canvas.size, Image.Resampling.NEAREST)
+    canvas.paste(Image.new(canvas.mode, canvas.size, color), (0, 0), covered)

@@ -148,7 +148,8 @@ class FakeSegmenter:
     revision: str = "fake-revision"
 
     def segment(self, image: Image.Image, boxes: list[Box]) -> list[BoxMask | None]:
-        from shared.models.segmentation import box_window, encoded
+        from shared.models.segmentation import box_window
+        from shared.storage.masks import encoded
 
         _fail(self.failure)
         masks: list[BoxMask | None] = []

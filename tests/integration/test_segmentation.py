@@ -12,7 +12,8 @@ from PIL import Image
 from pycocotools import mask as coco_mask
 
 from shared.contracts import AnnotationRequest, Box, DescribeInput, Detection, ImageRef, ImageState, ImageTask
-from shared.models.segmentation import box_window, decoded, load_segmenter, upsampling_weights
+from shared.models.segmentation import box_window, load_segmenter, upsampling_weights
+from shared.storage.masks import decoded
 from shared.models.sources import resolve_model_dir
 from shared.pipeline import steps
 from shared.pipeline.dependencies import Step, build_dependencies

@@ -13,11 +13,11 @@ from pycocotools import mask as coco_mask
 
 from shared.contracts import AnnotationRequest, Box, DescribeInput, Detection, ImageRef, ImageState, ImageTask
 from shared.models.segmentation import box_window, load_segmenter, upsampling_weights
-from shared.storage.masks import decoded
 from shared.models.sources import resolve_model_dir
 from shared.pipeline import steps
 from shared.pipeline.dependencies import Step, build_dependencies
 from shared.settings import Settings
+from shared.storage.masks import decoded
 from shared.storage.tables import masks_table
 from tests.conftest import SAMPLES
 from tools.models.segment_export import load_torch_segmenter

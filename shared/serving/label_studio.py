@@ -6,15 +6,17 @@ value is called: ``$image``, ``$captioning``...):
 
 - a ``RectangleLabels`` takes boxes: its labels are the prompt's phrases, and each box comes back under the label
   it was found for, spelled as the config spells it;
+- a ``BrushLabels`` takes each box's mask, a ``PolygonLabels`` its mask's outline (Label Studio's two segmentation
+  templates): their labels are phrases of the prompt too, and the request asks for masks;
 - a per-region ``Choices`` named ``class`` takes each box's class; any other per-region ``Choices`` is an attribute
   whose choices are its vocabulary (CLIP, on the box);
 - a whole-image ``Choices`` takes the choice CLIP finds likeliest for the whole image (``choice="multiple"``: each
   one likely enough);
 - a ``TextArea`` takes the caption.
 
-Everything else (polygons, brushes, keypoints, transcriptions, controls on other objects) is left to people and
-named; a config that leaves everything to people is refused in one line. A result names a choice or label as Label
-Studio stores it: its ``alias`` where it has one, else its ``value``.
+Everything else (unlabelled polygons and brushes, keypoints, transcriptions, controls on other objects) is left to
+people and named; a config that leaves everything to people is refused in one line. A result names a choice or label
+as Label Studio stores it: its ``alias`` where it has one, else its ``value``.
 """
 
 from __future__ import annotations
@@ -38,10 +40,13 @@ from shared.contracts import (
     RESERVED_ATTRIBUTE_NAMES,
     AnnotationRequest,
     Box,
+    BoxMask,
     phrase_of,
 )
 from shared.errors import RequestRejected, validation_reason
 
+# The labelled region controls the models fill: boxes, and each box's mask or outline
+REGION_TAGS = {"RectangleLabels": "box", "BrushLabels": "brush", "PolygonLabels": "polygon"}
 MODEL_VERSION = "annotate"  # the predictions' model_version: Label Studio asks again only for tasks without one
 CLASS_CONTROL = "class"  # the per-region Choices that takes each box's class (the export's name for it)
 MAX_LABEL_CONFIG_CHARS = 100_000
@@ -49,10 +54,8 @@ UPLOAD_PREFIX = re.compile(r"^[0-9a-f]{8}-(?=.)")  # Label Studio names an uploa
 MAX_IMAGE_CHOICES = 200  # choices of one whole-image Choices: CLIP reads each one's text
 # What the controls the models cannot fill ask for, as the refusals say it
 UNFILLED = {
-    "PolygonLabels": "polygons",
-    "Polygon": "polygons",
-    "BrushLabels": "masks",
-    "Brush": "masks",
+    "Polygon": "unlabelled polygons",
+    "Brush": "unlabelled masks",
     "KeyPointLabels": "keypoints",
     "KeyPoint": "keypoints",
     "EllipseLabels": "ellipses",
@@ -60,7 +63,8 @@ UNFILLED = {
     "Rectangle": "unlabelled rectangles",
     "Labels": "labels of regions drawn by hand",
 }
-FILLED = "RectangleLabels (boxes), per-region Choices (class, attributes), Choices (the whole image) and a TextArea "
+FILLED = "RectangleLabels (boxes), BrushLabels (masks), PolygonLabels (outlines), per-region Choices (class, "
+FILLED += "attributes), Choices (the whole image) and a TextArea "
 FILLED += "(the caption) on one Image, and with a vision-language model a TextArea answering a task's Text question"
 
 
@@ -75,6 +79,7 @@ class LabelledBox:
     class_label: str | None
     class_score: float | None
     attributes: dict[str, str] = field(default_factory=dict)
+    mask: BoxMask | None = None  # where its request asked for masks
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,18 @@ class Question:
 
 
 @dataclass(frozen=True)
+class ShapeControl:
+    """A BrushLabels (``brush``: each box's mask) or PolygonLabels (``polygon``: its outline) control, its labels."""
+
+    name: str
+    kind: str  # "brush" or "polygon"
+    labels: tuple[Option, ...]
+
+    def label_of(self, phrase: str) -> str | None:
+        return next((label.stored for label in self.labels if phrase_of(label.text) == phrase_of(phrase)), None)
+
+
+@dataclass(frozen=True)
 class Project:
     """What a label config asks of the models, by its controls' names, and what it leaves to people."""
 
@@ -116,6 +133,7 @@ class Project:
     image_choices: tuple[ImageChoices, ...] = ()
     caption: str | None = None  # the TextArea that takes the caption
     questions: tuple[Question, ...] = ()  # TextAreas the vision-language model answers, each about the picture
+    shapes: tuple[ShapeControl, ...] = ()  # BrushLabels and PolygonLabels: each box's mask, or its outline
     left_to_people: tuple[str, ...] = ()  # each control the models do not fill, and why
 
     @property
@@ -125,12 +143,15 @@ class Project:
 
     @property
     def phrases(self) -> list[str]:
-        return list(dict.fromkeys(phrase_of(label.text) for label in self.labels))
+        """What the detector looks for: every region control's labels, as phrases, each once."""
+        labels = [*self.labels, *(label for shape in self.shapes for label in shape.labels)]
+        return list(dict.fromkeys(phrase_of(label.text) for label in labels))
 
     @property
     def runs_pipeline(self) -> bool:
-        """Whether it needs the workflow's steps (boxes, or a caption grounded in them), not CLIP on the image alone."""
-        return self.boxes is not None or self.caption is not None
+        """Whether it needs the workflow's steps (boxes, masks, or a caption grounded in them), not CLIP on the image
+        alone."""
+        return self.boxes is not None or bool(self.shapes) or self.caption is not None
 
     def label_of(self, phrase: str) -> str | None:
         """The config's label for a box found for ``phrase`` (the first label that reads as it)."""
@@ -147,9 +168,12 @@ class Project:
             attribute: [option.text for option in self.region_choices[name]]
             for name, attribute in self.attributes.items()
         }
-        prompt = " ".join(f"{phrase}." for phrase in self.phrases) if self.boxes else default_prompt
+        regions = self.boxes or self.shapes
+        prompt = " ".join(f"{phrase}." for phrase in self.phrases) if regions else default_prompt
         try:
-            return AnnotationRequest(prompt=prompt, attributes=vocabularies, caption=self.caption is not None)
+            return AnnotationRequest(
+                prompt=prompt, attributes=vocabularies, caption=self.caption is not None, masks=bool(self.shapes)
+            )
         except ValidationError as error:
             raise RequestRejected(
                 f"the label config asks what the models cannot give: {validation_reason(error)}"
@@ -158,6 +182,7 @@ class Project:
     def fills(self) -> list[str]:
         """The controls the models fill, as a person reads them."""
         filled = [f"RectangleLabels {self.boxes!r}"] if self.boxes else []
+        filled += [f"{'BrushLabels' if s.kind == 'brush' else 'PolygonLabels'} {s.name!r}" for s in self.shapes]
         filled += [f"Choices {name!r} (per box)" for name in self.region_choices if self.boxes]
         filled += [f"Choices {choices.name!r} (the image)" for choices in self.image_choices]
         filled += [f"TextArea {question.control!r} (answers Text {question.text!r})" for question in self.questions]
@@ -235,6 +260,7 @@ class _ControlReader:
     image_choices: list[ImageChoices] = field(default_factory=list)
     caption: str | None = None
     questions: list[Question] = field(default_factory=list)
+    shapes: list[ShapeControl] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
     named: set[str] = field(default_factory=set)
 
@@ -251,8 +277,12 @@ class _ControlReader:
             why = "it has no name"
         elif name in self.named:
             why = "an earlier control has this name, and a result names its control"
-        elif tag == "RectangleLabels":
-            why = self._boxes(control, name)
+        elif tag in REGION_TAGS:
+            why = (
+                self._boxes(control, name)
+                if tag == "RectangleLabels"
+                else self._shapes(control, name, REGION_TAGS[tag])
+            )
         elif tag == "Choices":
             why = self._region_choices(control, name) if per_region else self._image_choices(control, name)
         elif tag == "TextArea" and per_region:
@@ -278,9 +308,28 @@ class _ControlReader:
     def _boxes(self, control: ElementTree.Element, name: str) -> str | None:
         if self.boxes:
             return f"the boxes go to RectangleLabels {self.boxes!r}"
+        labels = _options(control, "Label")
+        why = self._why_not_phrases(control, labels)
+        if why is None:
+            self.boxes, self.labels = name, labels
+        return why
+
+    def _shapes(self, control: ElementTree.Element, name: str, kind: str) -> str | None:
+        taken = [shape.name for shape in self.shapes if shape.kind == kind]
+        if taken:
+            return f"the {'masks' if kind == 'brush' else 'outlines'} go to {taken[0]!r}"
+        labels = _options(control, "Label")
+        earlier = [*self.labels, *(label for shape in self.shapes for label in shape.labels)]
+        why = self._why_not_phrases(control, (*earlier, *labels))
+        if why is None:
+            self.shapes.append(ShapeControl(name, kind, labels))
+        return why
+
+    @staticmethod
+    def _why_not_phrases(control: ElementTree.Element, labels: tuple[Option, ...]) -> str | None:
+        """Why the labels (with the other region controls') make no prompt, if they do not."""
         if control.get("value", "").startswith("$"):
             return f"its labels come from each task ({control.get('value')})"
-        labels = _options(control, "Label")
         phrases = list(dict.fromkeys(phrase_of(label.text) for label in labels))
         if not phrases or not all(phrases):
             return "it has no label to look for" if not phrases else "a label reads as no phrase"
@@ -290,7 +339,6 @@ class _ControlReader:
             return f"a label over {MAX_PHRASE_CHARS} characters"
         if sum(len(phrase) + 2 for phrase in phrases) > MAX_PROMPT_CHARS:
             return f"its labels make a prompt over {MAX_PROMPT_CHARS} characters"
-        self.boxes, self.labels = name, labels
         return None
 
     def _region_choices(self, control: ElementTree.Element, name: str) -> str | None:
@@ -339,6 +387,7 @@ class _ControlReader:
             image_choices=tuple(self.image_choices),
             caption=self.caption,
             questions=tuple(self.questions),
+            shapes=tuple(self.shapes),
             left_to_people=tuple(self.left),
         )
 

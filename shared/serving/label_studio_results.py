@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from shared.serving.label_studio import (
@@ -14,11 +15,15 @@ from shared.serving.label_studio import (
     Option,
     Project,
     Question,
+    ShapeControl,
 )
+from shared.storage.masks import label_studio_brush, outlines
 
 
-def _region_id(region_key: str, box: LabelledBox) -> str:
-    return uuid.uuid5(uuid.NAMESPACE_URL, f"{region_key}/{box}").hex[:10]
+def _region_id(region_key: str, box: LabelledBox, kind: str = "") -> str:
+    """A region's id, the same for the same box of the same image (its mask aside); a mask or outline is a region
+    of its own (``kind``): Label Studio takes results that share an id for one region."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"{region_key}/{replace(box, mask=None)}{kind}").hex[:10]
 
 
 def region_results(
@@ -26,9 +31,18 @@ def region_results(
 ) -> list[dict[str, Any]]:
     """Each box as a region of ``project``'s box control, under the config's label for its phrase (a box of a
     phrase the config does not list is left out), with its class and attributes as per-region choices where the
-    config has that control and that choice; ``region_key`` makes the regions' ids stable for the same image."""
+    config has that control and that choice, and its mask as a region of each BrushLabels or PolygonLabels control;
+    ``region_key`` makes the regions' ids stable for the same image."""
+    boxes = list(boxes)
+    shapes = [
+        result
+        for box in boxes
+        if box.mask is not None
+        for shape in project.shapes
+        for result in _shape_result(shape, box, width, height, project.image, region_key)
+    ]
     if not project.boxes:
-        return []
+        return shapes
     controls = {CLASS_CONTROL: CLASS_CONTROL} if CLASS_CONTROL in project.region_choices else {}
     controls |= {attribute: name for name, attribute in project.attributes.items()}
     results: list[dict[str, Any]] = []
@@ -66,7 +80,36 @@ def region_results(
                 results.append(
                     {**common, "from_name": control, "type": "choices", "value": {**geometry, "choices": [stored]}}
                 )
-    return results
+    return results + shapes
+
+
+def _shape_result(
+    shape: ShapeControl, box: LabelledBox, width: int, height: int, image: str, region_key: str
+) -> list[dict[str, Any]]:
+    """The box's mask as Label Studio stores a brush region (its RLE), or its largest outline as a polygon (points
+    in percent of the image); none for a phrase the control does not list, or a mask with no pixel."""
+    label = shape.label_of(box.label)
+    if label is None or box.mask is None or not box.mask.area:
+        return []
+    if shape.kind == "brush":
+        value: dict[str, Any] = {"format": "rle", "rle": label_studio_brush(box.mask), "brushlabels": [label]}
+    else:
+        outline = outlines(box.mask)[0]
+        points = [[100 * x / width, 100 * y / height] for x, y in outline]
+        value = {"points": points, "closed": True, "polygonlabels": [label]}
+    return [
+        {
+            "id": _region_id(region_key, box, shape.kind),
+            "from_name": shape.name,
+            "to_name": image,
+            "type": f"{shape.kind}labels",
+            "original_width": width,
+            "original_height": height,
+            "image_rotation": 0,
+            "value": value,
+            "score": box.mask.score,
+        }
+    ]
 
 
 def _stored(options: Iterable[Option], text: str | None) -> str | None:
@@ -158,6 +201,11 @@ def label_config(project: Project) -> str:
         lines.append(f"  <RectangleLabels name={quoteattr(project.boxes)} toName={quoteattr(project.image)}>")
         lines += [option("Label", label) for label in project.labels]
         lines.append("  </RectangleLabels>")
+    for shape in project.shapes:
+        tag = "BrushLabels" if shape.kind == "brush" else "PolygonLabels"
+        lines.append(f"  <{tag} name={quoteattr(shape.name)} toName={quoteattr(project.image)}>")
+        lines += [option("Label", label) for label in shape.labels]
+        lines.append(f"  </{tag}>")
     for name, values in project.region_choices.items():
         lines.append(f'  <Choices name={quoteattr(name)} toName={quoteattr(project.image)} perRegion="true">')
         lines += [option("Choice", value) for value in values]

@@ -143,9 +143,12 @@ def test_setup_says_what_the_models_fill_and_refuses_a_config_they_fill_nothing_
     polygons = (
         "<View><Image name='i' value='$i'/><PolygonLabels name='p' toName='i'><Label value='a'/></PolygonLabels></View>"
     )
-    refused = client.post("/setup", json={"project": "1.1", "schema": polygons})
+    outlined = client.post("/setup", json={"project": "1.1", "schema": polygons})
+    assert outlined.status_code == 200 and outlined.json()["fills"] == ["PolygonLabels 'p'"]
+    unlabelled = "<View><Image name='i' value='$i'/><Polygon name='p' toName='i'/></View>"
+    refused = client.post("/setup", json={"project": "1.1", "schema": unlabelled})
     message = refused.json()["error"]["message"]
-    assert refused.status_code == 400 and "PolygonLabels 'p': the models draw no polygons" in message
+    assert refused.status_code == 400 and "Polygon 'p': the models draw no unlabelled polygons" in message
     assert "\n" not in message
 
 

@@ -31,7 +31,7 @@ def test_the_athena_queries_parse_as_athena_sql_and_select_by_the_condition() ->
 
     [image] = read_annotated_images(athena, "status = 'succeeded'", engine="athena")
 
-    assert image.boxes == [] and len(asked) == 3
+    assert image.boxes == [] and len(asked) == 4
     for sql in asked:
         sqlglot.parse_one(sql, read="athena")  # raises on anything Athena's dialect would not read
         assert "status = 'succeeded'" in sql

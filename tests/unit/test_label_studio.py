@@ -98,7 +98,7 @@ def test_what_the_models_cannot_fill_is_left_to_people_and_said() -> None:
     )
     assert project.fills() == ["RectangleLabels 'label'"]
     assert project.left_to_people == (
-        "Polygon 'poly': the models draw no polygons",
+        "Polygon 'poly': the models draw no unlabelled polygons",
         "TextArea 'transcription': a text per region (a transcription) is not a caption",
     )
 
@@ -112,9 +112,8 @@ def test_what_the_models_cannot_fill_is_left_to_people_and_said() -> None:
         ("<View><Image name='p' valueList='$pages'/></View>", "takes pages ($pages)"),
         ("<View><Image name='i' value='$i'/></View>", "(no control)"),
         (
-            "<View><Image name='i' value='$i'/><PolygonLabels name='p' toName='i'><Label value='a'/></PolygonLabels>"
-            "</View>",
-            "PolygonLabels 'p': the models draw no polygons",
+            "<View><Image name='i' value='$i'/><Polygon name='p' toName='i'/><Brush name='b' toName='i'/></View>",
+            "Polygon 'p': the models draw no unlabelled polygons; Brush 'b': the models draw no unlabelled masks",
         ),
         (
             "<View><Image name='i' value='$i'/><RectangleLabels name='r' toName='i' value='$regions'/></View>",
@@ -139,7 +138,10 @@ def test_a_config_the_models_fill_nothing_of_is_refused_in_one_line_saying_why_a
         read_label_config(config)
     assert said in str(refused.value) and "\n" not in str(refused.value)
     if "nothing" in str(refused.value):
-        assert "they fill RectangleLabels (boxes), per-region Choices" in str(refused.value)
+        assert (
+            "they fill RectangleLabels (boxes), BrushLabels (masks), PolygonLabels (outlines), per-region Choices"
+            in str(refused.value)
+        )
 
 
 def test_labels_that_make_a_bad_prompt_are_refused_in_one_line() -> None:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from shared.contracts import Box
+from shared.contracts import Box, BoxMask
 from shared.serving.label_studio import LabelledBox
 
 # SQL in, rows out: tools.results.query.run_local_query or tools.results.athena.run_athena_query, bound to their
@@ -56,7 +56,7 @@ _IMAGE_COLUMNS = (
 def read_annotated_images(query: Query, where: str | None = None, engine: Engine = "duckdb") -> list[AnnotatedImage]:
     """Each source image the ``where`` condition (SQL over ``images``' columns) selects, once: its latest row.
 
-    Three queries: the images, their boxes, the boxes' attributes.
+    Four queries: the images, their boxes, the boxes' attributes, their masks.
     """
     condition = f"({where})" if where else "TRUE"
     rows = _latest_per_image(query(f"SELECT {_IMAGE_COLUMNS} FROM images WHERE {condition}").to_pylist())
@@ -74,6 +74,19 @@ def read_annotated_images(query: Query, where: str | None = None, engine: Engine
     attributes = query(
         f"SELECT d.image_id, d.batch_id, d.detection_index, {columns} FROM detections d {selected} {unnest}"
     ).to_pylist()
+    masks = {
+        (row["image_id"], row["batch_id"], int(row["detection_index"])): BoxMask(
+            counts=row["counts"],
+            height=int(row["height"]),
+            width=int(row["width"]),
+            area=int(row["area"]),
+            score=float(row["score"]),
+        )
+        for row in query(
+            "SELECT d.image_id, d.batch_id, d.detection_index, d.counts, d.height, d.width, d.area, d.score "
+            f"FROM masks d {selected}"
+        ).to_pylist()
+    }
     values: dict[tuple[str, str, int], dict[str, str]] = defaultdict(dict)
     for row in attributes:
         values[(row["image_id"], row["batch_id"], int(row["detection_index"]))][row["name"]] = row["value"]
@@ -87,6 +100,7 @@ def read_annotated_images(query: Query, where: str | None = None, engine: Engine
             class_label=row["class_label"],
             class_score=None if row["class_score"] is None else float(row["class_score"]),
             attributes=values.get(key, {}),
+            mask=masks.get(key),
         )
         per_image[key[:2]].append((key[2], box))
     return [

@@ -18,12 +18,13 @@ from typing import Any
 
 from PIL import Image
 
-from shared.contracts import AnnotationRequest
+from shared.contracts import AnnotationRequest, BoxMask
 from shared.errors import ImageRejected, RequestRejected
 from shared.pipeline.batches import image_ref
-from shared.serving.label_studio import CLASS_CONTROL, LabelledBox, Option, Project, read_label_config
+from shared.serving.label_studio import CLASS_CONTROL, LabelledBox, Option, Project, ShapeControl, read_label_config
 from shared.serving.label_studio_results import label_config, prediction
 from shared.storage.images import decode_image
+from shared.storage.masks import outlines
 from shared.storage.objects import StoreFor
 from tools.results.annotations import AnnotatedImage
 
@@ -31,7 +32,7 @@ IMAGES_FOLDER = "images"
 EXPORT_MARKER = ".annotate-export.json"  # what an export wrote into its folder
 EXIF_ORIENTATION = 0x0112
 # Label Studio's own names for the controls its labelling config declares (label_config.xml beside the tasks).
-LS_IMAGE, LS_BOXES, LS_CAPTION = "image", "label", "caption"
+LS_IMAGE, LS_BOXES, LS_MASKS, LS_CAPTION = "image", "label", "mask", "caption"
 
 
 class ExportFormat(StrEnum):
@@ -206,7 +207,9 @@ def _write_coco(kept: list[tuple[AnnotatedImage, str]], out_dir: Path) -> None:
                     "image_id": image_number,
                     "category_id": names.index(box.label) + 1,
                     "bbox": [box.box.x0, box.box.y0, width, height],
-                    "area": width * height,
+                    # the mask's area where it has one (COCO's segm area), as pycocotools reads its RLE
+                    "area": box.mask.area if box.mask else width * height,
+                    **({"segmentation": _coco_rle(box.mask)} if box.mask else {}),
                     "iscrowd": 0,
                     "score": box.score,
                     "attributes": {"class": box.class_label, **box.attributes},
@@ -215,19 +218,35 @@ def _write_coco(kept: list[tuple[AnnotatedImage, str]], out_dir: Path) -> None:
     (out_dir / "annotations.json").write_text(json.dumps(coco, indent=1))
 
 
+def _coco_rle(mask: BoxMask) -> dict[str, Any]:
+    return {"size": [mask.height, mask.width], "counts": mask.counts}
+
+
 def _write_yolo(kept: list[tuple[AnnotatedImage, str]], out_dir: Path) -> None:
+    """YOLO's detection dataset, or, where a box has a mask, its segmentation dataset: every line a polygon (a box
+    without a mask as its rectangle), as one dataset holds one kind of line."""
     names = categories([image for image, _ in kept])
+    segments = any(box.mask for image, _ in kept for box in image.boxes)
     labels = out_dir / "labels"
     labels.mkdir(parents=True, exist_ok=True)
     for image, file_name in kept:
         assert image.width and image.height
-        lines = [f"{names.index(box.label)} {_yolo_box(box, image.width, image.height)}\n" for box in image.boxes]
+        shape = _yolo_polygon if segments else _yolo_box
+        lines = [f"{names.index(box.label)} {shape(box, image.width, image.height)}\n" for box in image.boxes]
         (labels / f"{Path(file_name).stem}.txt").write_text("".join(lines))
     data = ["path: .", f"train: {IMAGES_FOLDER}", f"val: {IMAGES_FOLDER}", f"nc: {len(names)}", "names:"]
     # YAML's double-quoted escapes are JSON's but for characters past U+FFFF, which JSON writes as two surrogates
     # that a YAML reader keeps apart: such characters are written as they are
     data += [f"  {index}: {json.dumps(name, ensure_ascii=False)}" for index, name in enumerate(names)]
     (out_dir / "data.yaml").write_text("\n".join(data) + "\n", encoding="utf-8")
+
+
+def _yolo_polygon(labelled: LabelledBox, width: int, height: int) -> str:
+    """The mask's largest outline (its box's corners where it has none), each point a fraction of the image's side."""
+    box = labelled.box
+    shapes = outlines(labelled.mask) if labelled.mask else []
+    points = shapes[0] if shapes else [(box.x0, box.y0), (box.x1, box.y0), (box.x1, box.y1), (box.x0, box.y1)]
+    return " ".join(f"{min(max(x / width, 0.0), 1.0):.6f} {min(max(y / height, 0.0), 1.0):.6f}" for x, y in points)
 
 
 def _yolo_box(labelled: LabelledBox, width: int, height: int) -> str:
@@ -262,17 +281,21 @@ def label_studio_config(images: list[AnnotatedImage], requests: list[AnnotationR
             for name, value in ({CLASS_CONTROL: box.class_label} | box.attributes).items():
                 if value:
                     choices.setdefault(name, []).append(value)
+    labels_once = tuple(Option(label, label) for label in dict.fromkeys(labels))
     project = Project(
         image=LS_IMAGE,
         image_key=LS_IMAGE,
         boxes=LS_BOXES,
-        labels=tuple(Option(label, label) for label in dict.fromkeys(labels)),
+        labels=labels_once,
         region_choices={
             name: tuple(Option(value, value) for value in dict.fromkeys(values))
             for name, values in choices.items()
             if values
         },
         caption=LS_CAPTION,
+        shapes=(ShapeControl(LS_MASKS, "brush", labels_once),)
+        if any(box.mask for image in images for box in image.boxes)
+        else (),
     )
     return label_config(project)
 

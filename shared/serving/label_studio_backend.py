@@ -108,10 +108,13 @@ FindAnnotated = Callable[[Sequence[str], Sequence[str]], Sequence[Annotated]]
 
 def answers_config(row: Annotated, project: Project, request: AnnotationRequest) -> bool:
     """Whether ``row`` holds all the config asks: a success for the same phrases, its caption where the config has
-    a place for one, and on each box a value of each attribute the config asks, among the config's own choices."""
+    a place for one, each box's mask where it has a place for masks, and on each box a value of each attribute the
+    config asks, among the config's own choices."""
     if row.status != "succeeded" or sorted(split_phrases(row.prompt or "")) != sorted(request.phrases):
         return False
     if project.caption and not row.caption:
+        return False
+    if request.masks and not all(box.mask is not None for box in row.boxes):
         return False
     return all(
         box.attributes.get(attribute) in vocabulary
@@ -163,6 +166,7 @@ class Identified:
 
 
 def _boxes(annotation: Annotation) -> list[LabelledBox]:
+    masks = annotation.masks.masks if annotation.masks else [None] * len(annotation.detections)
     return [
         LabelledBox(
             label=d.label,
@@ -171,8 +175,9 @@ def _boxes(annotation: Annotation) -> list[LabelledBox]:
             class_label=d.class_label,
             class_score=d.class_score,
             attributes={a.name: a.value for a in d.attributes},
+            mask=mask,
         )
-        for d in annotation.detections
+        for d, mask in zip(annotation.detections, masks, strict=True)
     ]
 
 

@@ -30,6 +30,8 @@ FILLED_COMPUTER_VISION = {
     "image-classification",
     "medical-image-classification-with-bboxes",
     "object-detection-with-bounding-boxes",
+    "semantic-segmentation-with-masks",
+    "semantic-segmentation-with-polygons",
 }
 # Label Studio's own check of a prediction against a config (label_studio_sdk, installed beside Label Studio)
 VALIDATE = """
@@ -58,6 +60,31 @@ def label_studio_finds(configs_and_predictions: list[tuple[str, dict[str, Any]]]
     )
     assert checked.returncode == 0, checked.stderr[-2000:]
     return [json.loads(line) for line in checked.stdout.splitlines()]
+
+
+# Label Studio's own decoder of a brush result's RLE (label_studio_sdk's converter)
+DECODE_BRUSH = """
+import json, sys
+import numpy as np
+from label_studio_sdk.converter.brush import decode_rle
+for line in sys.stdin:
+    result = json.loads(line)
+    pixels = decode_rle(result["value"]["rle"]).reshape(result["original_height"], result["original_width"], 4)
+    print(json.dumps(int((pixels[..., 3] > 0).sum())))
+"""
+
+
+def brush_masks_decode(results: list[dict[str, Any]]) -> bool:
+    """Whether Label Studio's SDK decodes each brush result to a mask of the picture's size with pixels in it."""
+    decoded = subprocess.run(
+        [str(LABEL_STUDIO_PYTHON), "-c", DECODE_BRUSH],
+        input="".join(json.dumps(result) + "\n" for result in results),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert decoded.returncode == 0, decoded.stderr[-2000:]
+    return bool(results) and all(int(line) > 0 for line in decoded.stdout.splitlines())
 
 
 def test_every_template_label_studio_ships_is_filled_in_its_own_names_or_refused_in_one_line(
@@ -92,6 +119,10 @@ def test_every_template_label_studio_ships_is_filled_in_its_own_names_or_refused
     assert {name: found for (name, _, _), found in zip(checked, errors, strict=True) if found} == {}
     # AND the templates that take boxes got some (the check saw regions, not only empty predictions)
     assert any(r["type"] == "rectanglelabels" for _, _, p in checked for r in p["result"])
+    # AND the segmentation templates got masks and outlines, each mask Label Studio's SDK decodes to one in its box
+    shapes = [r for _, _, p in checked for r in p["result"] if r["type"] in ("brushlabels", "polygonlabels")]
+    assert {r["type"] for r in shapes} == {"brushlabels", "polygonlabels"}
+    assert brush_masks_decode([r for r in shapes if r["type"] == "brushlabels"])
     assert {name.split("/")[1] for name in filled if name.startswith("computer-vision/")} == FILLED_COMPUTER_VISION
     # AND every other template is refused in one line: why, and (where nothing is left) what the models fill
     for name, reason in refused.items():

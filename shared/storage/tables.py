@@ -179,6 +179,8 @@ EVALUATIONS_SCHEMA = pa.schema(
         ("f1", pa.float64()),
         ("best_threshold", pa.float64()),
         ("best_f1", pa.float64()),
+        ("mask_ap", pa.float64()),
+        ("mask_ap50", pa.float64()),
         ("class_accuracy", pa.float64()),
         ("caption_word_f1", pa.float64()),
     ]

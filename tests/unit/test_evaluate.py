@@ -6,12 +6,14 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from shared.contracts import Box
+from shared.contracts import Box, BoxMask
 from shared.detector_geometry import iou
 from shared.errors import RequestRejected
 from shared.serving.label_studio import LabelledBox, read_label_config
+from shared.storage.masks import encoded
 from tools.results.annotations import AnnotatedImage
 from tools.results.evaluate import evaluate_labels, word_f1
 from tools.results.export import label_studio_config, label_studio_task
@@ -387,3 +389,53 @@ def test_the_f1_best_threshold_and_counts_equal_a_matching_at_every_threshold() 
         assert scores.best_threshold == best
         assert scores.best_f1 == pytest.approx(f1_afresh(pairs, scores.truth_boxes, label, best))
         assert scores.f1 == pytest.approx(f1_afresh(pairs, scores.truth_boxes, label, 0.5))
+
+
+def rectangle_mask(x0: int, x1: int, y0: int = 10, y1: int = 50) -> BoxMask:
+    pixels = np.zeros((100, 200), np.uint8, order="F")
+    pixels[y0:y1, x0:x1] = 1
+    return encoded(pixels, 0.9)
+
+
+def test_masks_are_scored_as_coco_scores_them_apart_from_their_boxes(tmp_path: Path) -> None:
+    # GIVEN the pipeline's boxes exactly right, and each mask the truth's moved 9 pixels right within the same box:
+    # IoU (40 - 9) / (40 + 9) = 0.63
+    truth_masks = [rectangle_mask(round(b.box.x0), round(b.box.x1)) for i in PREDICTED for b in i.boxes]
+    moved_masks = [rectangle_mask(round(b.box.x0) + 9, round(b.box.x1) + 9) for i in PREDICTED for b in i.boxes]
+    masks = iter(moved_masks)
+    predicted = [replace(i, boxes=[replace(b, mask=next(masks)) for b in i.boxes]) for i in PREDICTED]
+    # AND the truth as COCO writes it: its masks as polygons, read back by pycocotools
+    document = {
+        "images": [
+            {"id": n, "file_name": f"{i.source_uri}", "width": 200, "height": 100} for n, i in enumerate(PREDICTED)
+        ],
+        "categories": [{"id": 1, "name": "dog"}, {"id": 2, "name": "cat"}],
+        "annotations": [],
+    }
+    flat = iter(truth_masks)
+    for n, i in enumerate(PREDICTED):
+        for b in i.boxes:
+            mask = next(flat)
+            x0, x1 = b.box.x0, b.box.x1
+            document["annotations"].append(
+                {
+                    "id": len(document["annotations"]) + 1,
+                    "image_id": n,
+                    "category_id": 1 if b.label == "dog" else 2,
+                    "bbox": [b.box.x0, b.box.y0, b.box.x1 - b.box.x0, b.box.y1 - b.box.y0],
+                    "segmentation": [[x0, 10, x1, 10, x1, 50, x0, 50]],
+                }
+            )
+            assert mask.area == (x1 - x0) * 40
+    (tmp_path / "truth.json").write_text(json.dumps(document))
+    truth = read_truth(tmp_path / "truth.json")
+    assert [b.mask.area for t in truth for b in t.boxes if b.mask] == [m.area for m in truth_masks]
+    result = evaluate_labels(truth, predicted, threshold=0.35)
+    # THEN the boxes score 1 and the masks pass three of COCO's ten IoU thresholds (0.50, 0.55, 0.60): 0.3
+    assert (result.overall.ap, result.overall.ap50) == pytest.approx((1.0, 1.0))
+    assert (result.overall.mask_ap, result.overall.mask_ap50) == pytest.approx((0.3, 1.0))
+    # AND masks that are the truth's score 1, and a pipeline without masks gets no mask score
+    exact = iter(truth_masks)
+    same = [replace(i, boxes=[replace(b, mask=next(exact)) for b in i.boxes]) for i in PREDICTED]
+    assert evaluate_labels(truth, same, threshold=0.35).overall.mask_ap == pytest.approx(1.0)
+    assert evaluate_labels(truth, PREDICTED, threshold=0.35).overall.mask_ap is None

@@ -274,6 +274,7 @@ def evaluate(
         pa.Table.from_pylist(rows), title=f"{evaluation.images} images, box scores from {evaluation.threshold:g}"
     )
     measures = {"class accuracy": evaluation.class_accuracy, "caption word F1": evaluation.caption_word_f1}
+    measures |= {"mask mAP": evaluation.overall.mask_ap, "mask AP50": evaluation.overall.mask_ap50}
     measures |= {f"{name} accuracy": value for name, value in evaluation.attribute_accuracy.items()}
     said = [f"{name} {value:.3f}" for name, value in measures.items() if value is not None]
     if evaluation.captions_missing:

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shared.contracts import phrase_of
+from shared.contracts import BoxMask, phrase_of
 from shared.detector_geometry import iou
 from shared.errors import RequestRejected
 from shared.serving.label_studio import LabelledBox
@@ -40,6 +40,8 @@ class LabelScores:
     f1: float
     best_threshold: float | None  # the score at which F1 peaks (None: no box predicted at all)
     best_f1: float
+    mask_ap: float | None = None  # COCO's segm mAP@[.5:.95] (None: no truth mask, or no mask predicted)
+    mask_ap50: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ class Evaluation:
             "f1": overall.f1,
             "best_threshold": overall.best_threshold,
             "best_f1": overall.best_f1,
+            "mask_mAP": overall.mask_ap,
+            "mask_AP50": overall.mask_ap50,
             "class_accuracy": self.class_accuracy,
             "attribute_accuracy": self.attribute_accuracy,
             "caption_word_f1": self.caption_word_f1,
@@ -100,13 +104,20 @@ def evaluate_labels(
     ]
     labels = sorted({box.label for image, found in matched for box in image.boxes + found.boxes})
     coco = _coco_scores(matched, labels)
+    # the masks, scored as COCO scores them ("segm"), where the truth has masks and the pipeline made some
+    truth_masks = any(box.mask for image, _ in matched for box in image.boxes)
+    found_masks = any(box.mask for _, found in matched for box in found.boxes)
+    masks = _coco_scores(matched, labels, "segm") if truth_masks and found_masks else {}
     pairs = [_ImagePairs(image.boxes, found.boxes) for image, found in matched]
     hits = _hits(pairs)
-    per_label = [
-        replace(_label_scores(label, pairs, hits, threshold, coco.get(label, (None, None))), label=spelled[label])
-        for label in labels
-    ]
-    overall = _label_scores("", pairs, hits, threshold, coco.get("", (None, None)))
+
+    def scored(label: str) -> LabelScores:
+        mask_ap, mask_ap50 = masks.get(label, (None, None))
+        found = _label_scores(label, pairs, hits, threshold, coco.get(label, (None, None)))
+        return replace(found, mask_ap=mask_ap, mask_ap50=mask_ap50)
+
+    per_label = [replace(scored(label), label=spelled[label]) for label in labels]
+    overall = scored("")
     kept = [(t, p) for image_pairs in pairs for t, p, iou in image_pairs.matches(threshold) if iou >= MATCH_IOU]
     captioned = [(image.caption, found.caption) for image, found in matched if image.caption]
     compared = [word_f1(said, written) for said, written in captioned if written is not None]
@@ -243,23 +254,30 @@ def _label_scores(
 
 
 def _coco_scores(
-    matched: list[tuple[TruthImage, AnnotatedImage]], labels: list[str]
+    matched: list[tuple[TruthImage, AnnotatedImage]], labels: list[str], iou_type: str = "bbox"
 ) -> dict[str, tuple[float | None, float | None]]:
     """COCO's (mAP@[.5:.95], AP50), by label and overall (""), from pycocotools' COCOeval on every box the pipeline
-    wrote (whatever its score: AP ranks them). A label without a truth box has none (None)."""
+    wrote (whatever its score: AP ranks them); ``iou_type="segm"``: on their masks (a box without one, truth or
+    predicted, is left out). A label without a truth box has none (None)."""
     import numpy as np
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
     category = {label: number for number, label in enumerate(labels, start=1)}
     truth: dict[str, Any] = {
-        "images": [{"id": number} for number in range(1, len(matched) + 1)],
+        "images": [
+            {"id": number, "height": found.height or 1, "width": found.width or 1}
+            for number, (_, found) in enumerate(matched, start=1)
+        ],
         "categories": [{"id": number, "name": label} for label, number in category.items()],
         "annotations": [],
     }
     detections = []
+    segm = iou_type == "segm"
     for number, (image, found) in enumerate(matched, start=1):
         for box in image.boxes:
+            if segm and box.mask is None:
+                continue
             width, height = box.box.x1 - box.box.x0, box.box.y1 - box.box.y0
             truth["annotations"].append(
                 {
@@ -267,17 +285,21 @@ def _coco_scores(
                     "image_id": number,
                     "category_id": category[box.label],
                     "bbox": [box.box.x0, box.box.y0, width, height],
-                    "area": width * height,
+                    "area": box.mask.area if segm and box.mask else width * height,
                     "iscrowd": 0,
+                    **({"segmentation": _rle(box.mask)} if segm and box.mask else {}),
                 }
             )
         for box in found.boxes:
+            if segm and box.mask is None:
+                continue
             detections.append(
                 {
                     "image_id": number,
                     "category_id": category[box.label],
                     "bbox": [box.box.x0, box.box.y0, box.box.x1 - box.box.x0, box.box.y1 - box.box.y0],
                     "score": box.score,
+                    **({"segmentation": _rle(box.mask)} if segm and box.mask else {}),
                 }
             )
     if not truth["annotations"]:
@@ -290,7 +312,7 @@ def _coco_scores(
         ground.dataset = truth
         ground.createIndex()
         results = ground.loadRes(detections)
-        evaluation = COCOeval(ground, results, "bbox")
+        evaluation = COCOeval(ground, results, iou_type)
         evaluation.evaluate()
         evaluation.accumulate()
         evaluation.summarize()
@@ -307,6 +329,11 @@ def _coco_scores(
         if mean(precision[:, :, index]) is not None
     }
     return scores | {"": (float(evaluation.stats[0]), float(evaluation.stats[1]))}
+
+
+def _rle(mask: BoxMask) -> dict[str, Any]:
+    """A mask as COCO's tools take an RLE (``counts`` as bytes)."""
+    return {"size": [mask.height, mask.width], "counts": mask.counts.encode()}
 
 
 EVALUATIONS_TABLE = "evaluations"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from shared.contracts import Box
+from shared.contracts import Box, BoxMask
 from shared.errors import AnnotateError, RequestRejected
 from shared.serving.label_studio import CLASS_CONTROL, LabelledBox, original_name
 from tools.results.annotations import AnnotatedImage
@@ -185,8 +185,29 @@ def _yolo_image_name(folder: Path, labels: Path) -> str:
     return f"{labels.stem}.txt"
 
 
+def coco_segmentation_mask(segmentation: Any, height: int, width: int) -> BoxMask:
+    """A COCO ``segmentation`` (polygons, or a run-length encoding compressed or not) as a mask, by pycocotools."""
+    from pycocotools import mask as coco_mask
+
+    if isinstance(segmentation, list):  # polygons: one object's parts, merged
+        rle = coco_mask.merge(coco_mask.frPyObjects(segmentation, height, width))
+    elif isinstance(segmentation.get("counts"), list):
+        rle = coco_mask.frPyObjects(segmentation, height, width)
+    else:
+        rle = {"size": segmentation["size"], "counts": str(segmentation["counts"]).encode()}
+    counts = rle["counts"]
+    return BoxMask(
+        counts=counts.decode() if isinstance(counts, bytes) else counts,
+        height=int(rle["size"][0]),
+        width=int(rle["size"][1]),
+        area=int(coco_mask.area(rle)),
+        score=1.0,
+    )
+
+
 def _coco_truth(document: dict[str, Any]) -> list[TruthImage]:
     names = {category["id"]: str(category["name"]) for category in document.get("categories", [])}
+    sizes = {image["id"]: (image.get("height"), image.get("width")) for image in document["images"]}
     boxes: dict[Any, list[LabelledBox]] = {image["id"]: [] for image in document["images"]}
     captions: dict[Any, str] = {}
     for number, annotation in enumerate(document["annotations"], start=1):
@@ -205,6 +226,9 @@ def _coco_truth(document: dict[str, Any]) -> list[TruthImage]:
             class_score=None,
             attributes={str(name): str(value) for name, value in attributes.items() if value},
         )
+        height, width = sizes.get(annotation["image_id"], (None, None))
+        if annotation.get("segmentation") and height and width:
+            box = replace(box, mask=coco_segmentation_mask(annotation["segmentation"], int(height), int(width)))
         boxes[annotation["image_id"]].append(box)
     return [
         TruthImage(key=str(image["file_name"]), boxes=boxes[image["id"]], caption=captions.get(image["id"]))
@@ -254,7 +278,11 @@ def _label_studio_boxes(result: list[dict[str, Any]], where: str) -> tuple[list[
         choices = dict(region.get("choices", {}))
         x0, y0, x1, y1 = region["box"]
         corners = checked_box(x0, y0, x1, y1, f"{where}, region {region_id}")
-        boxes.append(LabelledBox(region["label"], 1.0, corners, choices.pop(CLASS_CONTROL, None), None, choices))
+        boxes.append(
+            LabelledBox(
+                region["label"], 1.0, corners, choices.pop(CLASS_CONTROL, None), None, choices, region.get("mask")
+            )
+        )
     captions = [
         " ".join(map(str, (item.get("value") or {}).get("text", [])))
         for item in result
@@ -270,7 +298,11 @@ def _regions(result: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         kind, value = item.get("type"), item.get("value") or {}
         region = regions[str(item.get("id", id(item)))]
         if kind in BOX_TYPES:
-            region["box"] = _region_box(value, float(item["original_width"]), float(item["original_height"]))
+            width, height = float(item["original_width"]), float(item["original_height"])
+            region["box"] = _region_box(value, width, height)
+            if len(value.get("points") or []) >= 3:  # a polygon is a mask too (COCO's polygons, in pixels)
+                outline = [coordinate for x, y in value["points"] for coordinate in (x * width / 100, y * height / 100)]
+                region["mask"] = coco_segmentation_mask([outline], round(height), round(width))
         labels = [value[key] for key in ("rectanglelabels", "polygonlabels", "labels") if value.get(key)]
         if labels:
             region["label"] = str(labels[0][0])

@@ -286,3 +286,72 @@ def test_evaluate_against_the_projects_own_coco_export_then_with_labels_changed_
     code, output = annotate("evaluate", "--truth", str(tmp_path / "other.json"), "--data-dir", str(annotated))
     assert code == 2 and output.strip().count("\n") == 0 and "none of the 1 labelled images" in output, output
     assert evaluation_rows() == written
+
+
+def test_masks_run_export_and_evaluate_read_back_by_supervision_and_pycocotools(
+    tiny_settings: object, inputs: Path, tmp_path: Path
+) -> None:
+    import numpy as np
+    import supervision as sv
+
+    from shared.contracts import BoxMask
+    from shared.storage.masks import decoded
+
+    # GIVEN the inputs annotated with a mask per box
+    data_dir = tmp_path / "data"
+    code, output = annotate(
+        "run", str(inputs), "--prompt", "dog. cat.", "--profile", "tiny", "--data-dir", str(data_dir), "--no-caption",
+        "--masks", "--box-threshold", "0.2",
+    )  # fmt: skip
+    assert code == 1 and "3 succeeded, 1 failed" in output, output
+    rows = run_local_query(
+        "SELECT m.image_id, m.detection_index, m.counts, m.height, m.width, m.area, m.score, d.x0, d.y0, d.x1, d.y1 "
+        "FROM masks m JOIN detections d USING (image_id, batch_id, detection_index) "
+        "ORDER BY m.image_id, m.detection_index",
+        data_dir,
+    ).to_pylist()
+    assert rows and len(rows) == run_local_query("SELECT count(*) AS n FROM detections", data_dir).to_pylist()[0]["n"]
+    masks: dict[str, list[np.ndarray]] = {}
+    for row in rows:
+        mask = decoded(BoxMask(**{k: row[k] for k in ("counts", "height", "width", "area", "score")}))
+        # THEN each row's RLE decodes (pycocotools) to a mask inside its box
+        ys, xs = np.nonzero(mask)
+        assert xs.size == row["area"] > 0
+        assert xs.min() >= np.floor(row["x0"]) and xs.max() < np.ceil(row["x1"])
+        assert ys.min() >= np.floor(row["y0"]) and ys.max() < np.ceil(row["y1"])
+        masks.setdefault(row["image_id"], []).append(mask.astype(bool))
+    # AND COCO's and YOLO's exports carry them, as supervision reads them
+    for export_format in ("coco", "yolo"):
+        code, output = annotate(
+            "export", "--format", export_format, "--out", str(tmp_path / export_format), "--data-dir", str(data_dir)
+        )
+        assert code == 0, output
+    coco = sv.DetectionDataset.from_coco(
+        str(tmp_path / "coco" / "images"), str(tmp_path / "coco" / "annotations.json"), force_masks=True
+    )
+    yolo = tmp_path / "yolo"
+    outlined = sv.DetectionDataset.from_yolo(
+        str(yolo / "images"), str(yolo / "labels"), str(yolo / "data.yaml"), force_masks=True
+    )
+    for path, _, detections in coco:  # the RLE, exactly
+        expected = masks[Path(path).stem]
+        assert detections.mask is not None and len(detections.mask) == len(expected)
+        assert all((found == mask).all() for found, mask in zip(detections.mask, expected, strict=True))
+    # one polygon an object, the outer outline of the mask's largest part: its pixels are mostly the mask's, but for
+    # the holes it closes (a random model's masks have many) and those OpenCV fills along its edge
+    for path, _, detections in outlined:
+        expected = masks[Path(path).stem]
+        assert detections.mask is not None and len(detections.mask) == len(expected)
+        within = [(found & mask).sum() / found.sum() for found, mask in zip(detections.mask, expected, strict=True)]
+        assert min(within) > 0.3 and np.median(within) >= 0.7, within
+        for found, mask in zip(detections.mask, expected, strict=True):
+            rows, columns = np.nonzero(mask)
+            inside = np.zeros_like(mask)
+            inside[rows.min() : rows.max() + 2, columns.min() : columns.max() + 2] = True  # OpenCV's edge row
+            assert not (found & ~inside).any()
+    # AND evaluate scores the masks against the COCO export: pycocotools' segm finds them the truth's own
+    truth = tmp_path / "coco" / "annotations.json"
+    code, output = annotate("evaluate", "--truth", str(truth), "--data-dir", str(data_dir), "--format", "json")
+    assert code == 0, output
+    scores = json.loads(output)
+    assert scores["mask_mAP"] == pytest.approx(1.0) and scores["mAP"] == pytest.approx(1.0)

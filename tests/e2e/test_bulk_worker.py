@@ -32,6 +32,7 @@ from tools.results.query import run_local_query
 pytestmark = pytest.mark.slow
 ROWS = "SELECT image_id, status, len(detections) AS boxes, caption FROM images ORDER BY image_id"
 BOX_ROWS = "SELECT image_id, detection_index, label, vector FROM box_embeddings ORDER BY image_id, detection_index"
+MASK_ROWS = "SELECT image_id, detection_index, counts, area, score, model FROM masks ORDER BY image_id, detection_index"
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +45,14 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _annotate_run(images: Path, data: Path, lane: str) -> None:
-    arguments = ["run", str(images), "--prompt", "dog. cat.", "--profile", "tiny", "--embeddings", "boxes"]
+    arguments = ["run", str(images), "--prompt", "dog. cat.", "--profile", "tiny", "--embeddings", "boxes", "--masks"]
     result = CliRunner().invoke(app, [*arguments, "--data-dir", str(data), "--lane", lane])
     assert result.exit_code == 1 and "3 succeeded, 1 failed" in result.output, result.output
 
 
 @pytest.fixture(scope="module")
 def by_workflow(inputs: Path, tmp_path_factory: pytest.TempPathFactory, tiny_settings: Settings) -> Path:
-    """The inputs annotated by the workflow in the Lambda lane, captions on, the boxes' embeddings kept."""
+    """The inputs annotated by the workflow in the Lambda lane, captions on, the boxes' embeddings and masks kept."""
     data = tmp_path_factory.mktemp("lambda-lane")
     _annotate_run(inputs, data, "lambda")
     return data
@@ -79,7 +80,8 @@ def _documents(root: Path) -> dict[str, dict[str, object]]:
         if layout.is_result_document(path.name):
             result = ImageResult.model_validate_json(path.read_bytes())
             found[result.image_id] = result.model_dump(
-                mode="json", include={"status", "error", "detections", "width", "height", "embedding", "box_embeddings"}
+                mode="json",
+                include={"status", "error", "detections", "width", "height", "embedding", "box_embeddings", "masks"},
             ) | {"caption": result.caption and result.caption.caption}
     return found
 
@@ -97,6 +99,8 @@ def test_the_bulk_worker_writes_the_lambda_lanes_documents_and_rows(by_workflow:
     assert run_local_query(ROWS, settings_in.data_dir).to_pylist() == run_local_query(ROWS, by_workflow).to_pylist()
     boxes = run_local_query(BOX_ROWS, by_workflow).to_pylist()
     assert run_local_query(BOX_ROWS, settings_in.data_dir).to_pylist() == boxes != []
+    masks = run_local_query(MASK_ROWS, by_workflow).to_pylist()
+    assert run_local_query(MASK_ROWS, settings_in.data_dir).to_pylist() == masks != []
 
 
 def test_the_worker_asks_the_store_for_each_image_once_and_reads_nothing_back(

@@ -153,7 +153,12 @@ def test_an_annotation_by_upload_or_json_is_the_one_image_path_s_result(
     http: httpx.Client, models: DependenciesOf, tmp_path: Path
 ) -> None:
     # GIVEN a photo and the options of a prompt message
-    request = {"prompt": "dog. cat.", "attributes": {"color": ["black", "orange", "white"]}, "top_k": 2}
+    request = {
+        "prompt": "dog. cat.",
+        "attributes": {"color": ["black", "orange", "white"]},
+        "top_k": 2,
+        "masks": True,
+    }
 
     # WHEN it is sent as multipart and as JSON (base64, with the picture)
     uploaded = http.post("/v1/annotations", files={"image": ("cat.jpg", CAT)}, data={"request": json.dumps(request)})
@@ -173,12 +178,13 @@ def test_an_annotation_by_upload_or_json_is_the_one_image_path_s_result(
         ),
         models,
     )
-    compared = ("detections", "status", "width", "height")
+    compared = ("detections", "masks", "status", "width", "height")
     for answer in (uploaded.json(), as_json.json()):
         assert {k: answer.get(k) for k in compared} == expected.model_dump(mode="json", include=set(compared))
         assert answer["caption"]["caption"] == expected.caption.caption  # type: ignore[union-attr]
         assert answer["result_uri"] is None  # nothing was kept
     assert expected.detections, "the tiny detector finds boxes in the sample"
+    assert expected.masks and all(expected.masks.masks), "a mask for each box"
     assert uploaded.json()["picture_base64"] is None
     assert _picture(as_json.json()["picture_base64"]).size == (expected.width, expected.height)
     assert as_json.json()["picture_media_type"] == "image/jpeg"

@@ -18,6 +18,7 @@ from shared.storage.objects import join_uri, store_for
 from tools.aws.stack_outputs import stack_outputs
 from tools.models.describe_export import exported_classifier_dir, exported_tagger_dir
 from tools.models.detector_export import exported_detector_dir
+from tools.models.segment_export import exported_segmenter_dir
 from tools.models.tiny_models import build_model
 
 # Stack output -> the setting that names the model to upload there. VariantsModelUri exists only in a stack
@@ -26,6 +27,7 @@ MODEL_OUTPUTS = {
     "DetectorModelUri": "detector_model",
     "ClassifierModelUri": "classifier_model",
     "TaggerModelUri": "tagger_models",
+    "SegmenterModelUri": "segment_model",
     "CaptionModelUri": "caption_model",
     "VariantsModelUri": "variants_model",
 }
@@ -72,6 +74,8 @@ def _local_files(settings: Settings, output: str, target: str) -> list[tuple[Pat
         folder = exported_classifier_dir(settings.describe)
     elif output == "TaggerModelUri":
         folder = exported_tagger_dir(source, files)
+    elif output == "SegmenterModelUri":
+        folder = exported_segmenter_dir(settings.segment)
     else:
         folder = resolve_model_dir(source, files)
     paths = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))

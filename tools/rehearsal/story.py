@@ -205,7 +205,7 @@ def _push_models(stack: DeployedStack, report: Report, with_variants: bool, sett
     started = time.monotonic()
     cloudformation = boto3.client("cloudformation", region_name=stack.region)
     pushed = push_models(settings, stack_model_uris(stack.deployment.stack_name, cloudformation))
-    expected = {"DetectorModelUri", "ClassifierModelUri", "TaggerModelUri", "CaptionModelUri"}
+    expected = {"DetectorModelUri", "ClassifierModelUri", "TaggerModelUri", "SegmenterModelUri", "CaptionModelUri"}
     expected |= {"VariantsModelUri"} if with_variants else set()
     report.check({p.output for p in pushed} == expected, f"models push missed outputs: {[p.output for p in pushed]}")
     report.step(

@@ -29,6 +29,7 @@ def a_prompt_message_is_annotated(
         "images": [f"s3://{stack.outputs['InputBucketName']}/incoming/"],
         "caption": False,
         "embeddings": "boxes",
+        "masks": True,
     }
     if with_variants:
         # the smallest picture a request may ask for: a 512-pixel one takes 40 s a job here, the same code path

@@ -69,6 +69,11 @@ def _check_rows(report: Report, local: Path, images: int, batches: int, with_var
         bool(boxes) and all(row["label"] == row["detected"] for row in boxes),
         f"the boxes' embeddings are not their detections' rows: {boxes}",
     )
+    # and its masks: Segment wrote them (its role holds it to *.masks.json), WriteResult read them in
+    masks = run_local_query(
+        "SELECT m.area, d.label FROM masks m JOIN detections d USING (image_id, batch_id, detection_index)", local
+    ).to_pylist()
+    report.check(bool(masks), "the boxes' masks are not in the masks table")
     report.steps.append(f"{len(rows)} image rows ({len(failed)} failed) where the Glue tables' projection reads them")
 
 

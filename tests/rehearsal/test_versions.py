@@ -12,7 +12,7 @@ import pytest
 
 from tools.rehearsal.stack import MOTO_CONFIG, TEMPLATE_PATH, Deployment, transform
 
-VERSIONED = ("DetectFunction", "ClassifyFunction", "TagFunction", "CaptionFunction", "ApiFunction")
+VERSIONED = ("DetectFunction", "ClassifyFunction", "TagFunction", "SegmentFunction", "CaptionFunction", "ApiFunction")
 
 
 def _packaged(template: dict[str, Any], changed_layer: str | None) -> dict[str, Any]:

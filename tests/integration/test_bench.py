@@ -48,7 +48,12 @@ def test_a_short_bench_run_writes_its_report(tmp_path: Path) -> None:
     report = run_bench(options)
     written = json.loads((tmp_path / "bench.json").read_text())
     assert written["whole_image"] == report["whole_image"]
-    assert set(written["steps"]) == {"detect", "classify", "tag", "caption"}
+    assert set(written["steps"]) == {"detect", "classify", "tag", "segment", "caption"}
+    # the whole image is a request with the defaults (no masks); masks are said beside it
+    defaults = sum(written["steps"][step]["pipeline_median_s"] for step in ("detect", "classify", "tag", "caption"))
+    assert written["whole_image"]["pipeline_s"] == pytest.approx(defaults, abs=2e-3)
+    added = written["steps"]["segment"]["pipeline_median_s"] / written["whole_image"]["pipeline_s"]
+    assert written["whole_image"]["masks_added"] == pytest.approx(added, abs=2e-3)
     assert all(step["pipeline_median_s"] > 0 and step["cold_start_s"] > 0 for step in written["steps"].values())
     markdown = (tmp_path / "bench.md").read_text()
     assert "| **whole image** |" in markdown

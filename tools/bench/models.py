@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from shared.contracts import DEFAULT_ATTRIBUTES, AnnotationRequest, Box, Detection
 from shared.detector_geometry import iou
+from shared.pipeline.dependencies import DEFAULT_MODEL_STEPS
 from shared.settings import Profile, Settings
 
 PHRASES = ["dog", "cat"]
@@ -37,6 +38,7 @@ FULL_SIZE_RANDOM: dict[str, Any] = {
     "detector_model": "random:grounding-dino-tiny",
     "classifier_model": "random:convnext-tiny-224",
     "tagger_models": ["random:clip-vit-b-32"],
+    "segment_model": "random:edgetam-hf",
 }
 # step -> (its loader, the Settings section it takes)
 # Each annotation step's loader, by the path a cold start's own process imports (tests/unit/test_step_registry.py
@@ -129,10 +131,14 @@ class _Sides:
         from shared.models.captioning import load_captioner
         from shared.models.classification import load_classifier
         from shared.models.grounding_onnx import load_detector
+        from shared.models.segmentation import load_segmenter
         from shared.models.sources import resolve_model_dir, resolve_model_file
         from shared.models.tagging import load_tagger
+        from tools.models.segment_export import load_torch_segmenter
 
         self.settings = settings
+        self.segmenter = load_segmenter(settings.segment)
+        self._torch_segmenter = load_torch_segmenter(resolve_model_dir(settings.segment_model, settings.model_files))
         self.detector = load_detector(settings.detection)
         self.classifier = load_classifier(settings.describe)
         self.tagger = load_tagger(settings.describe)
@@ -174,9 +180,13 @@ class _Sides:
         model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}")
         return model.eval(), preprocess, open_clip.get_tokenizer(f"local-dir:{folder}")
 
-    def pipeline_step(self, step: str, image: Image.Image, crops: list[Image.Image], facts: dict) -> None:
+    def pipeline_step(
+        self, step: str, image: Image.Image, crops: list[Image.Image], facts: dict, boxes: list[Detection]
+    ) -> None:
         labels = [PHRASES[index % 2] for index in range(len(crops))]
-        if step == "detect":
+        if step == "segment":
+            self.segmenter.segment(image, [detection.box for detection in boxes])
+        elif step == "detect":
             self.detector.detect(image, PHRASES, 0.35, 0.25)
         elif step == "classify":
             self.classifier.classify(crops, labels, 3)
@@ -185,12 +195,21 @@ class _Sides:
         else:
             self.captioner.caption(facts)
 
-    def reference_step(self, step: str, image: Image.Image, crops: list[Image.Image], facts: dict) -> None:
+    def reference_step(
+        self, step: str, image: Image.Image, crops: list[Image.Image], facts: dict, boxes: list[Detection]
+    ) -> None:
         import torch
 
         from shared.models.captioning import build_prompt
 
-        if step == "detect":
+        if step == "segment":  # transformers' EdgeTAM recipe: its processor, the model, the masks at full size
+            model, processor = self._torch_segmenter
+            prompts = [[[b.box.x0, b.box.y0, b.box.x1, b.box.y1] for b in boxes]]
+            inputs = processor(images=image, input_boxes=prompts, return_tensors="pt")
+            with torch.no_grad():
+                output = model(**inputs, multimask_output=False)
+            processor.post_process_masks(output.pred_masks, inputs["original_sizes"])
+        elif step == "detect":
             model_card_detect(self._card_processor, self._detection_pipeline.model, image)
         elif step == "classify":
             for crop in crops:
@@ -392,7 +411,7 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     settings = bench_settings(options)
     steps = list(STEP_LOADERS)
     progress("building and loading the models (once per machine: random weights, ONNX exports)")
-    build_named_models(settings, variants=options.variants)
+    build_named_models(settings, variants=options.variants, masks=True)
     sides = _Sides(settings)  # before the cold starts, so that they measure loading, not building
     progress("cold starts (a fresh process per step)")
     cold = _cold_starts(steps, settings, options.images[0])
@@ -402,22 +421,22 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     for image in images:
         boxes = grid_boxes(image, options.crops)
         crops = [image.crop((b.box.x0, b.box.y0, b.box.x1, b.box.y1)) for b in boxes]
-        work.append((image, crops, image_facts(request, image.width, image.height, boxes)))
-    for image, crops, facts in work[:1]:  # warm both sides: lazy initialisation is not what is measured
+        work.append((image, crops, image_facts(request, image.width, image.height, boxes), boxes))
+    for image, crops, facts, boxes in work[:1]:  # warm both sides: lazy initialisation is not what is measured
         for step in steps:
-            sides.pipeline_step(step, image, crops, facts)
-            sides.reference_step(step, image, crops, facts)
+            sides.pipeline_step(step, image, crops, facts, boxes)
+            sides.reference_step(step, image, crops, facts, boxes)
     sides.transformers_pipeline_detect(work[0][0])
     timings: dict[str, dict[str, list[float]]] = {step: {"pipeline": [], "reference": []} for step in steps}
     transformers_pipeline: list[float] = []
     for repeat in range(options.repeats):
         progress(f"repeat {repeat + 1} of {options.repeats}")
-        for image, crops, facts in work:
+        for image, crops, facts, boxes in work:
             for step in steps:
                 order = ("pipeline", "reference") if repeat % 2 == 0 else ("reference", "pipeline")
                 for side in order:
                     run = sides.pipeline_step if side == "pipeline" else sides.reference_step
-                    timings[step][side].append(_timed(run, step, image, crops, facts))
+                    timings[step][side].append(_timed(run, step, image, crops, facts, boxes))
                 if step == "detect":
                     transformers_pipeline.append(_timed(sides.transformers_pipeline_detect, image))
     results = {
@@ -429,8 +448,9 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
         }
         for step, sides_ in timings.items()
     }
-    pipeline_image = sum(r["pipeline_median_s"] for r in results.values())
-    reference_image = sum(r["reference_median_s"] for r in results.values())
+    # an image as a request with the defaults runs it (masks, an option, beside it)
+    pipeline_image = sum(results[step.value]["pipeline_median_s"] for step in DEFAULT_MODEL_STEPS)
+    reference_image = sum(results[step.value]["reference_median_s"] for step in DEFAULT_MODEL_STEPS)
     progress("detector drift (lossy options), caption prefix, variants")
     report: dict[str, Any] = {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -457,11 +477,14 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
             "speedup": round(reference_image / pipeline_image, 2),
             "pipeline_images_per_minute": round(60 / pipeline_image, 1),
             "reference_images_per_minute": round(60 / reference_image, 1),
+            # masks for the image's boxes, over the image's seconds without them
+            "masks_added": round(results["segment"]["pipeline_median_s"] / pipeline_image, 3),
         },
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "detector_drift": _detection_drift(settings, images, options),
         "detector_inputs": _detector_inputs(settings, options.images, images),
         "caption_prefix": _caption_prefix(sides, work[0][2], options.repeats),
+        "segmenter": settings.segment_model,
     }
     _write(report, options.out_dir)  # before the optional part: a long run keeps what it measured
     if options.variants:
@@ -521,6 +544,9 @@ def markdown_report(report: dict[str, Any]) -> str:
     lines += [
         f"| **whole image** | **{whole['pipeline_s']:.2f}** | **{whole['reference_s']:.2f}** | "
         f"**{whole['speedup']:.2f}x** | | |",
+        "",
+        f"The whole image is what a request with the defaults runs; masks (segment, {report.get('segmenter', '')}) "
+        f"add {100 * whole.get('masks_added', 0):.0f}% to its seconds where a request asks for them.",
         "",
         f"Images per minute: pipeline {whole['pipeline_images_per_minute']}, reference "
         f"{whole['reference_images_per_minute']}. Peak RSS of the benchmark process (both sides loaded): "

@@ -10,11 +10,12 @@ import pytest
 from shared.pipeline.dependencies import STEP_PORTS, Dependencies, Step, build_dependencies
 from shared.settings import Settings
 
-PORTS = ("detector", "classifier", "tagger", "captioner", "generator")
+PORTS = ("detector", "classifier", "tagger", "segmenter", "captioner", "generator")
 OWN_PORT = {
     Step.DETECT: "detector",
     Step.CLASSIFY: "classifier",
     Step.TAG: "tagger",
+    Step.SEGMENT: "segmenter",
     Step.CAPTION: "captioner",
     Step.VARIANTS: "generator",
 }

@@ -77,7 +77,7 @@ def _stages(path: Path, settings: Any, results: str) -> dict[str, float]:
     from shared.contracts import PictureFormat as Format
     from shared.models.grounding_onnx import OnnxGroundingDino
     from shared.pipeline import steps
-    from shared.pipeline.dependencies import ANNOTATION_MODEL_STEPS, Step, build_dependencies
+    from shared.pipeline.dependencies import DEFAULT_MODEL_STEPS, Step, build_dependencies
     from shared.pipeline.one_image import annotate_image
     from shared.storage.objects import local_uri, store_for
     from shared.storage.render import draw_detections, encode_picture
@@ -89,7 +89,7 @@ def _stages(path: Path, settings: Any, results: str) -> dict[str, float]:
         image=ImageRef(image_id=hashlib.sha256(uri.encode()).hexdigest()[:16], source_uri=uri),
         results_uri=results,
     )
-    steps_used = (*ANNOTATION_MODEL_STEPS, Step.WRITE_RESULT)
+    steps_used = (*DEFAULT_MODEL_STEPS, Step.SEGMENT, Step.WRITE_RESULT)
     deps = {step: build_dependencies(step, settings) for step in steps_used}  # loaded once a process, then cached
     detector = deps[Step.DETECT].detector
     assert isinstance(detector, OnnxGroundingDino)
@@ -107,6 +107,8 @@ def _stages(path: Path, settings: Any, results: str) -> dict[str, float]:
     described = DescribeInput(task=task, detections=detection.detections)
     times["Classify step"] = _timed(lambda: outputs.update(classify=steps.classify(described, deps[Step.CLASSIFY])))
     times["Tag step"] = _timed(lambda: outputs.update(tag=steps.tag(described, deps[Step.TAG])))
+    # masks, where a request asks: the image encoded once, each box's mask at the photo's size and its RLE
+    times["Segment step"] = _timed(lambda: steps.segment(described, deps[Step.SEGMENT]))
     state = ImageState(
         task=task, detection=detection, description=DescribeOutput(classify=outputs["classify"], tag=outputs["tag"])
     )
@@ -136,7 +138,7 @@ def run_photo_bench(samples: list[Path], repeats: int, out_dir: Path, progress: 
 
     settings = Settings(profile=Profile.TINY, max_detections=8, detector_load_all_sizes=True, **FULL_SIZE_RANDOM)
     progress("building the models (once per machine: random weights, ONNX exports)")
-    build_named_models(settings, variants=False)
+    build_named_models(settings, variants=False, masks=True)
     report: dict[str, Any] = {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "samples": [str(path) for path in samples],

@@ -102,6 +102,32 @@ def bulk_line(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices) -> str:
     )
 
 
+def masks_line(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices) -> str:
+    """What masks add per 1,000 images where a request asks for them: Segment's seconds at its function's memory,
+    its invocation, its document written and read back, and each group's masks file in the Lambda lane; its seconds
+    on the bulk task in the bulk lane (Spot)."""
+    if "segment" not in bench.steps:
+        return ""
+    seconds, deployed = bench.steps["segment"].pipeline_median_s, deployment()
+    lam, s3 = prices.lambda_, prices.s3
+    on_lambda = (
+        seconds * deployed.segment_memory_gb * lam.x86_gb_second
+        + lam.per_million_requests / 1e6
+        + (s3.put_per_1000 + s3.get_per_1000) / 1000
+        + s3.put_per_1000 / 1000 / deployed.images_per_group
+    ) * 1000
+    on_spot = seconds / 3600 * prices.fargate_spot.hourly(deployed.bulk_vcpus, deployed.bulk_memory_gb) * 1000
+    share = seconds / bench.one_process_s
+    return (
+        f"Masks (a request's masks: true; Segment {seconds:.2f} s an image, {100 * share:.0f}% of the image's "
+        f"{bench.one_process_s:.2f} s in one process, its cold start "
+        f"{bench.steps['segment'].cold_start_s:.1f} s): ${on_lambda:.3f} per 1,000 "
+        f"images more in the Lambda lane (Segment at {deployed.segment_memory_gb:g} GB, its invocation, its document "
+        f"written and read, a masks file a group), ${on_spot:.4f} in the bulk lane on Spot (its seconds on the task; "
+        "its documents and files as the Lambda lane's)."
+    )
+
+
 def gathered_line(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices) -> str:
     """The dial against the always-on task and the Lambda lane at the study's steady load, in this run's figures."""
     steady = SCENARIOS[1]

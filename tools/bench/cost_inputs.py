@@ -260,6 +260,7 @@ class Deployment:
     dropped_pollers: int  # ... and its ScalingConfig's MaximumConcurrency
     gather_memory_gb: float
     api_memory_mb: int
+    segment_memory_gb: float  # Segment's function: billed where a request asks for masks
 
     def parameter(self, name: str) -> int:
         return int(self.template["Parameters"][name]["Default"])
@@ -320,6 +321,7 @@ def deployment() -> Deployment:
         dropped_pollers=int(dropped["ScalingConfig"]["MaximumConcurrency"]),
         gather_memory_gb=int(resources_["GatherFunction"]["Properties"]["MemorySize"]) / 1024,
         api_memory_mb=int(by_default(template, resources_["ApiFunction"]["Properties"]["MemorySize"])),
+        segment_memory_gb=int(by_default(template, resources_["SegmentFunction"]["Properties"]["MemorySize"])) / 1024,
     )
 
 

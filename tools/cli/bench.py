@@ -300,6 +300,7 @@ def cost(
         gathered_table,
         lanes_table,
         markdown_table,
+        masks_line,
         write_chart,
     )
     from tools.bench.cost_inputs import (
@@ -341,6 +342,7 @@ def cost(
         report += "\n" + storage_table(per_image, prices) + "\n" + search_line(per_image, prices) + "\n"
         if bulk:
             report += "\n" + bulk_line(bench, bulk, prices) + "\n\n" + lanes_table(bench, bulk, prices)
+            report += "\n" + masks_line(bench, bulk, prices) + "\n"
             report += "\n" + network_table(bench, bulk, prices, per_image)
             report += "\n" + gathered_line(bench, bulk, prices) + "\n\n" + gathered_table(bench, bulk, prices)
         if photo and bulk_at_its_size:

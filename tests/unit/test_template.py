@@ -391,3 +391,26 @@ def test_a_label_studio_secret_under_a_customer_managed_key_is_decrypted_through
     assert statement["Condition"] == {
         "StringEquals": {"kms:ViaService": {"Fn::Sub": "secretsmanager.${AWS::Region}.amazonaws.com"}}
     }
+
+
+def test_caption_vision_switches_every_lane_to_the_files_models_push_uploads() -> None:
+    from tools.models.push import MODEL_OUTPUTS
+
+    outputs = template()["Outputs"]
+    uploaded = {outputs[name]["Value"]["Fn::Sub"] for name in ("CaptionVisionModelUri", "CaptionVisionProjectorUri")}
+    assert {MODEL_OUTPUTS[name] for name in ("CaptionVisionModelUri", "CaptionVisionProjectorUri")} == {
+        "caption_vision_model",
+        "caption_vision_mmproj",
+    }
+    lanes = {
+        "CaptionFunction": RESOURCES["CaptionFunction"]["Properties"]["Environment"]["Variables"],
+        "ApiFunction": RESOURCES["ApiFunction"]["Properties"]["Environment"]["Variables"],
+        "BulkJobDefinition": {
+            variable["Name"]: variable["Value"]
+            for variable in RESOURCES["BulkJobDefinition"]["Properties"]["ContainerProperties"]["Environment"]
+        },
+    }
+    for lane, variables in lanes.items():
+        assert variables["ANNOTATE_CAPTION_VISION"] == {"Ref": "CaptionVision"}, lane
+        read = {variables[f"ANNOTATE_CAPTION_VISION_{kind}"]["Fn::Sub"] for kind in ("MODEL", "MMPROJ")}
+        assert read == uploaded, lane

@@ -29,6 +29,8 @@ MODEL_OUTPUTS = {
     "TaggerModelUri": "tagger_models",
     "SegmenterModelUri": "segment_model",
     "CaptionModelUri": "caption_model",
+    "CaptionVisionModelUri": "caption_vision_model",
+    "CaptionVisionProjectorUri": "caption_vision_mmproj",
     "VariantsModelUri": "variants_model",
 }
 
@@ -65,6 +67,8 @@ def _local_files(settings: Settings, output: str, target: str) -> list[tuple[Pat
     Detect, Classify and Tag, their models' ONNX exports (made here unless they are cached)."""
     source, files = _source(settings, output), settings.model_files
     if not target.endswith("/"):
+        if source.startswith(BUILT_PREFIXES):  # a file of a built model (tiny:smolvlm/model.gguf)
+            build_model(source.split("/", 1)[0], files)
         return [(resolve_model_file(source, files), target)]
     if source.startswith(BUILT_PREFIXES):
         build_model(source, files)

@@ -43,7 +43,13 @@ def test_the_drift_report_compares_each_way_of_detecting_with_torch_fp32(tiny_se
 
 def test_a_short_bench_run_writes_its_report(tmp_path: Path) -> None:
     options = BenchOptions(
-        images=[SAMPLES / "coffee.webp"], repeats=1, crops=2, models="tiny", variants=False, out_dir=tmp_path
+        images=[SAMPLES / "coffee.webp"],
+        repeats=1,
+        crops=2,
+        models="tiny",
+        variants=False,
+        vision_caption=False,
+        out_dir=tmp_path,
     )
     report = run_bench(options)
     written = json.loads((tmp_path / "bench.json").read_text())

@@ -30,6 +30,9 @@ def bench(
     lossy_short_side: Annotated[int, typer.Option(help="The lower detection resolution measured for drift")] = 512,
     lossy_queries: Annotated[int, typer.Option(help="The fewer decoder queries measured for drift")] = 300,
     variants: Annotated[bool, typer.Option(help="Also time variants at 256 and 512 px")] = True,
+    vision_caption: Annotated[
+        bool, typer.Option(help="Also time the vision-language caption beside the text-only one (full-size SmolVLM)")
+    ] = True,
     out_dir: Annotated[Path, typer.Option(help="Where bench.json and bench.md go")] = Path("bench"),
 ) -> None:
     """Time this pipeline against the straightforward way, side by side, and write the report."""
@@ -47,6 +50,7 @@ def bench(
             lossy_short_side=lossy_short_side,
             lossy_queries=lossy_queries,
             variants=variants,
+            vision_caption=vision_caption,
             out_dir=out_dir,
         )
     except ValidationError as error:

@@ -33,6 +33,7 @@ def build_model(source: str, files: ModelFiles) -> Path:
         "clip": _build_clip,
         "sdxs": _build_sdxs,
         "smolvlm": lambda folder: _build_smolvlm(folder, files),
+        "smolvlm-256m": lambda folder: _build_smolvlm(folder, files, full_size=True),
         "edgetam": _build_edgetam,
         "grounding-dino-tiny": lambda folder: _build_grounding_dino(folder, full_size=True),
         "convnext-tiny-224": lambda folder: _build_convnext(folder, full_size=True),
@@ -304,10 +305,13 @@ SMOLVLM_CHAT_TEMPLATE = (
 )
 
 
-def _build_smolvlm(folder: Path, files: ModelFiles) -> None:
+def _build_smolvlm(folder: Path, files: ModelFiles, full_size: bool = False) -> None:
     """SmolVLM's architecture (a SigLIP vision tower, the pixel shuffle connector, a Llama text model), small and
     with random weights, saved as transformers saves it, then converted by llama.cpp's own converter to a model GGUF
-    (``model.gguf``) and a vision projector GGUF (``mmproj.gguf``), as llama.cpp's SmolVLM GGUFs are made."""
+    (``model.gguf``) and a vision projector GGUF (``mmproj.gguf``), as llama.cpp's SmolVLM GGUFs are made.
+    ``full_size``: SmolVLM-256M-Instruct's shapes (SmolLM2-135M's text model with its 49,280-entry vocabulary,
+    SigLIP base/16 at 512 pixels, a scale factor of 4), quantized to Q8_0 as the default profile's GGUFs are: its
+    compute is the real one's, one 512-pixel image (no splitting into tiles)."""
     import json
     import subprocess
 
@@ -346,10 +350,17 @@ def _build_smolvlm(folder: Path, files: ModelFiles) -> None:
     text |= {"pad_token_id": 3, "tie_word_embeddings": False}
     vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
     vision |= {"image_size": 64, "patch_size": 16, "num_channels": 3}
+    image_side, scale_factor, outtype = 64, 2, "f32"
+    if full_size:  # the converter pads the vocabulary past the tokenizer's own pieces
+        text |= {"vocab_size": 49280, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30}
+        text |= {"num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 8192}
+        vision = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12}
+        vision |= {"image_size": 512, "patch_size": 16, "num_channels": 3}
+        image_side, scale_factor, outtype = 512, 4, "q8_0"
     config = SmolVLMConfig(
         text_config=text,
         vision_config=vision,
-        scale_factor=2,
+        scale_factor=scale_factor,
         image_token_id=vocabulary.piece_to_id("<image>"),
         tie_word_embeddings=False,
     )
@@ -357,7 +368,9 @@ def _build_smolvlm(folder: Path, files: ModelFiles) -> None:
     saved = json.loads((checkpoint / "config.json").read_text())
     saved["text_config"]["architectures"] = ["VLlama3ForCausalLM"]  # as SmolVLM's own config names its text model
     (checkpoint / "config.json").write_text(json.dumps(saved, indent=2))
-    preprocessing = {"size": {"longest_edge": 64}, "max_image_size": {"longest_edge": 64}, "do_image_splitting": False}
+    preprocessing: dict[str, Any] = {"size": {"longest_edge": image_side}}
+    preprocessing |= {"max_image_size": {"longest_edge": image_side}}
+    preprocessing |= {"do_image_splitting": False}
     preprocessing |= {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # SmolVLM's own
     (checkpoint / "preprocessor_config.json").write_text(json.dumps(preprocessing))
     tokenizer_config = {"add_prefix_space": True, "bos_token": "<s>", "eos_token": "</s>"}
@@ -367,7 +380,7 @@ def _build_smolvlm(folder: Path, files: ModelFiles) -> None:
     converter = llama_cpp_converter(files)
     for output, flags in (("model.gguf", []), ("mmproj.gguf", ["--mmproj"])):
         command = [sys.executable, str(converter), str(checkpoint), *flags, "--outfile", str(folder / output)]
-        converted = subprocess.run([*command, "--outtype", "f32"], capture_output=True, text=True, timeout=600)
+        converted = subprocess.run([*command, "--outtype", outtype], capture_output=True, text=True, timeout=1800)
         if converted.returncode != 0:
             raise ModelUnavailable(f"llama.cpp's converter failed on the tiny SmolVLM: {converted.stderr[-1500:]}")
     shutil.rmtree(checkpoint)

@@ -372,3 +372,25 @@ def test_cost_md_s_million_and_dial_are_the_bench_reports_recomputed_at_the_samp
     assert at_photo["Lambda lane, compute per 1,000 images"] > at_bench["Lambda lane, compute per 1,000 images"]
     million = "a million images, bulk lane on Fargate Spot"
     assert at_photo[million] > at_bench[million]
+
+
+def test_masks_and_captions_that_see_the_image_are_priced_as_options_by_hand() -> None:
+    from tools.bench.cost import masks_line, vision_caption_line
+
+    # GIVEN Segment at 1 s an image, and a caption that sees the image at 3 s against the text-only 1 s
+    report = copy.deepcopy(BENCH_REPORT)
+    report["steps"]["segment"] = {"pipeline_median_s": 1.0, "cold_start_s": 1.5}
+    report["vision_caption"] = {
+        "text_only": {"caption_median_s": 1.0, "cold_start_s": 1.0, "cold_peak_rss_mb": 500},
+        "vision": {"caption_median_s": 3.0, "cold_start_s": 2.0, "cold_peak_rss_mb": 900},
+    }
+    bench = BenchSeconds.model_validate(report)
+    # THEN masks cost, per 1,000 images in the Lambda lane: 1 s at Segment's 2.9375 GB, an invocation, its document
+    # written and read, a masks file for each group of 10
+    segment = 1.0 * 2.9375 * 0.0000166667 + 0.20 / 1e6 + (0.005 + 0.0004) / 1000 + 0.005 / 1000 / 10
+    assert f"${segment * 1000:.3f} per 1,000" in masks_line(bench, BULK, PRICES)
+    # AND the vision caption 2 s more an image at Caption's 3 GB (3008 MB)
+    vision = 2.0 * 3008 / 1024 * 0.0000166667 * 1000
+    assert f"${vision:+.3f} per 1,000 images in the Lambda lane" in vision_caption_line(bench, BULK, PRICES)
+    # AND neither is said where the bench did not measure it
+    assert masks_line(BENCH, BULK, PRICES) == vision_caption_line(BENCH, BULK, PRICES) == ""

@@ -128,6 +128,31 @@ def masks_line(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices) -> str:
     )
 
 
+def vision_caption_line(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices) -> str:
+    """What captioning with the vision-language model (CaptionVision=true) adds per 1,000 images, over the
+    text-only caption it replaces: its extra seconds at the Caption function's memory in the Lambda lane, on the
+    bulk task in the bulk lane (Spot), and a million images on Spot all told."""
+    measured = bench.vision_caption
+    if measured is None:
+        return ""
+    deployed, lam = deployment(), prices.lambda_
+    vision, text = measured.vision, measured.text_only
+    added_s = vision.caption_median_s - text.caption_median_s
+    caption_gb = deployed.functions["CaptionFunction"].gb
+    on_lambda = added_s * caption_gb * lam.x86_gb_second * 1000
+    on_spot = added_s / 3600 * prices.fargate_spot.hourly(deployed.bulk_vcpus, deployed.bulk_memory_gb) * 1000
+    with_vision = bulk.model_copy(update={"worker_s": bulk.worker_s + added_s})
+    million = bulk_lane(1_000_000, bench, with_vision, prices).total
+    return (
+        "Captions that see the image (CaptionVision=true; SmolVLM-256M's architecture, annotate bench): "
+        f"{vision.caption_median_s:.2f} s a caption against the text-only {text.caption_median_s:.2f} s "
+        f"({added_s:+.2f} s an image; cold start {vision.cold_start_s:.1f} s, peak {vision.cold_peak_rss_mb:.0f} MB, "
+        f"against {text.cold_start_s:.1f} s and {text.cold_peak_rss_mb:.0f} MB): ${on_lambda:+.3f} per 1,000 "
+        f"images in the Lambda lane (Caption at {caption_gb:g} GB), ${on_spot:+.4f} in the bulk lane on Spot; a "
+        f"million images on Spot ${million:.2f} all told."
+    )
+
+
 def gathered_line(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices) -> str:
     """The dial against the always-on task and the Lambda lane at the study's steady load, in this run's figures."""
     steady = SCENARIOS[1]

@@ -48,10 +48,24 @@ class StepSeconds(_Read):
         )
 
 
+class CaptionSeconds(_Read):
+    caption_median_s: float
+    cold_start_s: float
+    cold_peak_rss_mb: float
+
+
+class VisionCaptionSeconds(_Read):
+    """annotate bench's caption that sees the image, beside the text-only one."""
+
+    text_only: CaptionSeconds
+    vision: CaptionSeconds
+
+
 class BenchSeconds(_Read):
     """annotate bench's report: each step's seconds and cold start, and the whole image in one process."""
 
     steps: dict[str, StepSeconds]
+    vision_caption: VisionCaptionSeconds | None = None
     one_process_s: float = Field(validation_alias=AliasPath("whole_image", "pipeline_s"))
     write_result_s: float = 0.3  # drawing and writing one result, where bench-photo did not measure it
     measured_at_size: str | None = None  # set when the seconds are a photo's (tools/bench/photo.at_photo_size)

@@ -305,6 +305,7 @@ def cost(
         lanes_table,
         markdown_table,
         masks_line,
+        vision_caption_line,
         write_chart,
     )
     from tools.bench.cost_inputs import (
@@ -347,6 +348,7 @@ def cost(
         if bulk:
             report += "\n" + bulk_line(bench, bulk, prices) + "\n\n" + lanes_table(bench, bulk, prices)
             report += "\n" + masks_line(bench, bulk, prices) + "\n"
+            report += "\n" + vision_caption_line(bench, bulk, prices) + "\n"
             report += "\n" + network_table(bench, bulk, prices, per_image)
             report += "\n" + gathered_line(bench, bulk, prices) + "\n\n" + gathered_table(bench, bulk, prices)
         if photo and bulk_at_its_size:

@@ -276,7 +276,9 @@ class CaptionSettings(ModelFiles):
     caption_vision_mmproj: str = Field("", description="Its vision projector GGUF (the same sources)")
     caption_context: int = Field(2048, ge=1024, le=32768, description="llama.cpp context length in tokens")
     caption_max_tokens: int = Field(60, ge=8, le=256, description="Longest caption, in tokens")
-    caption_threads: int = Field(0, ge=0, le=64, description="llama.cpp threads; 0 uses every core")
+    caption_threads: int = Field(
+        0, ge=0, le=64, description="llama.cpp threads; 0: llama-cpp-python's default, half the cores (at least one)"
+    )
 
 
 class VariantsSettings(ModelFiles):

@@ -350,6 +350,12 @@ def load_captioner(settings: CaptionSettings) -> LlamaCaptioner:
     except ValueError as error:  # llama-cpp-python's word for "could not load"
         raise ModelUnavailable(f"llama.cpp could not load {model}: {error}") from error
     if chat_handler is not None:
+        # The projector loads at the handler's first image unless asked now: loaded here, it is in SnapStart's
+        # snapshot and in the cold start, not in a first caption's seconds. llama-cpp-python 0.3.36 has no public
+        # call for it; a release without this one loads it at the first image, as before.
+        initialize = getattr(chat_handler, "_init_mtmd_context", None)
+        if initialize is not None:
+            initialize(llm)
         # its projector is freed with the model, by a context that silences stderr: at the interpreter's end, when
         # the streams are closed, that prints a traceback; freed before then, it does not
         atexit.register(llm.close)

@@ -548,7 +548,8 @@ def vision_caption_table(measured: dict[str, Any]) -> list[str]:
     return [
         "The caption that sees the image (SmolVLM-256M-Instruct's architecture, random weights, Q8_0, one 512-pixel "
         f"image) beside the text-only one, on the same image and facts: {measured['vision_over_text']:.2f}x its "
-        "seconds.",
+        f"seconds (measured {measured.get('measured_at', '')}, llama.cpp threads: {measured.get('threads', '')}; "
+        "the first token waits for the image's encoding).",
         "",
         *rows,
     ]
@@ -582,7 +583,13 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"**{whole['speedup']:.2f}x** | | |",
         "",
         f"The whole image is what a request with the defaults runs; masks (segment, {report.get('segmenter', '')}) "
-        f"add {100 * whole.get('masks_added', 0):.0f}% to its seconds where a request asks for them.",
+        f"add {100 * whole.get('masks_added', 0):.0f}% to its seconds where a request asks for them"
+        + (
+            f" (segment's row measured {report['segment_measured_at']} in a run of its own, beside that run's "
+            f"other steps: the share is that run's)."
+            if "segment_measured_at" in report
+            else "."
+        ),
         "",
         f"Images per minute: pipeline {whole['pipeline_images_per_minute']}, reference "
         f"{whole['reference_images_per_minute']}. Peak RSS of the benchmark process (both sides loaded): "

@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,8 @@ def vision_caption_seconds(settings: Settings, image_path: Path, repeats: int) -
     text_only = _caption_side(settings, None, facts, repeats) | _cold_start(settings, 3)
     vision = _caption_side(seeing, image, facts, repeats) | _cold_start(seeing, 3)
     return {
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "threads": settings.caption_threads or "llama-cpp-python's default (half the cores)",
         "text_model": settings.caption_model,
         "vision_model": VISION_MODEL,
         "text_only": text_only,

@@ -109,6 +109,7 @@ from shared.models.classification import load_classifier
 from shared.models.grounding_onnx import load_detector
 from shared.settings import Settings
 from shared.models.tagging import load_tagger
+from shared.models.segmentation import load_segmenter
 settings = Settings.model_validate_json(sys.argv[1])
 image = Image.open(sys.argv[2]).convert("RGB")
 boxes = load_detector(settings.detection).detect(image, ["cat", "traffic light"], 0.0, 0.0)
@@ -116,13 +117,15 @@ crops = [image.crop((b.box.x0, b.box.y0, b.box.x1, b.box.y1)) for b in boxes[:3]
 labels = [b.label for b in boxes[:3]]
 classes = load_classifier(settings.describe).classify(crops, labels, 2)
 tags = load_tagger(settings.describe).tag(crops, labels, {"color": ["red", "brown"]})
-print(len(boxes), len(classes), len(tags), sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED))
+masks = load_segmenter(settings.segment).segment(image, [b.box for b in boxes[:3]])
+blocked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+print(len(boxes), len(classes), len(tags), len(masks), blocked)
 """
 
 
-def test_detect_classify_and_tag_run_with_torch_unavailable(tiny_settings: Settings) -> None:
+def test_detect_classify_tag_and_segment_run_with_torch_unavailable(tiny_settings: Settings) -> None:
     # GIVEN a process in which torch, transformers and open_clip cannot be imported, as in Lambda
-    # WHEN Detect's, Classify's and Tag's models load from their exports and run
+    # WHEN Detect's, Classify's, Tag's and Segment's models load from their exports and run
     result = subprocess.run(
         [sys.executable, "-c", WITHOUT_TORCH, tiny_settings.model_dump_json(), str(SAMPLES / "chelsea-the-cat.jpg")],
         capture_output=True,
@@ -130,9 +133,9 @@ def test_detect_classify_and_tag_run_with_torch_unavailable(tiny_settings: Setti
         check=False,
         cwd=REPO,
     )
-    # THEN they give boxes, classes and tags, and nothing of torch was imported
+    # THEN they give boxes, classes, tags and masks, and nothing of torch was imported
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split()[-4:] == ["20", "3", "3", "[]"]
+    assert result.stdout.split()[-5:] == ["20", "3", "3", "3", "[]"]
 
 
 def _built_shared_library(folder: Path, name: str, source: str, *flags: str) -> Path:

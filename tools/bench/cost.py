@@ -117,10 +117,10 @@ def masks_line(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices) -> str:
         + s3.put_per_1000 / 1000 / deployed.images_per_group
     ) * 1000
     on_spot = seconds / 3600 * prices.fargate_spot.hourly(deployed.bulk_vcpus, deployed.bulk_memory_gb) * 1000
-    share = seconds / bench.one_process_s
+    share = bench.masks_added if bench.masks_added is not None else seconds / bench.one_process_s
     return (
-        f"Masks (a request's masks: true; Segment {seconds:.2f} s an image, {100 * share:.0f}% of the image's "
-        f"{bench.one_process_s:.2f} s in one process, its cold start "
+        f"Masks (a request's masks: true; Segment {seconds:.2f} s an image, {100 * share:.0f}% more than the image's "
+        "other steps in the same run, its cold start "
         f"{bench.steps['segment'].cold_start_s:.1f} s): ${on_lambda:.3f} per 1,000 "
         f"images more in the Lambda lane (Segment at {deployed.segment_memory_gb:g} GB, its invocation, its document "
         f"written and read, a masks file a group), ${on_spot:.4f} in the bulk lane on Spot (its seconds on the task; "

@@ -66,6 +66,8 @@ class BenchSeconds(_Read):
 
     steps: dict[str, StepSeconds]
     vision_caption: VisionCaptionSeconds | None = None
+    # Segment's seconds over the whole image's, measured side by side in one run
+    masks_added: float | None = Field(None, validation_alias=AliasPath("whole_image", "masks_added"))
     one_process_s: float = Field(validation_alias=AliasPath("whole_image", "pipeline_s"))
     write_result_s: float = 0.3  # drawing and writing one result, where bench-photo did not measure it
     measured_at_size: str | None = None  # set when the seconds are a photo's (tools/bench/photo.at_photo_size)

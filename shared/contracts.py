@@ -320,6 +320,11 @@ class PictureFormat(StrEnum):
     def suffix(self) -> str:
         return ".jpg" if self is PictureFormat.JPEG else f".{self.value}"
 
+    @classmethod
+    def of_uri(cls, uri: str) -> PictureFormat:
+        """The format of a picture stored under ``uri`` (its ``suffix``)."""
+        return next(kind for kind in cls if uri.endswith(kind.suffix))
+
 
 class Box(Frozen):
     x0: float

@@ -150,6 +150,12 @@ class ImageLimits(_Section):
 
 
 class PictureSettings(_Section):
+    # A picture is a view of the document over the source image, drawn where someone looks (the gallery, the API's
+    # picture=true, annotate picture): storing one for every image is a PUT and 3 MB a 12 MP photo that few are
+    # ever looked at (docs/performance.md prices both).
+    store_pictures: bool = Field(
+        False, description="Also store each image's annotated picture beside its document (pictures/ in the results)"
+    )
     picture_max_side: int = Field(
         0,
         ge=0,
@@ -409,7 +415,7 @@ class IngestSettings(ResultsPlace):
         " load (every Detect size compiled)",
     )
     bulk_seconds_per_image: float = Field(
-        5.03,
+        4.98,
         gt=0,
         le=600,
         description="A bulk task's seconds per image: annotate bench-bulk's worker and what a 12 MP photo adds to it"

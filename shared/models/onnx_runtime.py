@@ -161,11 +161,7 @@ def openvino_session(
         raise ModelUnavailable(f"{setting} is openvino, which is not installed here") from error
     core = openvino.Core()
     model = core.read_model(graph.read_bytes(), openvino.Tensor(mapped_file(weights), shared_memory=True))
-    options: dict[str, Any] = {
-        "INFERENCE_PRECISION_HINT": "f32",
-        "INFERENCE_NUM_THREADS": threads,
-        "PERFORMANCE_HINT": "LATENCY",
-    }
+    options = openvino_options(threads)
     if compiled_cache is not None:
         try:
             compiled_cache.mkdir(parents=True, exist_ok=True)
@@ -180,6 +176,12 @@ def openvino_session(
     # the kernel needed them (0.7 GB of Detect's).
     drop_mapped_pages(weights)
     return OpenVinoSession(compiled)
+
+
+def openvino_options(threads: int) -> dict[str, Any]:
+    """How every exported graph is compiled for OpenVINO's CPU plugin: fp32 (its default on CPUs with bf16 or fp16
+    units is those), ``threads`` threads, one run at a time."""
+    return {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
 
 
 def exported_session(

@@ -52,6 +52,7 @@ class Dependencies:
     crop_margin: float = 0.1
     picture_max_side: int = 0
     picture_format: PictureFormat = PictureFormat.JPEG
+    store_pictures: bool = False
     decoded: dict[str, LoadedImage] | None = None
     written: dict[str, bytes] | None = None
     made_by: MadeBy = field(default_factory=MadeBy)
@@ -171,6 +172,7 @@ def build_dependencies(step: Step, settings: Settings) -> Dependencies:
         crop_margin=settings.crop_margin,
         picture_max_side=settings.picture_max_side,
         picture_format=settings.picture_format,
+        store_pictures=settings.store_pictures,
     )
     port = STEP_PORTS.get(step)
     return replace(common, **port.load(settings)) if port else common

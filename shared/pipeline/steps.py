@@ -262,7 +262,8 @@ def caption(state: ImageState, deps: Dependencies) -> CaptionOutput:
 
 
 def write_result(state: ImageState, deps: Dependencies) -> ImageOutcome:
-    """Write the image's result document (and, when it was detected, the annotated picture)."""
+    """Write the image's result document (and, when it was detected and ``store_pictures`` asks, the annotated
+    picture)."""
     result = write_result_document(state, deps)
     return ImageOutcome(image=state.task.image, status=result.status, error=result.error, result_uri=result.result_uri)
 
@@ -284,7 +285,7 @@ def write_result_document(state: ImageState, deps: Dependencies) -> ImageResult:
     tagged = state.description.tag if state.description and isinstance(state.description.tag, TagOutput) else None
     masks = _masks(state.description.segment if state.description else None, deps)
     annotated_uri = None
-    if state.detection is not None:
+    if state.detection is not None and deps.store_pictures:
         image = _image(task.image.source_uri, deps)
         picture = draw_detections(
             image.pixels, detections, deps.picture_max_side, deps.picture_format, masks.masks if masks else None

@@ -36,7 +36,7 @@ from shared.settings import Settings
 from shared.storage import layout
 from shared.storage.images import decode_image
 from shared.storage.objects import MemoryStore, ObjectStore, is_s3, split_s3, store_for
-from shared.storage.render import encode_picture
+from shared.storage.render import drawn_result, encode_picture
 
 NOT_KEPT_ROOT = "memory://not-kept"  # where an unrecorded call's result document and picture live, in memory
 API_GROUP_ID = "g-000000"
@@ -71,7 +71,8 @@ class Annotation(ImageResult):
 
     picture_base64: str | None = Field(
         None,
-        description="The annotated picture in base64 (picture=true), as it is stored (picture_format); downscaled"
+        description="The annotated picture in base64 (picture=true), drawn in picture_format (or as stored:"
+        " store_pictures); downscaled"
         " (picture_scale) where it would pass api_max_picture_bytes, so that an answer fits a Lambda function URL's"
         " 6 MB",
     )
@@ -149,7 +150,8 @@ def annotate_one(
     """The image's result document, as the workflow would write it for the same image and request.
 
     Unless ``options.record``, nothing is kept: the document and picture are made in memory. With it, the upload
-    is kept under ``uploads/``, the document and picture where the workflow writes them, and its rows in the tables.
+    is kept under ``uploads/``, the document (and, with store_pictures, the picture) where the workflow writes them,
+    and its rows in the tables.
 
     Raises:
         ImageRejected: the bytes are not an image this pipeline accepts (checked before any model runs).
@@ -192,12 +194,12 @@ def annotate_one(
             )
         )
     picture, scale, media_type = None, None, None
-    if options.picture and result.annotated_uri:
-        fitted, scale, picture_format = fitted_picture(
-            store_for_this_call(result.annotated_uri).read_bytes(result.annotated_uri),
-            settings.api_max_picture_bytes,
-            result.width or 1,
-        )
+    if options.picture and result.width is not None:  # detected: there is something to draw
+        if result.annotated_uri:  # stored (store_pictures)
+            drawn = store_for_this_call(result.annotated_uri).read_bytes(result.annotated_uri)
+        else:
+            drawn = drawn_result(result, decoded.pixels, settings.picture_max_side, settings.picture_format)
+        fitted, scale, picture_format = fitted_picture(drawn, settings.api_max_picture_bytes, result.width)
         picture, media_type = base64.b64encode(fitted).decode(), picture_format.media_type
     unkept = (
         {} if options.record else {"result_uri": None, "annotated_uri": None}

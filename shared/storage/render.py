@@ -1,4 +1,6 @@
-"""The annotated picture: boxes, labels and (where the request asked) masks drawn over the image."""
+"""The annotated picture: boxes, labels and (where the request asked) masks drawn over the image. It is a view of the
+result document over its source image, drawn where someone looks (``result_picture``); stored only where
+``store_pictures`` asks."""
 
 from __future__ import annotations
 
@@ -7,8 +9,11 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
-from shared.contracts import BoxMask, Detection, PictureFormat
+from shared.contracts import BoxMask, Detection, ImageResult, PictureFormat
+from shared.settings import ImageLimits
+from shared.storage.images import load_image
 from shared.storage.masks import decoded
+from shared.storage.objects import StoreFor
 
 # Pillow's options per format: JPEG at 90 keeps the captions' edges clean enough to read; WebP at 80 (method 4, its
 # default effort) about half a JPEG's bytes for thirty times its seconds; PNG as it was, lossless and uncompressed.
@@ -65,6 +70,36 @@ def draw_detections(
         draw.rectangle((left, top - lift, right + 2 * line, bottom - lift + line), fill=color)
         draw.text((x0 + line, y0 - lift), text, fill="white", font=font)
     return encode_picture(canvas, picture_format)
+
+
+def drawn_result(
+    result: ImageResult, image: Image.Image, max_side: int = 0, picture_format: PictureFormat = PictureFormat.JPEG
+) -> bytes:
+    """``result``'s picture over ``image``, its source as decoded for the steps (oriented as a viewer shows it)."""
+    return draw_detections(
+        image, result.detections, max_side, picture_format, result.masks.masks if result.masks else None
+    )
+
+
+def result_picture(
+    result: ImageResult,
+    store_for: StoreFor,
+    limits: ImageLimits,
+    max_side: int = 0,
+    picture_format: PictureFormat = PictureFormat.JPEG,
+) -> tuple[bytes, PictureFormat]:
+    """The annotated picture of ``result`` and its format: the stored one where there is one, else drawn now from
+    the document and its source image.
+
+    Raises:
+        ImageRejected: the source cannot be read or is no longer an image (the stored picture, where there is one,
+            cannot be read).
+    """
+    if result.annotated_uri:
+        stored = PictureFormat.of_uri(result.annotated_uri)
+        return store_for(result.annotated_uri).read_bytes(result.annotated_uri), stored
+    source = load_image(result.source_uri, store_for, limits)
+    return drawn_result(result, source.pixels, max_side, picture_format), picture_format
 
 
 def _tint(canvas: Image.Image, mask: BoxMask, color: str, opacity: float = 0.45) -> None:

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from shared.contracts import PromptMessage
+from shared.contracts import ImageResult, PromptMessage
 from shared.pipeline.batches import plan_batches
-from shared.settings import Settings
+from shared.settings import ImageLimits, Settings
 from shared.storage import layout
 from shared.storage.objects import store_for
+from shared.storage.render import result_picture
 from tests.conftest import SAMPLES
 from tools.cli import app
 from tools.local.runner import local_workflow
@@ -59,7 +60,10 @@ def test_a_hostile_folder_gives_every_input_one_row_and_a_failing_exit(
     assert all(r["error"].startswith("detect: ImageRejected: ") for r in images.values() if r["status"] == "failed")
     for row in (images["cat.jpg"], images["cat.png"]):
         assert (row["width"], row["height"]) == (451, 300)
-        assert Path(row["annotated_uri"]).read_bytes().startswith(b"\xff\xd8")  # a JPEG: PictureFormat
+        # no picture stored (store_pictures is off): it is drawn from the document and the image when looked at
+        assert row["annotated_uri"] is None
+        result = ImageResult.model_validate_json(Path(row["result_uri"]).read_bytes())
+        assert result_picture(result, store_for, ImageLimits())[0].startswith(b"\xff\xd8")  # a JPEG: PictureFormat
         document = json.loads(Path(row["result_uri"]).read_text())
         assert [(d["label"], d["box"]["x0"]) for d in document["detections"]] == [
             (d["label"], d["x0"]) for d in row["detections"]

@@ -96,7 +96,8 @@ def test_a_phone_photo_gets_the_same_boxes_decoded_once_with_a_jpeg_picture_as_d
 
     # GIVEN a phone's 12 MP portrait (EXIF orientation 6), and the tiny models
     photo = phone_photo(SAMPLES / "chelsea-the-cat.jpg", tmp_path)
-    settings = use_settings(tiny_settings.model_copy(update={"data_dir": tmp_path / "data"}))
+    # (pictures stored, StorePictures=true, to compare the two encodings as written)
+    settings = use_settings(tiny_settings.model_copy(update={"data_dir": tmp_path / "data", "store_pictures": True}))
     task = ImageTask(
         batch_id="b-" + "0" * 20,
         request=AnnotationRequest(prompt="dog. cat.", caption=False),

@@ -193,6 +193,7 @@ class FakeModels:
     image_limits: ImageLimits = field(
         default_factory=lambda: ImageLimits(max_image_bytes=1_000_000, max_image_pixels=4_000_000)
     )
+    store_pictures: bool = False
 
     def dependencies(self, step: Step) -> Dependencies:
         """As the real ones are built: the step's own port (STEP_PORTS) holds its fake; a step without a model gets
@@ -202,6 +203,7 @@ class FakeModels:
         return Dependencies(
             store_for=self.store,
             image_limits=self.image_limits,
+            store_pictures=self.store_pictures,
             made_by=MadeBy(model=f"fake-{step}", settings={"step": str(step)}),
             **own,
         )

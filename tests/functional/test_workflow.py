@@ -12,7 +12,16 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from shared.contracts import AnnotationRequest, Box, Detection, ImageRef, ImageResult, ImageTask, PromptMessage
+from shared.contracts import (
+    AnnotationRequest,
+    Box,
+    Detection,
+    ImageRef,
+    ImageResult,
+    ImageTask,
+    PictureFormat,
+    PromptMessage,
+)
 from shared.errors import ModelUnavailable
 from shared.pipeline.batches import plan_batches
 from shared.pipeline.dependencies import use_dependencies
@@ -20,6 +29,7 @@ from shared.pipeline.one_image import annotate_image
 from shared.settings import Settings
 from shared.storage import layout
 from shared.storage.images import decode_image
+from shared.storage.render import result_picture
 from tests.fakes import FakeDetector, FakeModels
 from tools.local.runner import ExecutionResult, local_workflow
 
@@ -84,7 +94,10 @@ def test_the_steps_results_are_merged_into_one_row_per_image(workflow, fakes: Fa
         ("cat", "kind of cat", ["black", "solid"]),
     ]
     assert document.caption is not None and document.caption.caption == "Found 1 dog, 1 cat."
-    assert document.annotated_uri.endswith(".jpg") and fakes.store.objects[document.annotated_uri][:2] == b"\xff\xd8"
+    # No picture is stored (store_pictures is off): it is drawn where it is looked at, from the document and source
+    assert document.annotated_uri is None and not any("/pictures/" in uri for uri in fakes.store.objects)
+    picture, picture_format = result_picture(document, fakes.store, fakes.image_limits)
+    assert picture_format == "jpeg" and picture[:2] == b"\xff\xd8"
     # Each step's time for this image, in the document and in the row
     assert all(ms is not None and ms > 0 for ms in (document.detect_ms, document.classify_ms, document.tag_ms))
     assert document.caption.ms is not None and document.caption.ms > 0
@@ -101,7 +114,8 @@ def test_the_steps_results_are_merged_into_one_row_per_image(workflow, fakes: Fa
     assert json.loads(row["output_settings"]) == {s: {"step": s} for s in ("classify", "detect", "tag")}
     assert sorted(row["source_uri"] for row in images) == ["s3://in/a.jpg", "s3://in/b.png"]
     assert len(table_rows(fakes, "detections")) == 4
-    # Fetches: Detect, Classify, Tag and WriteResult read the image once each; the caption needs no pixels.
+    # Fetches: Detect, Classify and Tag read the image once each (the picture drawn above, once more); WriteResult
+    # and the caption need no pixels.
     assert fakes.store.reads["s3://in/a.jpg"] == 4
 
 
@@ -122,7 +136,7 @@ def test_one_process_reads_and_decodes_an_image_once_and_writes_what_the_workflo
     assert fakes.store.reads["s3://in/a.jpg"] == 1
     assert by_one.detections == by_workflow.detections
     assert by_one.caption and by_workflow.caption and by_one.caption.caption == by_workflow.caption.caption
-    assert fakes.store.objects[by_one.annotated_uri or ""] == fakes.store.objects[by_workflow.annotated_uri or ""]
+    assert by_one.annotated_uri is None and by_workflow.annotated_uri is None
     # AND given the image decoded already (the API decodes an upload to refuse it before any model), it reads none
     decoded = decode_image(fakes.store.objects["s3://in/a.jpg"], max_pixels=fakes.image_limits.max_image_pixels)
     fakes.store.reads.clear()
@@ -130,13 +144,33 @@ def test_one_process_reads_and_decodes_an_image_once_and_writes_what_the_workflo
     assert fakes.store.reads["s3://in/a.jpg"] == 0
 
 
+def test_a_stored_picture_is_the_one_drawn_when_looked_at_and_both_paths_store_the_same(
+    workflow, fakes: FakeModels
+) -> None:
+    fakes.store_pictures = True  # StorePictures=true
+
+    _, documents = run_batch(workflow, fakes)
+
+    document = documents["s3://in/a.jpg"]
+    stored = fakes.store.objects[document.annotated_uri or ""]
+    assert document.annotated_uri == layout.picture(RESULTS, document.batch_id, document.image_id, PictureFormat.JPEG)
+    drawn, _ = result_picture(document.model_copy(update={"annotated_uri": None}), fakes.store, fakes.image_limits)
+    assert stored == drawn
+    by_one = annotate_image(
+        ImageTask(
+            batch_id=document.batch_id,
+            request=AnnotationRequest(prompt="dog. cat."),
+            image=ImageRef(image_id=document.image_id, source_uri=document.source_uri),
+            results_uri="s3://elsewhere",
+        ),
+        fakes.dependencies,
+    )
+    assert fakes.store.objects[by_one.annotated_uri or ""] == stored
+
+
 @pytest.mark.parametrize(
     ("broken", "failed_step", "classes", "attributes"),
-    [
-        ("classifier", "classify", False, True),
-        ("tagger", "tag", True, False),
-        ("both", "classify,tag", False, False),
-    ],
+    [("classifier", "classify", False, True), ("tagger", "tag", True, False), ("both", "classify,tag", False, False)],
 )
 def test_a_failed_describe_branch_keeps_the_other_branchs_results(
     workflow, fakes: FakeModels, broken: str, failed_step: str, classes: bool, attributes: bool
@@ -151,7 +185,7 @@ def test_a_failed_describe_branch_keeps_the_other_branchs_results(
     document = documents["s3://in/a.jpg"]
     assert (document.status, document.failed_step) == ("failed", failed_step)
     assert all(bool(d.class_label) is classes and bool(d.attributes) is attributes for d in document.detections)
-    assert len(document.detections) == 2 and document.annotated_uri and document.caption
+    assert len(document.detections) == 2 and document.caption
     assert (document.classify_ms is not None) is classes and (document.tag_ms is not None) is attributes
     if broken == "classifier":
         assert document.error == "classify: ModelUnavailable: classifier weights are missing"
@@ -203,7 +237,7 @@ def test_an_image_without_boxes_is_embedded_not_classified_and_still_gets_a_capt
     assert (document.status, document.detections, document.classify_ms) == ("succeeded", [], None)
     assert document.embedding is not None and document.embedding.model == "fake-tagger"
     assert document.caption is not None and document.caption.caption == "Found nothing."
-    assert fakes.store.reads["s3://in/a.jpg"] == 3  # Detect, Tag (its embedding) and WriteResult
+    assert fakes.store.reads["s3://in/a.jpg"] == 2  # Detect and Tag (its embedding)
 
 
 def test_boxes_asked_for_are_kept_as_rows_of_their_own_beside_the_image_s(workflow, fakes: FakeModels) -> None:
@@ -245,7 +279,7 @@ def test_an_image_without_boxes_skips_describe_where_no_embedding_is_asked_for(w
 
     document = documents["s3://in/a.jpg"]
     assert (document.status, document.detections, document.embedding) == ("succeeded", [], None)
-    assert fakes.store.reads["s3://in/a.jpg"] == 2  # Detect and WriteResult
+    assert fakes.store.reads["s3://in/a.jpg"] == 1  # Detect
 
 
 def test_a_failure_writing_the_result_still_ends_as_a_failure_row(workflow, fakes: FakeModels) -> None:
@@ -280,7 +314,7 @@ def test_a_variants_failure_is_a_task_failure_and_the_rest_is_kept(workflow, fak
     assert document.error.startswith(
         "variants: States.TaskFailed: Essential container in task exited: ModelUnavailable"
     )
-    assert document.detections and document.annotated_uri
+    assert document.detections and document.caption is None
 
 
 def test_a_group_that_cannot_write_its_rows_ends_as_failure_rows_and_the_other_groups_are_kept(

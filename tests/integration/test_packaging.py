@@ -211,3 +211,38 @@ def test_every_shared_library_of_every_layer_loads_on_lambdas_python_runtime(tmp
     found = {layer: problems(script.build_layer(layer, tmp_path)) for layer in sorted(layers)}
     # THEN every one loads: each needed library is in the layer or the runtime, no symbol is newer than its
     assert found == {layer: [] for layer in layers}
+
+
+# The bulk image's base (python:3.12-slim) is Debian bookworm, glibc 2.36: any manylinux wheel up to 2.36 installs.
+BULK_BASE_MANYLINUX = ("2014", "_2_28", "_2_31", "_2_34", "_2_35", "_2_36")
+
+
+def _pinned(requirements: Path) -> list[str]:
+    """Each pinned requirement of ``requirements``, its ``-r`` includes followed."""
+    pinned = []
+    for line in requirements.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("-r "):
+            pinned += _pinned(requirements.parent / line.removeprefix("-r ").strip())
+        elif line:
+            pinned.append(line)
+    return pinned
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_bulk_image_installs_from_wheels_on_either_architecture(machine: str, tmp_path: Path) -> None:
+    # GIVEN the bulk image's requirements, but llama-cpp-python, which its build stage compiles for the platform
+    wanted = [req for req in _pinned(REPO / "layers/bulk-image/requirements.txt") if "llama-cpp-python" not in req]
+    platforms = [option for tag in BULK_BASE_MANYLINUX for option in ("--platform", f"manylinux{tag}_{machine}")]
+    # WHEN pip resolves them, and what they need, for CPython 3.12 on that architecture, from wheels only
+    resolved = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version", "3.12",
+         *platforms, "--dest", str(tmp_path), *wanted],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    # THEN every one has a wheel: `docker buildx build --platform linux/amd64,linux/arm64` compiles only llama.cpp
+    assert resolved.returncode == 0, resolved.stderr[-2000:]
+    names = {wheel.name.split("-")[0].lower().replace("_", "-") for wheel in tmp_path.glob("*.whl")}
+    assert {"openvino", "onnxruntime", "pyarrow", "numpy", "pycocotools"} <= names
+    native = [wheel.name for wheel in tmp_path.glob("*.whl") if not wheel.name.endswith("-none-any.whl")]
+    assert native and all(machine in name for name in native), native

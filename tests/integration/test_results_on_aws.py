@@ -148,6 +148,7 @@ def test_an_export_from_athena_reads_the_pictures_from_s3(stack: Any, tmp_path: 
                     ("annotated_uri", "varchar"),
                     ("error", "varchar"),
                     ("processed_at", "varchar"),
+                    ("result_uri", "varchar"),
                     ("prompt", "varchar"),
                     ("content_sha256", "varchar"),
                 )
@@ -164,6 +165,7 @@ def test_an_export_from_athena_reads_the_pictures_from_s3(stack: Any, tmp_path: 
                     None,
                     None,
                     "2026-11-30 12:00:00.000",
+                    None,
                     "dog.",
                     None,
                 ]

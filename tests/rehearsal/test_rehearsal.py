@@ -44,6 +44,7 @@ def test_without_variants_the_stack_deploys_with_only_the_required_answers(repor
         "ApiAuth",
         "HandBackWaitSeconds",  # a second, not a minute: its story waits out a hand-back
         "MaxWaitMinutes",  # 15: its dropped images are gathered
+        "StorePictures",  # true: WriteResult, the bulk task and the API store pictures, each on its role
         "TaskPublicIp",  # DISABLED: its subnets are private
         "S3GatewayRouteTables",  # their route tables, which get the stack's S3 endpoint
     }

@@ -24,6 +24,7 @@ def test_the_athena_queries_parse_as_athena_sql_and_select_by_the_condition() ->
             "annotated_uri": None,
             "error": None,
             "processed_at": "2026-11-30",
+            "result_uri": "s3://out/results/b/a.json",
             "prompt": "dog.",
             "content_sha256": None,
         }

@@ -71,9 +71,9 @@ def test_a_steady_month_on_lambda_matches_the_hand_computation() -> None:
     parent = 510_000 * (5 + 1) * 0.025 / 1000
     children = 510_000 * (1.00 / 1e6 + 4.0 * 0.0625 * 0.00001667)
     queues = 510_000 * 3 * 0.40 / 1e6
-    # four steps read the image and WriteGroupTable its result document; the JSON and the PNG written; and each
-    # group's file of each of the four tables and its summary
-    storage = 510_000 * (5 * 0.0004 + 2 * 0.005) / 1000 + 510_000 * 5 * 0.005 / 1000
+    # three steps read the image and WriteGroupTable its result document; the JSON written (no picture stored:
+    # StorePictures=false); and each group's file of each of the four tables and its summary
+    storage = 510_000 * (4 * 0.0004 + 1 * 0.005) / 1000 + 510_000 * 5 * 0.005 / 1000
     # each dropped image's claim: written in progress, with its execution, started
     claims = 510_000 * 3 * 0.625 / 1e6
     # the invocations' log lines (1.45 kB each at $0.50 a GB), and X-Ray's traces of 8 traced functions and the
@@ -123,9 +123,9 @@ def test_snapstart_trades_init_time_for_restores_and_a_cache_that_costs_when_idl
 def test_fargate_runs_enough_always_on_tasks_for_the_peak_day() -> None:
     hourly = 2 * 0.04048 + 8 * 0.004445 + 0.005  # and its public IPv4 address
     assert fargate_month(BENCH, PRICES, IDLE) == pytest.approx(hourly * 720)  # one task, even idle
-    # and its results' S3 requests, as every option writes them: the image and the result check read, the JSON and
-    # the picture written, five files per group of 40 (four tables and the summary)
-    requests = (250_000 * (2 * 0.0004 + 2 * 0.005) + 6_250 * 5 * 0.005) / 1000
+    # and its results' S3 requests, as every option writes them: the image and the result check read, the JSON
+    # written (no picture: StorePictures=false), five files per group of 40 (four tables and the summary)
+    requests = (250_000 * (2 * 0.0004 + 1 * 0.005) + 6_250 * 5 * 0.005) / 1000
     assert fargate_month(BENCH, PRICES, BURSTS) == pytest.approx(2 * hourly * 720 + requests)  # 25,000 > 21,600 a task
 
 
@@ -240,7 +240,7 @@ def test_a_million_images_in_the_bulk_lane_matches_the_hand_computation() -> Non
     # each task's public IPv4 address for as long as it runs
     assert lane.parts["public IPv4"] == pytest.approx(task_seconds / 3600 * 0.005)
     # the image read and its result checked, its JSON and picture written; five files per group
-    assert lane.parts["S3 requests"] == pytest.approx((1e6 * (2 * 0.0004 + 2 * 0.005) + 25_000 * 5 * 0.005) / 1000)
+    assert lane.parts["S3 requests"] == pytest.approx((1e6 * (2 * 0.0004 + 1 * 0.005) + 25_000 * 5 * 0.005) / 1000)
     assert lane.parts["orchestration"] == pytest.approx((5 + 1_000 * 3) * 0.025 / 1000)
     assert lane.parts["Athena"] == pytest.approx(1e6 * 17_000 / 1e12 * 5)
     # AND 10 rounds of 100 tasks, each 69 s and 1,000 images
@@ -394,3 +394,23 @@ def test_masks_and_captions_that_see_the_image_are_priced_as_options_by_hand() -
     assert f"${vision:+.3f} per 1,000 images in the Lambda lane" in vision_caption_line(bench, BULK, PRICES)
     # AND neither is said where the bench did not measure it
     assert masks_line(BENCH, BULK, PRICES) == vision_caption_line(BENCH, BULK, PRICES) == ""
+
+
+def test_graviton_is_priced_from_the_arm_list_and_bounded_by_detect_s_flops() -> None:
+    from tools.bench.cost import graviton_line
+    from tools.bench.cost_lanes import bulk_lane
+
+    # GIVEN Detect's 400 GFLOP at a phone photo's size, 2.0 s on this machine
+    flops = {"sizes": [{"size": [800, 1066], "gflop": 400.0, "seconds": 2.0}]}
+    line = graviton_line(BENCH, BULK, PRICES, flops)
+    # THEN a 2 vCPU, 7 GB task's hour on ARM is the ARM list's, 20% under x86's: ARM pays under 1.25x the seconds
+    arm, x86 = 2 * 0.03238 + 7 * 0.00356, 2 * 0.04048 + 7 * 0.004445
+    assert f"a task's hour ${arm:.4f} on demand against ${x86:.4f} on x86 (20% less" in line
+    assert f"under {x86 / arm:.2f}x x86's" in line
+    # AND at Graviton2's fp32 peak (2 vCPUs x 2.5 GHz x 16 FLOPs), Detect takes at least 400 / 80 = 5 s: the
+    # worker 3 s slower an image, which costs more than x86 Spot at this machine's seconds
+    assert "take at least 5.0 s on 2 Graviton2 vCPUs" in line
+    floor = float(line.split("a million would cost at least $")[1].split(" ")[0])
+    assert floor > bulk_lane(1_000_000, BENCH, BULK, PRICES).total
+    # AND without the FLOPs report, only the price is said
+    assert "Graviton2" not in graviton_line(BENCH, BULK, PRICES, None)

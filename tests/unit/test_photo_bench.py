@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from shared.storage.images import decode_image
@@ -44,10 +45,11 @@ def test_the_report_has_a_row_per_stage_and_a_column_per_size_and_what_the_photo
 
 def test_a_photo_s_seconds_are_the_bench_s_plus_what_the_photo_added_side_by_side() -> None:
     from tools.bench.cost_inputs import BenchSeconds, BulkSeconds
-    from tools.bench.photo import ONE_PROCESS, STEP_ROWS, WRITE_RESULT, at_photo_size
+    from tools.bench.photo import DRAWN, ONE_PROCESS, STEP_ROWS, WRITE_RESULT, at_photo_size
 
     def measured(seconds: float) -> dict[str, float]:
-        return {row: seconds for row in STEP_ROWS.values()} | {WRITE_RESULT: seconds, ONE_PROCESS: 4 * seconds}
+        rows = {WRITE_RESULT: seconds, ONE_PROCESS: 4 * seconds, DRAWN: seconds / 5}
+        return {row: seconds for row in STEP_ROWS.values()} | rows
 
     # the medians' difference (0.5 s a step) is not what is added: the median of the pairs' differences is
     photo = {"measured_at": "2026-12-05T00:00:00+00:00", "sizes": {"sample": {"median": measured(1.0)}}}
@@ -58,10 +60,15 @@ def test_a_photo_s_seconds_are_the_bench_s_plus_what_the_photo_added_side_by_sid
     bulk = BulkSeconds.model_validate(
         {"seconds_per_image": {"worker": 5.0, "one_at_a_time": 5.1}, "cores": 2, "measured_at": "2026-12-05"}
     )
-    sized, sized_bulk = at_photo_size(bench, bulk, photo)
+    sized, sized_bulk = at_photo_size(bench, bulk, photo, store_pictures=True)
     # each step 0.25 s more, WriteResult as measured at the photo's size, one process 1 s more
     assert {step: figures.pipeline_median_s for step, figures in sized.steps.items()} == dict.fromkeys(STEP_ROWS, 2.25)
     assert (sized.write_result_s, sized.one_process_s) == (1.5, 10.0)
     assert sized_bulk is not None and (sized_bulk.worker_s, sized_bulk.added_by_photo_s) == (6.0, 1.0)
+    # with no picture stored (the default), the photo's picture is not drawn: WriteResult reads no image, and takes
+    # the sample's seconds; one process adds what it added less the picture's 0.05 s
+    drawn_later, drawn_later_bulk = at_photo_size(bench, bulk, photo, store_pictures=False)
+    assert drawn_later.write_result_s == 1.0 and drawn_later.one_process_s == pytest.approx(9.95)
+    assert drawn_later_bulk is not None and drawn_later_bulk.added_by_photo_s == pytest.approx(0.95)
     # the reports given are left as they were
     assert bench.steps["detect"].pipeline_median_s == 2.0 and bulk.worker_s == 5.0

@@ -19,6 +19,7 @@ GENERATED = {
     "bench/bulk.md": "docs/performance.md",
     "bench/photo.md": "docs/performance.md",
     "bench/search.md": "docs/performance.md",
+    "bench/flops.md": "docs/performance.md",
 }
 
 

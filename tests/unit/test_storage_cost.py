@@ -47,7 +47,7 @@ def test_an_image_s_bytes_are_its_file_s_and_its_drawn_picture_s_per_pixel_scale
 
 def test_a_steady_month_keeps_30_days_of_drops_31_of_pictures_and_a_year_of_documents() -> None:
     per_image = BytesPerImage(source=2e6, picture=10e6, embedding=3_000, document=10_000, tables=17_000)
-    parts = storage_month(per_image, PRICES, STEADY)
+    parts = storage_month(per_image, PRICES, STEADY, store_pictures=True)
     # 17,000 images a day: 30 days of 2 MB drops (InputRetentionDays), 30 days and the noncurrent day of 10 MB
     # pictures (PictureRetentionDays, ExpirePictures' NoncurrentDays), 12 months of 30 kB documents, rows, embeddings
     assert parts["dropped images"] == pytest.approx(17_000 * 30 * 2e6 / 1e9 * 0.023)
@@ -55,8 +55,10 @@ def test_a_steady_month_keeps_30_days_of_drops_31_of_pictures_and_a_year_of_docu
     assert parts["documents and tables"] == pytest.approx(510_000 * 12 * 30_000 / 1e9 * 0.023)
     # AND a picture at most 2,048 px on its longest side keeps 2048 x 1536 of a 4:3 12 MP photo's pixels
     assert picture_share(2048) == pytest.approx(2048 * 1536 / 12e6)
-    smaller = storage_month(per_image, PRICES, STEADY, picture_max_side=2048)
+    smaller = storage_month(per_image, PRICES, STEADY, picture_max_side=2048, store_pictures=True)
     assert smaller["pictures"] == pytest.approx(parts["pictures"] * 2048 * 1536 / 12e6)
+    # AND as deployed (StorePictures=false) no picture is kept: it is drawn when looked at
+    assert storage_month(per_image, PRICES, STEADY)["pictures"] == 0.0
     assert picture_share(0) == picture_share(8000) == 1.0
 
 
@@ -102,7 +104,7 @@ def test_annotate_cost_prices_storage_and_the_bulk_lane_s_network(tmp_path) -> N
     result = CliRunner().invoke(app, ["cost", "--bench", str(tmp_path / "bench.json"), "--out-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     report = (tmp_path / "cost.md").read_text()
-    assert "| steady: 17,000 a day | $" in report and "with PictureMaxSide=2048" in report
+    assert "| steady: 17,000 a day | $" in report and "stored at PictureMaxSide=2048" in report
     assert "| private subnets through a NAT gateway | $" in report
 
 

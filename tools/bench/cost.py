@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tools.bench.cost_inputs import (
     SCENARIOS,
@@ -150,6 +151,55 @@ def vision_caption_line(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices) 
         f"against {text.cold_start_s:.1f} s and {text.cold_peak_rss_mb:.0f} MB): ${on_lambda:+.3f} per 1,000 "
         f"images in the Lambda lane (Caption at {caption_gb:g} GB), ${on_spot:+.4f} in the bulk lane on Spot; a "
         f"million images on Spot ${million:.2f} all told."
+    )
+
+
+# Fargate's ARM64 tasks run on Graviton2 (Neoverse N1): two 128-bit FMA pipes a core, 16 fp32 FLOPs a cycle at
+# 2.5 GHz. An upper bound of its fp32 rate, not a measurement: no ARM CPU is at hand here.
+GRAVITON2_FP32_GFLOPS_PER_VCPU = 2.5 * 16
+
+
+def graviton_line(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices, flops: dict[str, Any] | None) -> str:
+    """A million images on ARM64 Fargate Spot (FargateArchitecture=ARM64): at this machine's seconds, the most it
+    could save, and at Detect's fp32 floor on Graviton2 (its FLOPs at a phone photo's size over the vector units'
+    rate), what the FLOPs allow at best. The ARM Spot price is estimated: x86 Spot's discount on the ARM list price."""
+    on_demand, spot, deployed = prices.fargate, prices.fargate_spot, deployment()
+    arm = on_demand.arm64_hourly(deployed.bulk_vcpus, deployed.bulk_memory_gb)
+    if arm is None:
+        return ""
+    x86 = on_demand.hourly(deployed.bulk_vcpus, deployed.bulk_memory_gb)
+    spot_share = spot.hourly(deployed.bulk_vcpus, deployed.bulk_memory_gb) / x86
+    arm_spot = spot.model_copy(
+        update={
+            "x86_vcpu_hour": on_demand.arm64_vcpu_hour * spot.x86_vcpu_hour / on_demand.x86_vcpu_hour,  # type: ignore[operator]
+            "x86_gb_hour": on_demand.arm64_gb_hour * spot.x86_gb_hour / on_demand.x86_gb_hour,  # type: ignore[operator]
+        }
+    )
+    on_arm = prices.model_copy(update={"fargate_spot": arm_spot})
+    x86_million = bulk_lane(1_000_000, bench, bulk, prices).total
+    same_seconds = bulk_lane(1_000_000, bench, bulk, on_arm).total
+    line = (
+        f"Graviton (FargateArchitecture=ARM64; the bulk image builds for both): a task's hour ${arm:.4f} on demand "
+        f"against ${x86:.4f} on x86 ({1 - arm / x86:.0%} less; on Spot estimated at x86 Spot's {spot_share:.0%} of "
+        f"on-demand). A million images on ARM Spot: ${same_seconds:.2f} at this machine's seconds, against "
+        f"${x86_million:.2f} on x86: the most it saves, unmeasured (no ARM CPU here). ARM pays while its seconds "
+        f"an image stay under {x86 / arm:.2f}x x86's."
+    )
+    photo_size = next((size for size in (flops or {}).get("sizes", []) if size["size"] == [800, 1066]), None)
+    if photo_size is None:
+        return line
+    floor = photo_size["gflop"] / (GRAVITON2_FP32_GFLOPS_PER_VCPU * deployed.bulk_vcpus)
+    slower = bulk.model_copy(update={"worker_s": bulk.worker_s + floor - photo_size["seconds"]})
+    at_floor = bulk_lane(1_000_000, bench, slower, on_arm).total
+    return line + (
+        f" Detect's {photo_size['gflop']:.0f} GFLOP at a phone photo's size (annotate bench-flops) take at least "
+        f"{floor:.1f} s on {deployed.bulk_vcpus:g} Graviton2 vCPUs at their fp32 peak "
+        f"({GRAVITON2_FP32_GFLOPS_PER_VCPU * deployed.bulk_vcpus:.0f} GFLOP/s), against {photo_size['seconds']:.2f} s "
+        f"here: with every other step as fast as here, a million would cost at least ${at_floor:.2f} on ARM Spot. "
+        "Published comparisons that favour Graviton for inference (up to 50% lower cost for PyTorch on Graviton3 "
+        'c7g against comparable x86 instances; PyTorch blog, "Optimized PyTorch 2.0 inference with AWS Graviton '
+        "processors\", 2023) were measured on Graviton3, which has bf16 (lossy, off here) and twice Graviton2's fp32 "
+        "FLOPs a cycle."
     )
 
 

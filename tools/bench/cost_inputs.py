@@ -136,11 +136,18 @@ class StepFunctionsPrices(_Read):
 class FargatePrices(_Read):
     x86_vcpu_hour: float
     x86_gb_hour: float
+    arm64_vcpu_hour: float | None = None  # Linux/ARM (Graviton), where the price list gives it
+    arm64_gb_hour: float | None = None
     date: str = ""
     source: str = ""
 
     def hourly(self, vcpus: float, memory_gb: float) -> float:
         return vcpus * self.x86_vcpu_hour + memory_gb * self.x86_gb_hour
+
+    def arm64_hourly(self, vcpus: float, memory_gb: float) -> float | None:
+        if self.arm64_vcpu_hour is None or self.arm64_gb_hour is None:
+            return None
+        return vcpus * self.arm64_vcpu_hour + memory_gb * self.arm64_gb_hour
 
 
 class SqsPrices(_Read):
@@ -280,6 +287,11 @@ class Deployment:
 
     def parameter(self, name: str) -> int:
         return int(self.template["Parameters"][name]["Default"])
+
+    @property
+    def stores_pictures(self) -> bool:
+        """Whether WriteResult and the bulk task store each image's annotated picture (StorePictures)."""
+        return str(self.template["Parameters"]["StorePictures"]["Default"]) == "true"
 
     @property
     def images_per_group(self) -> int:

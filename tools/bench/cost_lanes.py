@@ -55,14 +55,15 @@ STATES_PER_HAND_BACK = (
 EXPRESS_MEMORY_GB = 64 / 1024  # Express duration is billed in 64 MB steps; a group's state is far below
 GROUP_TABLE_GB_SECONDS = 1.0 * 1.0  # WriteGroupTable per group: about a second at 1 GB; not benchmarked
 SUMMARY_GB_SECONDS = 1.0 * 2.0  # SummarizeBatch per batch: about a second at 2 GB; not benchmarked
-# Detect, Classify, Tag and WriteResult read the image, WriteGroupTable its result; the JSON and the picture written
-S3_GETS_PER_IMAGE, S3_PUTS_PER_IMAGE = 5, 2
+# Detect, Classify and Tag read the image, WriteGroupTable its result; the JSON written
+S3_GETS_PER_IMAGE, S3_PUTS_PER_IMAGE = 4, 1
 # In the bulk lane, per image: the image read once (its steps share the bytes) and a check for its result (a retried
-# job's skip; the table write reads nothing back); its JSON and picture written. Per group (BulkImagesPerGroup images
-# in the bulk lane, ImagesPerGroup in the Lambda lane's): a file of each table (written even where it has no rows) and
-# its summary.
+# job's skip; the table write reads nothing back); its JSON written. Per group (BulkImagesPerGroup images in the bulk
+# lane, ImagesPerGroup in the Lambda lane's): a file of each table (written even where it has no rows) and its summary.
 # each group's file of each table a request without masks fills, and its summary
-BULK_S3_GETS_PER_IMAGE, BULK_S3_PUTS_PER_IMAGE, S3_PUTS_PER_GROUP = 2, 2, len(tables_written(masks=False)) + 1
+BULK_S3_GETS_PER_IMAGE, BULK_S3_PUTS_PER_IMAGE, S3_PUTS_PER_GROUP = 2, 1, len(tables_written(masks=False)) + 1
+# With StorePictures=true, each image's picture written too, and in the Lambda lane the image read again to draw it
+PICTURE_GETS_LAMBDA, PICTURE_PUTS = 1, 1
 SQS_REQUESTS_PER_IMAGE = 3  # send, receive, delete
 # A dropped image's claim is written three times: in progress, the execution it starts in, started
 # (shared/pipeline/claims.py)
@@ -202,14 +203,14 @@ def lambda_month_parts(
     invocations = len(deployed.functions) + 1 / per_group + 2 / per_execution
     requests = images * invocations * prices.lambda_.per_million_requests / 1e6
     compute = images * lambda_compute_per_image(bench, prices, per_execution)
-    s3_requests = images * (S3_GETS_PER_IMAGE * prices.s3.get_per_1000 + S3_PUTS_PER_IMAGE * prices.s3.put_per_1000)
-    s3_requests += images / per_group * S3_PUTS_PER_GROUP * prices.s3.put_per_1000  # each group's table files
+    s3_requests = images * lambda_s3_per_image(prices)
+    s3_requests += images / per_group * S3_PUTS_PER_GROUP * prices.s3.put_per_1000 / 1000  # each group's table files
     claims = images * CLAIM_WRITES_PER_IMAGE * prices.dynamodb.write_per_million / 1e6 if dropped else 0.0
     return LambdaMonth(
         compute=compute + requests + _cold_starts(bench, prices, scenario, snapstart),
         orchestration=images * orchestration_per_image(bench, prices, per_execution=per_execution),
         queues_and_storage=images * SQS_REQUESTS_PER_IMAGE * prices.sqs.per_million_requests / 1e6
-        + s3_requests / 1000
+        + s3_requests
         + claims,
         observability=observability_month(images * invocations, images / per_execution, prices),
     )
@@ -225,9 +226,20 @@ def fargate_month(bench: BenchSeconds, prices: Prices, scenario: Scenario, vcpus
     return tasks * hourly * HOURS_PER_MONTH + _bulk_s3_requests(scenario.images_per_month, prices)
 
 
-def _bulk_s3_requests(images: int, prices: Prices) -> float:
+def lambda_s3_per_image(prices: Prices, store_pictures: bool | None = None) -> float:
+    """An image's S3 requests in the Lambda lane (its group's files apart), in dollars; pictures stored as the
+    template deploys (StorePictures) unless ``store_pictures`` says."""
+    stored = deployment().stores_pictures if store_pictures is None else store_pictures
+    gets = S3_GETS_PER_IMAGE + stored * PICTURE_GETS_LAMBDA
+    return (gets * prices.s3.get_per_1000 + (S3_PUTS_PER_IMAGE + stored * PICTURE_PUTS) * prices.s3.put_per_1000) / 1000
+
+
+def _bulk_s3_requests(images: int, prices: Prices, store_pictures: bool | None = None) -> float:
     s3, groups = prices.s3, math.ceil(images / deployment().parameter("BulkImagesPerGroup"))
-    per_image = BULK_S3_GETS_PER_IMAGE * s3.get_per_1000 + BULK_S3_PUTS_PER_IMAGE * s3.put_per_1000
+    stored = deployment().stores_pictures if store_pictures is None else store_pictures
+    per_image = (
+        BULK_S3_GETS_PER_IMAGE * s3.get_per_1000 + (BULK_S3_PUTS_PER_IMAGE + stored * PICTURE_PUTS) * s3.put_per_1000
+    )
     return (images * per_image + groups * S3_PUTS_PER_GROUP * s3.put_per_1000) / 1000
 
 
@@ -334,7 +346,7 @@ def lambda_lane(images: int, bench: BenchSeconds, prices: Prices) -> LaneEstimat
     in_flight = deployed.parameter("GroupConcurrency") * deployed.images_per_group
     scenario = Scenario(f"{images} images", images, images, min(1.0, in_flight / images))
     month = lambda_month_parts(bench, prices, scenario, per_execution=images)
-    requests = images * (S3_GETS_PER_IMAGE * s3.get_per_1000 + S3_PUTS_PER_IMAGE * s3.put_per_1000) / 1000
+    requests = images * lambda_s3_per_image(prices)
     group_files = math.ceil(images / deployed.images_per_group) * S3_PUTS_PER_GROUP * s3.put_per_1000 / 1000
     return LaneEstimate(
         lane="lambda",

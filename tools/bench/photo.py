@@ -195,22 +195,29 @@ def _cell(name: str, value: float) -> str:
 
 
 def at_photo_size(
-    bench: BenchSeconds, bulk: BulkSeconds | None, photo: dict[str, Any]
+    bench: BenchSeconds, bulk: BulkSeconds | None, photo: dict[str, Any], store_pictures: bool | None = None
 ) -> tuple[BenchSeconds, BulkSeconds | None]:
     """``bench`` and ``bulk`` as a phone's 12 MP photo would have them measured: each step's seconds plus what
     bench-photo measured the photo adding to its sample's, side by side in one run (the models see the same input
     size either way: what the photo adds is its decode, the detector's resize and the picture); WriteResult's own
     seconds as measured at the photo's size; the whole image in one process (the always-on task, the bulk worker)
-    plus what the photo adds there, decoded once."""
+    plus what the photo adds there, decoded once. Where pictures are not stored (``store_pictures``; None:
+    StorePictures as deployed), the picture's drawing and encoding is taken out of what the photo adds, and
+    WriteResult, which then reads no image, takes its seconds at the sample's size (which still drew the sample's
+    picture: an upper bound)."""
+    from tools.bench.cost_inputs import deployment
+
     added, phone = photo[ADDED], photo["sizes"][PHOTO]["median"]
-    in_one_process = added[ONE_PROCESS]
+    stored = deployment().stores_pictures if store_pictures is None else store_pictures
+    in_one_process = added[ONE_PROCESS] - (0.0 if stored else added[DRAWN])
+    write_result = phone[WRITE_RESULT] if stored else photo["sizes"]["sample"]["median"][WRITE_RESULT]
     sized = bench
     for step, row in STEP_ROWS.items():
         if step in bench.steps and row in added:  # a report from before a step was timed at a photo's size: as it is
             sized = sized.with_step(step, pipeline_median_s=bench.steps[step].pipeline_median_s + added[row])
     sized = sized.model_copy(
         update={
-            "write_result_s": phone[WRITE_RESULT],
+            "write_result_s": write_result,
             "one_process_s": bench.one_process_s + in_one_process,
             "measured_at_size": f"a {PHOTO}'s ({photo['measured_at'][:10]}, annotate bench-photo)",
         }

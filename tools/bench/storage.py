@@ -145,15 +145,20 @@ def storage_month(
     scenario: Scenario,
     picture_days: int | None = None,
     picture_max_side: int = 0,
+    store_pictures: bool | None = None,
 ) -> dict[str, float]:
     """A month's S3 storage of ``scenario`` by part, as the template's rules keep it: dropped images
     ``InputRetentionDays``, pictures ``PictureRetentionDays`` and a day (or ``picture_days``), documents and tables
-    for good (as they stand a year in); pictures downscaled to ``picture_max_side`` (PictureMaxSide) by their pixels."""
+    for good (as they stand a year in); pictures downscaled to ``picture_max_side`` (PictureMaxSide) by their pixels,
+    and only where they are stored (``store_pictures``; None: StorePictures as deployed)."""
+    from tools.bench.cost_inputs import deployment
+
     per_day, kept = scenario.images_per_month / 30, retention()
     days = kept.pictures + kept.noncurrent_pictures if picture_days is None else picture_days
+    stored = deployment().stores_pictures if store_pictures is None else store_pictures
     held = {
         "dropped images": per_day * kept.inputs * per_image.source,
-        "pictures": per_day * days * per_image.picture * picture_share(picture_max_side),
+        "pictures": stored * per_day * days * per_image.picture * picture_share(picture_max_side),
         "documents and tables": scenario.images_per_month
         * MONTHS_OF_DOCUMENTS
         * (per_image.document + per_image.tables + per_image.embedding),
@@ -162,7 +167,8 @@ def storage_month(
 
 
 def storage_table(per_image: BytesPerImage, prices: Prices) -> str:
-    """Each scenario's storage a month, by part, against the pictures kept for good."""
+    """Each scenario's storage a month, by part, as deployed and with pictures stored (StorePictures=true: kept
+    PictureRetentionDays, downscaled, kept for good)."""
     kept = retention()
     lines = [
         f"Storage (every option writes the same results; a {PHOTO_MEGAPIXELS:g} MP photo: {per_image.source / 1e6:.1f} "
@@ -171,19 +177,20 @@ def storage_table(per_image: BytesPerImage, prices: Prices) -> str:
         f"{per_image.embedding / 1e3:.1f} kB of embedding; the samples' bytes per pixel, an upper bound), at "
         f"${prices.s3.standard_gb_month} a GB-month:",
         "",
-        f"| scenario | dropped images ({kept.inputs} days) | pictures ({kept.pictures} days and "
-        f"{kept.noncurrent_pictures}) | documents and tables, a year in | per month | with PictureMaxSide="
-        f"{SMALLER_PICTURES} | pictures kept for good, a year in |",
+        f"| scenario | dropped images ({kept.inputs} days) | documents and tables, a year in | per month (pictures "
+        f"drawn when looked at, as deployed) | pictures stored (StorePictures=true, {kept.pictures} days and "
+        f"{kept.noncurrent_pictures}) | stored at PictureMaxSide={SMALLER_PICTURES} | stored for good, a year in |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for scenario in SCENARIOS[1:]:
-        parts = storage_month(per_image, prices, scenario)
-        smaller = storage_month(per_image, prices, scenario, picture_max_side=SMALLER_PICTURES)
-        kept_for_good = storage_month(per_image, prices, scenario, picture_days=365)["pictures"]
-        costs = " | ".join(f"${value:,.2f}" for value in parts.values())
+        parts = storage_month(per_image, prices, scenario, store_pictures=False)
+        stored, smaller, kept_for_good = (
+            storage_month(per_image, prices, scenario, store_pictures=True, **option)["pictures"]
+            for option in ({}, {"picture_max_side": SMALLER_PICTURES}, {"picture_days": 365})
+        )
         lines.append(
-            f"| {scenario.name} | {costs} | ${sum(parts.values()):,.2f} | ${sum(smaller.values()):,.2f} | "
-            f"${kept_for_good:,.2f} |"
+            f"| {scenario.name} | ${parts['dropped images']:,.2f} | ${parts['documents and tables']:,.2f} | "
+            f"${sum(parts.values()):,.2f} | +${stored:,.2f} | +${smaller:,.2f} | +${kept_for_good:,.2f} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -157,6 +157,22 @@ def bench_bulk(
     out.print(markdown_report(report), highlight=False)
 
 
+@commands.command("bench-flops")
+def bench_flops(
+    repeats: Annotated[int, typer.Option(min=1, max=20, help="Runs per size, product and profile")] = 3,
+    models: Annotated[str, typer.Option(help="random (the full-size architecture) or tiny")] = "random",
+    out_dir: Annotated[Path, typer.Option(help="Where flops.json and flops.md go")] = Path("bench"),
+) -> None:
+    """Detect against this CPU's limit: its FLOPs at each exported size, the fp32 rate of its own products here, how
+    far its seconds are from the floor that allows, and OpenVINO's per-operation profile; write the report."""
+    from tools.bench.flops import write_report
+
+    quiet_logs(False)
+    if models not in ("random", "tiny"):
+        raise fail(f"--models is random or tiny, not {models}")
+    out.print(write_report(models == "random", repeats, out_dir), highlight=False, soft_wrap=True)
+
+
 @commands.command("bench-lambda-detect")
 def bench_lambda_detect(
     image: Annotated[Path, typer.Option(exists=True, dir_okay=False)] = Path("samples/chelsea-the-cat.jpg"),
@@ -302,6 +318,7 @@ def cost(
         bulk_line,
         gathered_line,
         gathered_table,
+        graviton_line,
         lanes_table,
         markdown_table,
         masks_line,
@@ -350,6 +367,9 @@ def cost(
             report += "\n" + masks_line(bench, bulk, prices) + "\n"
             report += "\n" + vision_caption_line(bench, bulk, prices) + "\n"
             report += "\n" + network_table(bench, bulk, prices, per_image)
+            flops_report = bench_file.with_name("flops.json")  # annotate bench-flops's
+            flops = json.loads(flops_report.read_text()) if flops_report.is_file() else None
+            report += "\n" + graviton_line(bench, bulk, prices, flops) + "\n"
             report += "\n" + gathered_line(bench, bulk, prices) + "\n\n" + gathered_table(bench, bulk, prices)
         if photo and bulk_at_its_size:
             report += "\n" + PHOTO_LINE + "\n\n" + sizes_table(bench_at_its_size, bulk_at_its_size, photo, prices)[0]

@@ -44,11 +44,13 @@ REGION = "eu-central-1"  # anything but us-east-1, boto3's and many tools' silen
 
 
 def default_deployments() -> list[tuple[Deployment, bool]]:
-    """The two configurations: `sam deploy` with only the required answers (variants off, no VPC), and with
-    everything on: variants, the bulk lane and the API (the rehearsal makes the VPC the user would name)."""
+    """The two configurations: `sam deploy` with only the required answers (variants off, no VPC, pictures drawn
+    when looked at), and with everything on: variants, the bulk lane, the API and pictures stored (the rehearsal
+    makes the VPC the user would name)."""
     everything = {"EnableVariants": "true", "EnableBulk": "true", "EnableApi": "true", "ApiAuth": "API_KEY"}
     everything |= {"HandBackWaitSeconds": "1"}  # its prompt message's group is handed back once: wait a second
     everything |= {"MaxWaitMinutes": "15"}  # its dropped images are gathered
+    everything |= {"StorePictures": "true"}  # WriteResult, the bulk task and the API store pictures, on their roles
     return [
         (Deployment("annotate-rehearsal", REGION), False),
         (Deployment("annotate-variants", REGION, everything), True),

@@ -38,6 +38,7 @@ class AnnotatedImage:
     annotated_uri: str | None
     error: str | None
     processed_at: Any
+    result_uri: str | None = None
     prompt: str | None = None
     content_sha256: str | None = None
     boxes: list[LabelledBox] = field(default_factory=list)
@@ -49,7 +50,7 @@ class AnnotatedImage:
 
 _IMAGE_COLUMNS = (
     "image_id, source_uri, batch_id, status, width, height, caption, annotated_uri, error, "
-    "CAST(processed_at AS VARCHAR) AS processed_at, prompt, content_sha256"
+    "CAST(processed_at AS VARCHAR) AS processed_at, result_uri, prompt, content_sha256"
 )
 
 

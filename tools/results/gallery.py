@@ -1,16 +1,20 @@
 """One static page of the annotated pictures: captions, labels, classes and attributes, failures with their reasons,
-filterable by label. No server: open ``index.html``. Locally the pictures are copied beside it; from S3 they are
-presigned URLs that expire."""
+filterable by label. No server: open ``index.html``. Each picture is drawn now from the image's result document and
+its source, into a folder beside the page; a picture the pipeline stored (``store_pictures``) is copied there, or from
+S3 given as a presigned URL that expires."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from jinja2 import Environment
 
+from shared.contracts import ImageResult, PictureFormat
 from shared.errors import ImageRejected
+from shared.settings import ImageLimits
 from shared.storage.objects import StoreFor, is_s3
+from shared.storage.render import result_picture
 from tools.results.annotations import AnnotatedImage
 
 PICTURES_FOLDER = "pictures"
@@ -114,16 +118,20 @@ def write_gallery(
 
 def _picture(image: AnnotatedImage, out_dir: Path, store_for: StoreFor, presign: Presign | None) -> str | None:
     uri = image.annotated_uri
-    if not uri:
-        return None
-    if is_s3(uri) and presign is not None:
+    if uri and is_s3(uri) and presign is not None:
         return presign(uri)
+    if image.width is None or not (uri or image.result_uri):  # never detected: nothing to draw over
+        return None
     try:
-        data = store_for(uri).read_bytes(uri)
-    except ImageRejected:
+        if uri:
+            data, picture_format = store_for(uri).read_bytes(uri), PictureFormat.of_uri(uri)
+        else:
+            document = store_for(image.result_uri).read_bytes(image.result_uri)  # type: ignore[arg-type]
+            data, picture_format = result_picture(ImageResult.model_validate_json(document), store_for, ImageLimits())
+    except (ImageRejected, ValueError):  # gone, or no longer an image or a document
         return None
     folder = out_dir / PICTURES_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    name = image.image_id + PurePosixPath(uri).suffix  # .jpg, .webp or .png: PictureFormat
+    name = image.image_id + picture_format.suffix
     (folder / name).write_bytes(data)
     return f"{PICTURES_FOLDER}/{name}"

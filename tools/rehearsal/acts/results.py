@@ -48,7 +48,9 @@ def _download_todays_tables(stack: DeployedStack, report: Report, local: Path) -
 def _check_rows(report: Report, local: Path, images: int, batches: int, with_variants: bool) -> None:
     from tools.results.query import run_local_query
 
-    rows = run_local_query("SELECT source_uri, status, failed_step, error, variants_model FROM images", local)
+    rows = run_local_query(
+        "SELECT source_uri, status, failed_step, error, variants_model, annotated_uri FROM images", local
+    )
     rows = rows.to_pylist()
     per_image = Counter(r["source_uri"] for r in rows)
     report.check(len(rows) == images, f"{len(rows)} image rows for {images} images: {per_image}")
@@ -59,6 +61,12 @@ def _check_rows(report: Report, local: Path, images: int, batches: int, with_var
     )
     if with_variants:
         report.check(any(r["variants_model"] for r in rows), f"no row carries variants: {rows}")
+    # the configuration with everything on stores pictures (StorePictures=true); the default draws them when looked at
+    pictures = {r["source_uri"]: r["annotated_uri"] for r in rows if r["status"] == "succeeded"}
+    report.check(
+        all(pictures.values()) if with_variants else not any(pictures.values()),
+        f"stored pictures {'expected' if with_variants else 'not expected'}: {pictures}",
+    )
     # the prompt message asked for its boxes' embeddings: Tag wrote them, WriteResult read them in
     boxes = run_local_query(
         "SELECT b.label, d.label AS detected FROM box_embeddings b JOIN detections d "

@@ -228,6 +228,15 @@ def network_paths(
         NetworkPath(
             "private, no NAT: S3GatewayRouteTables and interface endpoints for ECR and Logs", 0.0, endpoints_month
         ),
+        # An egress-only internet gateway has no hourly or per-GB charge (Amazon VPC pricing lists none), ECR
+        # charges nothing more over IPv6 ("There are no additional charges for accessing Amazon ECR over IPv6", ECR
+        # user guide, Making requests to Amazon ECR registries), and S3 rides its free gateway endpoint.
+        NetworkPath(
+            "private dual-stack subnets: IPv6 through an egress-only internet gateway to ECR's and Logs' dual-stack "
+            "endpoints, S3GatewayRouteTables (not rehearsed: see docs/deploy.md)",
+            0.0,
+            0.0,
+        ),
     ]
 
 
@@ -243,9 +252,19 @@ def network_table(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices, per_im
         "| network | per 1,000 images | a million images | fixed a month |",
         "|---|---:|---:|---:|",
     ]
-    for path in network_paths(bench, bulk, prices, per_image, images):
+    paths = network_paths(bench, bulk, prices, per_image, images)
+    for path in paths:
         fixed = f"${path.fixed_month:,.2f} ({ZONES} zones)" if path.fixed_month else "$0.00"
         lines.append(f"| {path.name} | ${path.per_images / images * 1000:.4f} | ${path.per_images:,.2f} | {fixed} |")
+    public, endpoints = paths[0], paths[3]
+    break_even = endpoints.fixed_month / public.per_images * images
+    lines += [
+        "",
+        f"The endpoints' fixed ${endpoints.fixed_month:,.2f} a month cost less than the tasks' public addresses "
+        f"above {break_even / 1e6:.1f} million images a month; below that, public subnets are the cheapest of the "
+        "rehearsed networks, and the only one a new account's default VPC (IPv4 only, public subnets) gives without "
+        "a VPC of its own.",
+    ]
     return "\n".join(lines) + "\n"
 
 

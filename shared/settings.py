@@ -150,8 +150,8 @@ class ImageLimits(_Section):
 
 
 class PictureSettings(_Section):
-    # A picture is a view of the document over the source image, drawn where someone looks (the gallery, the API's
-    # picture=true, annotate picture): storing one for every image is a PUT and 3 MB a 12 MP photo that few are
+    # A picture is a view of the document over the source image, drawn where someone looks (annotate gallery, the
+    # API's picture=true): storing one for every image is a PUT and 3 MB a 12 MP photo that few are
     # ever looked at (docs/performance.md prices both).
     store_pictures: bool = Field(
         False, description="Also store each image's annotated picture beside its document (pictures/ in the results)"

@@ -63,10 +63,11 @@ def test_a_folder_run_twice_never_annotates_its_own_data_folder_hidden_folders_o
         assert found[name]["failed_step"] == "detect" and "too thin to detect in" in found[name]["error"], found[name]
 
 
-def _run_in_process(folder: Path, data_dir: Path) -> subprocess.Popen[str]:
+def _run_in_process(folder: Path, data_dir: Path, store_pictures: bool = False) -> subprocess.Popen[str]:
     command = [ANNOTATE, "run", str(folder), "--prompt", "cat.", "--profile", "tiny", "--no-caption"]
     return subprocess.Popen(
         [*command, "--data-dir", str(data_dir)],
+        env=os.environ | {"ANNOTATE_STORE_PICTURES": str(store_pictures).lower()},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -145,8 +146,8 @@ def test_a_full_disk_is_said_in_one_line_leaves_no_partial_file_and_every_image_
     folder = tmp_path / "photos"
     _photos(folder, 12, size=(2400, 1800))
 
-    # WHEN they are annotated there
-    process = _run_in_process(folder, small_disk / "data")
+    # WHEN they are annotated there, their pictures stored (StorePictures=true)
+    process = _run_in_process(folder, small_disk / "data", store_pictures=True)
     output, _ = process.communicate(timeout=600)
 
     # THEN the run fails saying the disk is full and where, in a line, with no stack or log record

@@ -69,6 +69,7 @@ def test_label_studio_s_tasks_are_found_among_a_deployed_stack_s_rows(athena: ob
         None,
         None,
         "2026-12-05",
+        None,
         "cat.",
         "0" * 64,
     ]
@@ -86,6 +87,7 @@ def test_label_studio_s_tasks_are_found_among_a_deployed_stack_s_rows(athena: ob
                 "annotated_uri",
                 "error",
                 "processed_at",
+                "result_uri",
                 "prompt",
                 "content_sha256",
             )

@@ -78,7 +78,7 @@ def test_an_embedding_is_its_float32_values_in_parquet_and_a_search_scans_the_ta
 
 def test_the_bulk_lane_s_network_paths_match_the_hand_computation() -> None:
     per_image = BytesPerImage(source=2e6, picture=10e6, embedding=3_000, document=10_000, tables=17_000)
-    public, nat, nat_and_endpoint, endpoints = network_paths(BENCH, BULK, PRICES, per_image, 1_000_000)
+    public, nat, nat_and_endpoint, endpoints, dual_stack = network_paths(BENCH, BULK, PRICES, per_image, 1_000_000)
     # Public subnets: each task's address for its hours
     assert public.per_images == pytest.approx(bulk_task_hours(1_000_000, BENCH, BULK) * 0.005)
     assert public.fixed_month == 0
@@ -90,6 +90,8 @@ def test_the_bulk_lane_s_network_paths_match_the_hand_computation() -> None:
     # With the S3 endpoint those bytes are free; without a NAT, three interface endpoints in two zones
     assert nat_and_endpoint.per_images == endpoints.per_images == 0
     assert endpoints.fixed_month == pytest.approx(3 * 2 * 0.01 * 720)
+    # IPv6 through an egress-only gateway and S3 through its endpoint: nothing a task, nothing a month
+    assert dual_stack.per_images == dual_stack.fixed_month == 0
 
 
 def test_annotate_cost_prices_storage_and_the_bulk_lane_s_network(tmp_path) -> None:

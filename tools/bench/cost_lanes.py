@@ -226,17 +226,17 @@ def fargate_month(bench: BenchSeconds, prices: Prices, scenario: Scenario, vcpus
     return tasks * hourly * HOURS_PER_MONTH + _bulk_s3_requests(scenario.images_per_month, prices)
 
 
-def lambda_s3_per_image(prices: Prices, store_pictures: bool | None = None) -> float:
-    """An image's S3 requests in the Lambda lane (its group's files apart), in dollars; pictures stored as the
-    template deploys (StorePictures) unless ``store_pictures`` says."""
-    stored = deployment().stores_pictures if store_pictures is None else store_pictures
+def lambda_s3_per_image(prices: Prices) -> float:
+    """An image's S3 requests in the Lambda lane (its group's files apart), in dollars, pictures stored as the
+    template deploys them (StorePictures)."""
+    stored = deployment().stores_pictures
     gets = S3_GETS_PER_IMAGE + stored * PICTURE_GETS_LAMBDA
     return (gets * prices.s3.get_per_1000 + (S3_PUTS_PER_IMAGE + stored * PICTURE_PUTS) * prices.s3.put_per_1000) / 1000
 
 
-def _bulk_s3_requests(images: int, prices: Prices, store_pictures: bool | None = None) -> float:
+def _bulk_s3_requests(images: int, prices: Prices) -> float:
     s3, groups = prices.s3, math.ceil(images / deployment().parameter("BulkImagesPerGroup"))
-    stored = deployment().stores_pictures if store_pictures is None else store_pictures
+    stored = deployment().stores_pictures
     per_image = (
         BULK_S3_GETS_PER_IMAGE * s3.get_per_1000 + (BULK_S3_PUTS_PER_IMAGE + stored * PICTURE_PUTS) * s3.put_per_1000
     )

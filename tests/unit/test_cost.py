@@ -401,7 +401,7 @@ def test_graviton_is_priced_from_the_arm_list_and_bounded_by_detect_s_flops() ->
     from tools.bench.cost_lanes import bulk_lane
 
     # GIVEN Detect's 400 GFLOP at a phone photo's size, 2.0 s on this machine
-    flops = {"sizes": [{"size": [800, 1066], "gflop": 400.0, "seconds": 2.0}]}
+    flops = {"sizes": [{"size": [800, 1066], "gflop": 400.0, "seconds": 2.0}], "profile": {"size": [800, 1066]}}
     line = graviton_line(BENCH, BULK, PRICES, flops)
     # THEN a 2 vCPU, 7 GB task's hour on ARM is the ARM list's, 20% under x86's: ARM pays under 1.25x the seconds
     arm, x86 = 2 * 0.03238 + 7 * 0.00356, 2 * 0.04048 + 7 * 0.004445

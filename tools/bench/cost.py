@@ -185,7 +185,9 @@ def graviton_line(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices, flops:
         f"${x86_million:.2f} on x86: the most it saves, unmeasured (no ARM CPU here). ARM pays while its seconds "
         f"an image stay under {x86 / arm:.2f}x x86's."
     )
-    photo_size = next((size for size in (flops or {}).get("sizes", []) if size["size"] == [800, 1066]), None)
+    # the size bench-flops profiled as a phone photo's
+    profiled = (flops or {}).get("profile", {}).get("size")
+    photo_size = next((size for size in (flops or {}).get("sizes", []) if size["size"] == profiled), None)
     if photo_size is None:
         return line
     floor = photo_size["gflop"] / (GRAVITON2_FP32_GFLOPS_PER_VCPU * deployed.bulk_vcpus)

@@ -17,6 +17,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -82,6 +83,8 @@ class InProcessServices:
         self.task_networks: list[dict[str, Any]] = []  # each job's network: its environment's and its definition's
         self._throttled: dict[tuple[str, str], int] = {}  # (function, image file name) -> invocations left to refuse
         self._held: dict[str, threading.Event] = {}  # function (logical id) -> set when its invocations may go on
+        self._waiting: Counter[str] = Counter()  # function (logical id) -> its invocations held now
+        self._waiting_lock = threading.Lock()
 
     def throttle(self, function: str, image_name: str, invocations: int) -> None:
         """Refuse the state machine's next ``invocations`` of ``function`` (logical id) for the image of that file
@@ -99,6 +102,18 @@ class InProcessServices:
         finally:
             released.set()
             del self._held[function]
+
+    def wait_until_held(self, function: str, timeout_s: float = 30.0) -> None:
+        """Return once an invocation of ``function`` (logical id, inside ``holding``) is held.
+
+        Raises:
+            TimeoutError: none arrived within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        while not self._waiting[function]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no invocation of {function} arrived within {timeout_s:g} s")
+            time.sleep(0.02)
 
     def invoke(self, function: DeployedFunction, event: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """(response, whether it is an error payload), as the Invoke API returns them."""
@@ -152,7 +167,13 @@ class InProcessServices:
         image = (payload.get("image") or payload.get("task", {}).get("image") or {}).get("source_uri", "")
         refusal = (deployed.logical_id, image.rsplit("/", 1)[-1])
         if (held := self._held.get(deployed.logical_id)) is not None:
-            held.wait(timeout=HELD_AT_MOST_S)
+            with self._waiting_lock:
+                self._waiting[deployed.logical_id] += 1
+            try:
+                held.wait(timeout=HELD_AT_MOST_S)
+            finally:
+                with self._waiting_lock:
+                    self._waiting[deployed.logical_id] -= 1
         with self._turn:
             if self._throttled.get(refusal):
                 self._throttled[refusal] -= 1

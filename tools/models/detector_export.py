@@ -22,6 +22,7 @@ graphs are optimized here and share one weights file (tools/models/onnx_graphs.p
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -225,7 +226,9 @@ def _exportable(model: Any) -> Iterator[None]:
     """The export-time changes (module docstring), undone afterwards."""
     import torch
     from transformers.modeling_outputs import BaseModelOutput
-    from transformers.models.grounding_dino import modeling_grounding_dino as gd
+
+    # Grounding DINO's module, or MM Grounding DINO's (LLMDet's too): the same functions, each module its own copy
+    gd: Any = sys.modules[type(model.model).__module__]
 
     def given_masks(input_ids: Any, special_tokens: Any) -> tuple[Any, Any]:
         return _TracedInputs.text_mask, _TracedInputs.position_ids

@@ -36,6 +36,10 @@ def build_model(source: str, files: ModelFiles) -> Path:
         "smolvlm-256m": lambda folder: _build_smolvlm(folder, files, full_size=True),
         "edgetam": _build_edgetam,
         "grounding-dino-tiny": lambda folder: _build_grounding_dino(folder, full_size=True),
+        "mm-grounding-dino": lambda folder: _build_grounding_dino(folder, mm=True),
+        "mm-grounding-dino-tiny": lambda folder: _build_grounding_dino(folder, full_size=True, mm=True),
+        "omdet-turbo": _build_omdet_turbo,
+        "omdet-turbo-tiny": lambda folder: _build_omdet_turbo(folder, full_size=True),
         "convnext-tiny-224": lambda folder: _build_convnext(folder, full_size=True),
         "clip-vit-b-32": lambda folder: _build_clip(folder, full_size=True),
         "edgetam-hf": lambda folder: _build_edgetam(folder, full_size=True),
@@ -108,7 +112,8 @@ def bert_base_uncased_vocab() -> dict[str, int]:
     return {token: index for index, token in enumerate(text.splitlines())}
 
 
-def _build_grounding_dino(folder: Path, full_size: bool = False) -> None:
+def _build_grounding_dino(folder: Path, full_size: bool = False, mm: bool = False) -> None:
+    """Grounding DINO, or with ``mm`` MM Grounding DINO (the architecture LLMDet's checkpoints load into too)."""
     import torch
     from transformers import (
         BertConfig,
@@ -117,9 +122,13 @@ def _build_grounding_dino(folder: Path, full_size: bool = False) -> None:
         GroundingDinoForObjectDetection,
         GroundingDinoImageProcessor,
         GroundingDinoProcessor,
+        MMGroundingDinoConfig,
+        MMGroundingDinoForObjectDetection,
         SwinConfig,
     )
 
+    config_class: Any = MMGroundingDinoConfig if mm else GroundingDinoConfig
+    model_class: Any = MMGroundingDinoForObjectDetection if mm else GroundingDinoForObjectDetection
     backbone = SwinConfig(
         embed_dim=16,
         depths=[1, 1, 1, 1],
@@ -128,7 +137,7 @@ def _build_grounding_dino(folder: Path, full_size: bool = False) -> None:
         out_features=["stage2", "stage3", "stage4"],  # type: ignore[call-arg]  # a BackboneMixin field
     )
     text = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
-    config = GroundingDinoConfig(
+    config = config_class(
         backbone_config=backbone,
         text_config=text,
         d_model=32,
@@ -142,12 +151,42 @@ def _build_grounding_dino(folder: Path, full_size: bool = False) -> None:
         encoder_attention_heads=2,
         decoder_attention_heads=2,
     )
-    if full_size:  # the defaults are exactly grounding-dino-tiny: Swin-T and BERT-base, 172M parameters
-        config = GroundingDinoConfig()
+    if full_size:  # the defaults are exactly the tiny checkpoints': Swin-T and BERT-base, 172M parameters
+        config = config_class()
     torch.manual_seed(_SEED)
-    GroundingDinoForObjectDetection(config).eval().save_pretrained(folder)
+    model_class(config).eval().save_pretrained(folder)
     tokenizer = BertTokenizer(vocab=bert_base_uncased_vocab(), do_lower_case=True)
     GroundingDinoProcessor(image_processor=GroundingDinoImageProcessor(), tokenizer=tokenizer).save_pretrained(folder)
+
+
+def _build_omdet_turbo(folder: Path, full_size: bool = False) -> None:
+    """OmDet-Turbo: its backbone is timm's Swin-T either way (random weights, built offline); the tiny one has a
+    one-layer text encoder and a narrow, two-layer decoder. Its decoder's width differs from the class embedding's:
+    where they are equal, transformers 5.23's decoder has no ``task_project`` and fails."""
+    import torch
+    from transformers import CLIPTextConfig, OmDetTurboConfig, OmDetTurboForObjectDetection
+
+    config = OmDetTurboConfig()  # the defaults are exactly omdet-turbo-swin-tiny-hf's
+    if not full_size:
+        text = CLIPTextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+        config = OmDetTurboConfig(
+            text_config=text.to_dict(),
+            text_projection_in_dim=32,
+            text_projection_out_dim=32,
+            class_embed_dim=32,
+            task_encoder_hidden_dim=64,
+            encoder_hidden_dim=64,
+            vision_features_channels=[64, 64, 64],
+            encoder_attention_heads=2,
+            encoder_dim_feedforward=64,
+            decoder_hidden_dim=64,
+            decoder_num_heads=2,
+            decoder_num_layers=2,
+            decoder_dim_feedforward=64,
+            num_queries=30,
+        )
+    torch.manual_seed(_SEED)
+    OmDetTurboForObjectDetection(config).eval().save_pretrained(folder)
 
 
 def imagenet_labels() -> list[str]:

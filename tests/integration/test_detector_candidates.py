@@ -1,0 +1,100 @@
+"""The detectors a user may pick instead of Grounding DINO tiny, exported as it is: MM Grounding DINO (the
+architecture LLMDet's checkpoints load into) through Detect's own export, and OmDet-Turbo through its graph for
+annotate bench-detectors. Each gives its own torch's outputs on both runtimes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from shared.detector_geometry import resized_size
+from shared.models.grounding_onnx import OnnxGroundingDino, load_onnx_detector
+from shared.models.onnx_runtime import exported_session
+from shared.settings import Settings
+from tests.conftest import SAMPLES
+from tests.integration.test_detector_onnx import PROMPTS, assert_equal_outputs, both_runtimes, torch_model
+from tools.models.detector_export import export_grounding_dino
+from tools.models.omdet_export import (
+    INPUT_NAMES,
+    OMDET_WEIGHTS,
+    encoded_prompt,
+    export_omdet_turbo,
+    image_size,
+    load_omdet_turbo,
+    torch_outputs,
+)
+from tools.models.tiny_models import build_model
+
+pytestmark = pytest.mark.slow
+
+RUNTIMES = ("onnxruntime", "openvino")
+TOLERANCE = 1e-4  # relative to the largest score, as Grounding DINO's export is held
+
+
+@pytest.fixture(scope="module")
+def cat() -> Image.Image:
+    return Image.open(SAMPLES / "chelsea-the-cat.jpg").convert("RGB")
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_mm_grounding_dino_exports_through_detects_own_export_with_its_torchs_outputs(
+    runtime: str, tiny_settings: Settings, cat: Image.Image, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # GIVEN a tiny MM Grounding DINO (transformers' MMGroundingDinoForObjectDetection), exported by Detect's export
+    source, short_side = "tiny:mm-grounding-dino", 256
+    folder = tmp_path_factory.mktemp(f"mm-grounding-dino-{runtime}")
+    size = resized_size(cat.height, cat.width, short_side, short_side * 1333 // 800)
+    export_grounding_dino(build_model(source, tiny_settings.model_files), folder, [size], short_side)
+    update = {"detection_short_side": short_side, "detector_runtime": runtime}
+    detector = load_onnx_detector(folder, tiny_settings.detection.model_copy(update=update))
+    assert isinstance(detector, OnnxGroundingDino)
+    model = torch_model(source, tiny_settings)
+    assert type(model).__name__ == "MMGroundingDinoForObjectDetection"
+    # WHEN the export and torch run on the same image and prompts of 1, 3 and 8 phrases
+    compared = [assert_equal_outputs(both_runtimes(detector, model, cat, phrases)) for phrases in PROMPTS.values()]
+    # THEN they agree before the query selection and, where it picks the same queries, after it
+    assert any(compared), "every prompt's queries tied: no decoded output was compared"
+
+
+@pytest.fixture(scope="module")
+def omdet_export(tiny_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    model_dir = build_model("tiny:omdet-turbo", tiny_settings.model_files)
+    return model_dir, export_omdet_turbo(model_dir, tmp_path_factory.mktemp("omdet-turbo"))
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_omdet_turbo_exports_with_its_torchs_outputs_for_prompts_of_any_length(
+    runtime: str, omdet_export: tuple[Path, Path], cat: Image.Image
+) -> None:
+    import torch
+
+    # GIVEN a tiny OmDet-Turbo exported once, traced with a 2-class prompt
+    model_dir, graph = omdet_export
+    model = load_omdet_turbo(model_dir)
+    session = exported_session(graph, runtime, 2, graph.with_name(OMDET_WEIGHTS))  # type: ignore[arg-type]
+    height, width = image_size(model)
+    pixels = torch.from_numpy(np.asarray(cat.resize((width, height)), np.float32).transpose(2, 0, 1)[None] / 255)
+    generator = torch.Generator().manual_seed(0)
+    compared = []
+    for classes, task_tokens in ((1, 5), (3, 12), (8, 30)):
+        # WHEN the export and torch run on the same image and a prompt of that many classes and task tokens
+        class_ids = torch.randint(1, 1000, (classes, 6), generator=generator)
+        task_ids = torch.randint(1, 1000, (1, task_tokens), generator=generator)
+        prompt = encoded_prompt(model, class_ids, task_ids)
+        logits, boxes, selection = session.run(None, {n: t.numpy() for n, t in zip(INPUT_NAMES, (pixels, *prompt))})
+        ref_logits, ref_boxes, ref_selection = torch_outputs(model, pixels, *prompt)
+        # THEN the scores that pick the decoder's queries agree at every encoder position, and where they pick the
+        # same queries, so do the decoded classes and boxes
+        tolerance = TOLERANCE * max(1.0, float(np.abs(ref_selection).max()))
+        assert np.abs(selection - ref_selection).max() < tolerance
+        queries = model.config.num_queries
+        picked = np.argsort(-selection[0], kind="stable")[:queries]
+        ref_picked = np.argsort(-ref_selection[0], kind="stable")[:queries]
+        if (picked == ref_picked).all():
+            assert logits.shape == ref_logits.shape == (1, queries, classes)
+            assert np.abs(logits - ref_logits).max() < 1e-3 and np.abs(boxes - ref_boxes).max() < 1e-3
+            compared.append(classes)
+    assert compared, "every prompt's queries tied: no decoded output was compared"

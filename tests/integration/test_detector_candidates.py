@@ -84,7 +84,9 @@ def test_omdet_turbo_exports_with_its_torchs_outputs_for_prompts_of_any_length(
         class_ids = torch.randint(1, 1000, (classes, 6), generator=generator)
         task_ids = torch.randint(1, 1000, (1, task_tokens), generator=generator)
         prompt = encoded_prompt(model, class_ids, task_ids)
-        logits, boxes, selection = session.run(None, {n: t.numpy() for n, t in zip(INPUT_NAMES, (pixels, *prompt))})
+        logits, boxes, selection = session.run(
+            None, {n: t.numpy() for n, t in zip(INPUT_NAMES, (pixels, *prompt), strict=True)}
+        )
         ref_logits, ref_boxes, ref_selection = torch_outputs(model, pixels, *prompt)
         # THEN the scores that pick the decoder's queries agree at every encoder position, and where they pick the
         # same queries, so do the decoded classes and boxes

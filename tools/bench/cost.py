@@ -205,6 +205,34 @@ def graviton_line(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices, flops:
     )
 
 
+def detectors_table(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices, detectors: dict[str, Any]) -> str:
+    """The detector a user picks (annotate bench-detectors): each one's published accuracy, its seconds here, and a
+    million 12 MP photos on Spot with it, the bulk worker's seconds changed by its difference from Grounding DINO's,
+    measured side by side in one run."""
+    rows = detectors["detectors"]
+    default = next(row for name, row in rows.items() if "(the default)" in name)
+    lines = [
+        "| detector | checkpoint | COCO AP | LVIS minival AP | Detect s here | a million on Spot | published |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for name, row in rows.items():
+        worker = bulk.model_copy(update={"worker_s": bulk.worker_s + row["warm_s"] - default["warm_s"]})
+        million = bulk_lane(1_000_000, bench, worker, prices).total
+        coco = f"{row['coco_ap']:.1f}" if row["coco_ap"] is not None else "not published"
+        lvis = f"{row['lvis_minival_ap']:.1f}" if row["lvis_minival_ap"] is not None else "not published"
+        lines.append(
+            f"| {name} | {row['checkpoint']} | {coco} | {lvis} | {row['warm_s']:.2f} | ${million:.2f} | "
+            f"{row['published']} |"
+        )
+    return (
+        f"The detector a user picks (annotate bench-detectors, {detectors['measured_at'][:10]}: zero-shot box AP as "
+        "each checkpoint's authors publish it, unmeasured here; Detect's warm seconds at a phone photo's size on the "
+        "full-size architecture; the bulk lane's million at the worker's seconds with that detector):\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+
+
 def gathered_line(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices) -> str:
     """The dial against the always-on task and the Lambda lane at the study's steady load, in this run's figures."""
     steady = SCENARIOS[1]

@@ -173,6 +173,20 @@ def bench_flops(
     out.print(write_report(models == "random", repeats, out_dir), highlight=False, soft_wrap=True)
 
 
+@commands.command("bench-detectors")
+def bench_detectors(
+    repeats: Annotated[int, typer.Option(min=1, max=20, help="Warm runs per detector")] = 3,
+    out_dir: Annotated[Path, typer.Option(help="Where detectors.json and detectors.md go")] = Path("bench"),
+) -> None:
+    """The detectors a user may pick, side by side (full-size architectures, random weights): each export held to
+    its torch, its warm seconds at a phone photo's size, a fresh process's first answer and peak memory, and its
+    published accuracy; annotate cost then prices a million photos with each. Write the report."""
+    from tools.bench.detectors import write_report
+
+    quiet_logs(False)
+    out.print(write_report(repeats, out_dir), highlight=False, soft_wrap=True)
+
+
 @commands.command("bench-lambda-detect")
 def bench_lambda_detect(
     image: Annotated[Path, typer.Option(exists=True, dir_okay=False)] = Path("samples/chelsea-the-cat.jpg"),
@@ -316,6 +330,7 @@ def cost(
         api_costs,
         api_line,
         bulk_line,
+        detectors_table,
         gathered_line,
         gathered_table,
         graviton_line,
@@ -370,6 +385,10 @@ def cost(
             flops_report = bench_file.with_name("flops.json")  # annotate bench-flops's
             flops = json.loads(flops_report.read_text()) if flops_report.is_file() else None
             report += "\n" + graviton_line(bench, bulk, prices, flops) + "\n"
+            detectors_report = bench_file.with_name("detectors.json")  # annotate bench-detectors's
+            if detectors_report.is_file():
+                detectors = json.loads(detectors_report.read_text())
+                report += "\n" + detectors_table(bench, bulk, prices, detectors)
             report += "\n" + gathered_line(bench, bulk, prices) + "\n\n" + gathered_table(bench, bulk, prices)
         if photo and bulk_at_its_size:
             report += "\n" + PHOTO_LINE + "\n\n" + sizes_table(bench_at_its_size, bulk_at_its_size, photo, prices)[0]

@@ -269,10 +269,32 @@ def load_onnx_detector(folder: Path, settings: DetectionSettings) -> OnnxGroundi
     return detector
 
 
+def is_omdet_turbo(settings: DetectionSettings) -> bool:
+    """Whether ``detector_model`` names OmDet-Turbo (its export, or a checkpoint of that model type) rather than
+    Grounding DINO's family."""
+    import json
+
+    from shared.models.omdet_onnx import is_omdet_export
+    from shared.models.sources import resolve_model_dir
+
+    folder = resolve_model_dir(settings.detector_model, settings)
+    config = folder / "config.json"
+    return is_omdet_export(folder) or (
+        config.is_file() and json.loads(config.read_text()).get("model_type") == "omdet-turbo"
+    )
+
+
 @cached_per_settings
 def load_detector(settings: DetectionSettings) -> Detector:
-    """Grounding DINO on ONNX Runtime, from the export of the model the settings name (made by ``annotate models
-    export``, uploaded by ``annotate models push``), loaded once per process."""
+    """The detector the settings name, from its export (made by ``annotate models export``, uploaded by ``annotate
+    models push``), loaded once per process: Grounding DINO's family (MM Grounding DINO and LLMDet load into the
+    same export), or OmDet-Turbo (shared/models/omdet_onnx.py)."""
+    if is_omdet_turbo(settings):
+        from shared.models.omdet_onnx import OMDET_MANIFEST, load_omdet_detector
+
+        omdet = load_omdet_detector(find_export(settings.detector_model, settings, OMDET_MANIFEST), settings)
+        logger.info("detector loaded", extra={"model": settings.detector_model, "sizes": [omdet.manifest.size]})
+        return omdet
     detector = load_onnx_detector(export_dir(settings), settings)
     logger.info("detector loaded", extra={"model": settings.detector_model, "sizes": detector.manifest.sizes})
     return detector

@@ -1,6 +1,6 @@
-"""The detectors a user may pick instead of Grounding DINO tiny, exported as it is: MM Grounding DINO (the
-architecture LLMDet's checkpoints load into) through Detect's own export, and OmDet-Turbo through its graph for
-annotate bench-detectors. Each gives its own torch's outputs on both runtimes."""
+"""The detectors a user may pick instead of Grounding DINO tiny: MM Grounding DINO (the architecture LLMDet's
+checkpoints load into) through Detect's own export, and OmDet-Turbo through its own (shared/models/omdet_onnx.py).
+Each gives its own torch's outputs on both runtimes, and OmDet-Turbo's boxes are transformers' own."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import pytest
 from PIL import Image
 
 from shared.detector_geometry import resized_size
-from shared.models.grounding_onnx import OnnxGroundingDino, load_onnx_detector
+from shared.models.grounding_onnx import OnnxGroundingDino, load_detector, load_onnx_detector
+from shared.models.omdet_onnx import OnnxOmDetTurbo
 from shared.models.onnx_runtime import exported_session
 from shared.settings import Settings
 from tests.conftest import SAMPLES
 from tests.integration.test_detector_onnx import PROMPTS, assert_equal_outputs, both_runtimes, torch_model
-from tools.models.detector_export import export_grounding_dino
+from tools.models.detector_export import export_grounding_dino, exported_detector_dir
 from tools.models.omdet_export import (
     INPUT_NAMES,
     OMDET_WEIGHTS,
@@ -100,3 +101,46 @@ def test_omdet_turbo_exports_with_its_torchs_outputs_for_prompts_of_any_length(
             assert np.abs(logits - ref_logits).max() < 1e-3 and np.abs(boxes - ref_boxes).max() < 1e-3
             compared.append(classes)
     assert compared, "every prompt's queries tied: no decoded output was compared"
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_omdet_turbo_without_torch_finds_the_boxes_transformers_finds(
+    runtime: str, tiny_settings: Settings, cat: Image.Image
+) -> None:
+    import torch
+    from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
+
+    # GIVEN a tiny OmDet-Turbo named as Detect's model: it is exported and loaded as OmDet-Turbo, not Grounding DINO
+    settings = tiny_settings.detection.model_copy(
+        update={"detector_model": "tiny:omdet-turbo", "detector_runtime": runtime, "max_detections": 300}
+    )
+    exported_detector_dir(settings)
+    detector = load_detector(settings)
+    assert isinstance(detector, OnnxOmDetTurbo)
+    folder = build_model("tiny:omdet-turbo", settings)
+    processor = AutoProcessor.from_pretrained(folder)
+    model = AutoModelForZeroShotObjectDetection.from_pretrained(folder).eval()
+    phrases = ["cat", "remote control", "dog"]
+    # WHEN both detect in the cat photo: Detect's, and transformers' processor, model and post-processing
+    found = detector.detect(cat, phrases, 0.0, 0.0)
+    with torch.inference_mode():
+        outputs = model(**processor(images=cat, text=phrases, return_tensors="pt"))
+    [expected] = processor.post_process_grounded_object_detection(
+        outputs, text_labels=phrases, threshold=0.0, nms_threshold=settings.nms_iou, target_sizes=[cat.size[::-1]]
+    )
+    # THEN the same prompt tokens are read, the pixels are within a grey level of the processor's
+    assert detector.tokenizer.encode("cat").ids == processor.tokenizer("cat")["input_ids"]
+    pixels = processor(images=cat, text=phrases, return_tensors="np")["pixel_values"]
+    assert np.abs(detector.image_inputs(cat) - pixels).max() < 1.5 / 255 / min(detector.manifest.image_std)
+    # AND every box transformers finds is found, with its phrase, its score and its corners
+    assert len(found) == len(expected["scores"]) > 0
+    for detection in found:
+        corners = np.asarray([detection.box.x0, detection.box.y0, detection.box.x1, detection.box.y1])
+        matches = [
+            i
+            for i, label in enumerate(expected["text_labels"])
+            if label == detection.label
+            and abs(float(expected["scores"][i]) - detection.score) < 2e-3
+            and np.abs(expected["boxes"][i].numpy() - corners).max() < 1.5
+        ]
+        assert matches, f"{detection} is not among transformers' boxes"

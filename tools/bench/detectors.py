@@ -1,13 +1,14 @@
-"""`annotate bench-detectors`: the detectors a user may pick, side by side in one run, on the full-size
-architectures (random weights: no hub here), each exported and run as Detect runs Grounding DINO (OpenVINO, fp32,
-2 threads).
+"""`annotate bench-detectors`: the detectors a user may pick (``detector_model``), side by side in one run, on
+the full-size architectures (random weights: no hub here), each exported and loaded as Detect loads it
+(``load_detector``: OpenVINO, fp32, 2 threads).
 
 Per detector: its export held to its own torch (the scores that pick the decoder's queries, relative to the
 largest, and the decoded outputs where both pick the same queries); a fresh process's seconds to its first answer
-(imports, the graph compiled, the prompt encoded: a cold start) and its peak memory (VmHWM); the warm median of an
-image at the size a 12 MP phone photo is detected at (Grounding DINO's family: 800x1066 of the 800 px exports;
-OmDet-Turbo: its one 640x640). The published accuracy is each checkpoint's authors' (accuracy cannot be measured
-here); annotate cost prices a million photos with each (bench/cost.md).
+(imports, the graph compiled, the prompt encoded: a cold start) and its peak memory (VmHWM); the warm median of a
+photo at the size Detect sees a 12 MP phone photo (1066x800: Grounding DINO's family pads nothing at its 800x1066
+export; OmDet-Turbo resizes it to its one 640x640), its resize and post-processing included. The published
+accuracy is each checkpoint's authors' (accuracy cannot be measured here); annotate cost prices a million photos
+with each (bench/cost.md).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Candidate:
 
     checkpoint: str
     built: str  # the full-size architecture with random weights (tools/models/tiny_models.py)
-    family: str  # "grounding-dino" (Detect's export and runtime) or "omdet-turbo" (its graph, benched only)
+    family: str  # "grounding-dino" (MM Grounding DINO and LLMDet load into its export) or "omdet-turbo"
     coco_ap: float | None  # zero-shot COCO val2017 box AP, as published
     lvis_minival_ap: float | None  # zero-shot LVIS minival box AP, as published
     published: str  # where the figures are
@@ -83,45 +84,20 @@ CANDIDATES = {
     ),
 }
 
-GROUNDING_DINO_RUN = """
+DETECT_RUN = """
 import sys, time
 started = time.perf_counter()
-import numpy as np
 from PIL import Image
-from pathlib import Path
-from shared.models.grounding_onnx import load_onnx_detector
+from shared.models.grounding_onnx import load_detector
 from shared.settings import DetectionSettings
-settings = DetectionSettings.model_validate_json(sys.argv[1])
-detector = load_onnx_detector(Path(sys.argv[2]), settings)
-height, width, repeats = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8))
-phrases = sys.argv[6].split("|")
+detector = load_detector(DetectionSettings.model_validate_json(sys.argv[1]))
+image, repeats, phrases = Image.open(sys.argv[2]).convert("RGB"), int(sys.argv[3]), sys.argv[4].split("|")
 detector.forward(image, phrases)
 first = time.perf_counter() - started
 runs = []
 for _ in range(repeats):
     again = time.perf_counter()
     detector.forward(image, phrases)
-    runs.append(time.perf_counter() - again)
-peak = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
-print(first, *runs, peak)
-"""
-
-OMDET_RUN = """
-import sys, time
-started = time.perf_counter()
-import numpy as np
-from pathlib import Path
-from shared.models.onnx_runtime import exported_session
-graph, repeats = Path(sys.argv[1]), int(sys.argv[3])
-feeds = dict(np.load(sys.argv[2]))
-session = exported_session(graph, "openvino", int(sys.argv[4]), graph.with_name("omdet-turbo.weights"))
-session.run(None, feeds)
-first = time.perf_counter() - started
-runs = []
-for _ in range(repeats):
-    again = time.perf_counter()
-    session.run(None, feeds)
     runs.append(time.perf_counter() - again)
 peak = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
 print(first, *runs, peak)
@@ -161,7 +137,28 @@ def _relative_agreement(
     }
 
 
-def grounding_dino_row(candidate: Candidate, settings: DetectionSettings, repeats: int) -> dict[str, Any]:
+def timed_detect(settings: DetectionSettings, photo: Path, repeats: int) -> dict[str, float]:
+    """Detect as the pipeline loads it (``load_detector``), in a fresh process: its first answer on ``photo``, the
+    warm median of ``repeats`` more (the prompt's text encoded once, as for a batch's images), its peak memory."""
+    command = [
+        sys.executable,
+        "-c",
+        DETECT_RUN,
+        settings.model_dump_json(),
+        str(photo),
+        str(repeats),
+        "|".join(PHRASES),
+    ]
+    output = [float(v) for v in subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()]
+    return {
+        "first_answer_s": round(output[0], 2),
+        "warm_s": round(statistics.median(output[1:-1]), 3),
+        "peak_rss_mb": round(output[-1]),
+    }
+
+
+def grounding_dino_agreement(settings: DetectionSettings, photo: Any) -> dict[str, Any]:
+    """The export's outputs on ``photo`` against its torch's, on the same padded pixels and tokens."""
     import torch
     from transformers import AutoModelForZeroShotObjectDetection
 
@@ -169,75 +166,70 @@ def grounding_dino_row(candidate: Candidate, settings: DetectionSettings, repeat
     from shared.models.sources import resolve_model_dir
     from tools.models.detector_export import exported_detector_dir
 
-    settings = settings.model_copy(update={"detector_model": candidate.built})
-    folder = exported_detector_dir(settings)
-    command = [sys.executable, "-c", GROUNDING_DINO_RUN, settings.model_dump_json(), str(folder)]
-    timed = _timed_process([*command, *map(str, PHOTO_SIZE), str(repeats), "|".join(PHRASES)])
-    detector = load_onnx_detector(folder, settings.model_copy(update={"detector_runtime": "openvino"}))
-    image = _noise(PHOTO_SIZE)
-    pixels, pixel_mask = detector.image_inputs(image)
-    outputs = detector.forward(image, PHRASES)
+    detector = load_onnx_detector(exported_detector_dir(settings), settings)
+    pixels, pixel_mask = detector.image_inputs(photo)
+    outputs = detector.forward(photo, PHRASES)
     text = detector.text_inputs(". ".join(PHRASES) + ".")
-    model = AutoModelForZeroShotObjectDetection.from_pretrained(resolve_model_dir(candidate.built, settings)).eval()
+    model = AutoModelForZeroShotObjectDetection.from_pretrained(resolve_model_dir(settings.detector_model, settings))
     with torch.inference_mode():
-        reference = model(
+        reference = model.eval()(
             pixel_values=torch.from_numpy(pixels),
             pixel_mask=torch.from_numpy(pixel_mask),
             **{name: torch.from_numpy(text[name]) for name in ("input_ids", "token_type_ids", "attention_mask")},
         )
     tokens = text["input_ids"].shape[1]
-    agreement = _relative_agreement(
-        outputs["selection_scores"],
-        reference.enc_outputs_class.max(-1).values.numpy(),
-        [
-            (outputs["logits"][..., :tokens], reference.logits[..., :tokens].numpy()),
-            (outputs["pred_boxes"], reference.pred_boxes.numpy()),
-        ],
-        model.config.num_queries,
-    )
-    return {"size": f"{PHOTO_SIZE[0]}x{PHOTO_SIZE[1]}", "architecture": type(model).__name__, **timed, **agreement}
+    return {
+        "size": "x".join(map(str, pixels.shape[2:])),
+        "architecture": type(model).__name__,
+        **_relative_agreement(
+            outputs["selection_scores"],
+            reference.enc_outputs_class.max(-1).values.numpy(),
+            [
+                (outputs["logits"][..., :tokens], reference.logits[..., :tokens].numpy()),
+                (outputs["pred_boxes"], reference.pred_boxes.numpy()),
+            ],
+            model.config.num_queries,
+        ),
+    }
 
 
-def omdet_turbo_row(candidate: Candidate, settings: DetectionSettings, repeats: int) -> dict[str, Any]:
+def omdet_turbo_agreement(settings: DetectionSettings, photo: Any) -> dict[str, Any]:
+    """The export (its text graph, Pillow's resize, its image graph) on ``photo`` against transformers' processor and
+    torch on the same photo and phrases."""
     import torch
+    from transformers import AutoProcessor
 
-    from shared.models.onnx_runtime import exported_session
+    from shared.models.grounding_onnx import load_detector
+    from shared.models.omdet_onnx import OnnxOmDetTurbo
     from shared.models.sources import resolve_model_dir
-    from tools.models.omdet_export import (
-        INPUT_NAMES,
-        encoded_prompt,
-        export_omdet_turbo,
-        image_size,
-        load_omdet_turbo,
-        torch_outputs,
-    )
+    from tools.models.omdet_export import load_omdet_turbo, torch_outputs
 
-    model_dir = resolve_model_dir(candidate.built, settings)
-    model = load_omdet_turbo(model_dir)
-    size = image_size(model)
-    generator = torch.Generator().manual_seed(0)
-    vocabulary = model.config.text_config.vocab_size
-    # a class name of 3 tokens each (with CLIP's start and end), the task sentence naming them all
-    class_ids = torch.randint(1, vocabulary - 1, (len(PHRASES), 5), generator=generator)
-    task_ids = torch.randint(1, vocabulary - 1, (1, 3 + 3 * len(PHRASES)), generator=generator)
-    pixels = torch.from_numpy(np.asarray(_noise(size), np.float32).transpose(2, 0, 1)[None] / 255)
-    prompt = encoded_prompt(model, class_ids, task_ids)
-    feeds = {name: tensor.numpy() for name, tensor in zip(INPUT_NAMES, (pixels, *prompt), strict=True)}
-    with tempfile.TemporaryDirectory(prefix="annotate-bench-detectors-") as folder:
-        graph = export_omdet_turbo(model_dir, Path(folder))
-        np.savez(Path(folder) / "feeds.npz", **feeds)
-        command = [sys.executable, "-c", OMDET_RUN, str(graph), str(Path(folder) / "feeds.npz")]
-        timed = _timed_process([*command, str(repeats), str(settings.torch_threads)])
-        session = exported_session(graph, "openvino", settings.torch_threads, graph.with_name("omdet-turbo.weights"))
-        logits, boxes, selection = session.run(None, feeds)
-    ref_logits, ref_boxes, ref_selection = torch_outputs(model, pixels, *prompt)
-    agreement = _relative_agreement(
-        selection, ref_selection, [(logits, ref_logits), (boxes, ref_boxes)], model.config.num_queries
-    )
-    return {"size": f"{size[0]}x{size[1]}", "architecture": type(model).__name__, **timed, **agreement}
+    detector = load_detector(settings)
+    assert isinstance(detector, OnnxOmDetTurbo)
+    feeds = {"pixel_values": detector.image_inputs(photo), **detector.encoded_prompt(PHRASES)}
+    logits, boxes, selection = detector.image_session.run(None, feeds)
+    model_dir = resolve_model_dir(settings.detector_model, settings)
+    model, processor = load_omdet_turbo(model_dir), AutoProcessor.from_pretrained(model_dir)
+    inputs = processor(images=photo, text=PHRASES, return_tensors="pt")
+    with torch.inference_mode():
+        prompt = model.get_language_embedding(
+            inputs["classes_input_ids"],
+            inputs["classes_attention_mask"],
+            inputs["tasks_input_ids"],
+            inputs["tasks_attention_mask"],
+            inputs["classes_structure"],
+        )
+    ref_logits, ref_boxes, ref_selection = torch_outputs(model, inputs["pixel_values"], *prompt)
+    return {
+        "size": "x".join(map(str, detector.manifest.size)),
+        "architecture": type(model).__name__,
+        **_relative_agreement(
+            selection, ref_selection, [(logits, ref_logits), (boxes, ref_boxes)], model.config.num_queries
+        ),
+    }
 
 
-def _noise(size: ImageSize) -> Any:
+def _photo(size: ImageSize) -> Any:
     """The sample photo at exactly ``size`` (a random model ties fewer scores on a photo than on noise)."""
     from PIL import Image
 
@@ -246,31 +238,39 @@ def _noise(size: ImageSize) -> Any:
 
 def run_detectors_bench(repeats: int) -> dict[str, Any]:
     from shared.settings import Profile, Settings
+    from tools.models.detector_export import exported_detector_dir
     from tools.models.tiny_models import build_model
 
-    settings = Settings(profile=Profile.TINY, detection_short_side=800, detector_compiled_cache=False).detection
-    settings = settings.model_copy(update={"detector_runtime": "openvino", "detector_load_all_sizes": False})
+    base = Settings(profile=Profile.TINY, detection_short_side=800, detector_compiled_cache=False).detection
+    base = base.model_copy(update={"detector_runtime": "openvino", "detector_load_all_sizes": False})
     rows: dict[str, Any] = {}
-    for name, candidate in CANDIDATES.items():
-        published = {
-            "checkpoint": candidate.checkpoint,
-            "coco_ap": candidate.coco_ap,
-            "lvis_minival_ap": candidate.lvis_minival_ap,
-            "published": candidate.published,
-        }
-        if candidate.measured_as:
-            rows[name] = {**rows[candidate.measured_as], **published, "measured_as": candidate.measured_as}
-            continue
-        build_model(candidate.built, settings)
-        row = (grounding_dino_row if candidate.family == "grounding-dino" else omdet_turbo_row)(
-            candidate, settings, repeats
-        )
-        rows[name] = {**row, **published}
+    with tempfile.TemporaryDirectory(prefix="annotate-bench-detectors-") as folder:
+        photo_file = Path(folder) / "photo.png"
+        photo = _photo(PHOTO_SIZE)
+        photo.save(photo_file)
+        for name, candidate in CANDIDATES.items():
+            published = {
+                "checkpoint": candidate.checkpoint,
+                "coco_ap": candidate.coco_ap,
+                "lvis_minival_ap": candidate.lvis_minival_ap,
+                "published": candidate.published,
+            }
+            if candidate.measured_as:
+                rows[name] = {**rows[candidate.measured_as], **published, "measured_as": candidate.measured_as}
+                continue
+            settings = base.model_copy(update={"detector_model": candidate.built})
+            build_model(candidate.built, settings)
+            exported_detector_dir(settings)
+            agreement = (grounding_dino_agreement if candidate.family == "grounding-dino" else omdet_turbo_agreement)(
+                settings, photo
+            )
+            rows[name] = {**timed_detect(settings, photo_file, repeats), **agreement, **published}
     return {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "threads": settings.torch_threads or os.cpu_count(),
+        "threads": base.torch_threads or os.cpu_count(),
         "repeats": repeats,
         "runtime": "openvino",
+        "photo": f"{SAMPLE.name} at {PHOTO_SIZE[1]}x{PHOTO_SIZE[0]}",
         "detectors": rows,
     }
 

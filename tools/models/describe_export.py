@@ -102,6 +102,11 @@ def export_clip(model_dir: Path, out_dir: Path) -> None:
 
 def _save_tokenizer(tokenizer: Any, path: Path) -> None:
     """open_clip's BPE tokenizer as a `tokenizers` file (the same vocabulary, merges and framing)."""
+    transformers_clip_tokenizer(tokenizer).backend_tokenizer.save(str(path))
+
+
+def transformers_clip_tokenizer(tokenizer: Any) -> Any:
+    """open_clip's BPE tokenizer as transformers' ``CLIPTokenizer`` (the same vocabulary, merges and framing)."""
     from transformers import CLIPTokenizer
 
     if not hasattr(tokenizer, "bpe_ranks"):
@@ -109,10 +114,9 @@ def _save_tokenizer(tokenizer: Any, path: Path) -> None:
     start, end = tokenizer.decoder[tokenizer.sot_token_id], tokenizer.decoder[tokenizer.eot_token_id]
     merges = [pair for pair, _ in sorted(tokenizer.bpe_ranks.items(), key=lambda item: item[1])]
     # vocab= and merges= as values: transformers 5 builds a near-empty vocabulary from vocab_file=/merges_file=.
-    fast = CLIPTokenizer(
+    return CLIPTokenizer(
         vocab=dict(tokenizer.encoder), merges=merges, bos_token=start, eos_token=end, unk_token=end, pad_token=end
     )
-    fast.backend_tokenizer.save(str(path))
 
 
 def _calling(model: Any, call: Callable[[Any, Any], Any]) -> Any:

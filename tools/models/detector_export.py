@@ -36,7 +36,9 @@ from shared.models.grounding_onnx import (
     ExportManifest,
     export_file_name,
     export_key,
+    is_omdet_turbo,
 )
+from shared.models.omdet_onnx import OMDET_MANIFEST
 from shared.observability import logger
 from shared.settings import DetectionSettings
 from tools.models.onnx_graphs import finish_graphs
@@ -55,7 +57,15 @@ IMAGE_INPUTS = {"pixel_values", "pixel_mask"}  # fixed: one graph per size
 
 
 def exported_detector_dir(settings: DetectionSettings) -> Path:
-    """The export of ``settings.detector_model`` at the settings' sizes, made here unless it is there already."""
+    """The export of ``settings.detector_model`` (at the settings' sizes for Grounding DINO's family; OmDet-Turbo's
+    takes its one size), made here unless it is there already."""
+    if is_omdet_turbo(settings):
+        from tools.models.omdet_export import export_omdet_turbo
+
+        def export_omdet(checkpoint: Path, folder: Path) -> None:
+            export_omdet_turbo(checkpoint, folder)
+
+        return export_once(settings.detector_model, settings, OMDET_MANIFEST, export_omdet)
 
     def export(checkpoint: Path, folder: Path) -> None:
         export_grounding_dino(

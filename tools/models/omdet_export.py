@@ -1,12 +1,13 @@
 """OmDet-Turbo (transformers' ``OmDetTurboForObjectDetection``) exported to ONNX the way Grounding DINO is
-(tools/models/detector_export.py), to be compared with it (annotate bench-detectors): not a model Detect loads.
+(tools/models/detector_export.py), for the torch-free detector in shared/models/omdet_onnx.py.
 
 OmDet-Turbo resizes every image to one square size (640 px), so one graph serves every image. Its prompt is a list
 of class names and a task sentence, each encoded by CLIP's text encoder once per prompt (the model keeps them in an
-LRU cache): the graph takes the encoded classes and task, as Grounding DINO's size graphs take the encoded text,
-and returns each query's class logits and box, and each encoder position's best class similarity, which picks the
-decoder's queries (as Grounding DINO's ``selection_scores``: equal before the tie-sensitive top-k). The TorchScript
-exporter traces it unchanged: no patch is needed.
+LRU cache): the text encoder is a graph of its own (each token's features, and the projected embedding at the end
+token), and the image graph takes the encoded classes and task, as Grounding DINO's size graphs take the encoded
+text. It returns each query's class logits and box, and each encoder position's best class similarity, which picks
+the decoder's queries (as Grounding DINO's ``selection_scores``: equal before the tie-sensitive top-k). The
+TorchScript exporter traces both unchanged: no patch is needed.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from shared.errors import ModelUnavailable
+from shared.models.omdet_onnx import OMDET_GRAPH, OMDET_MANIFEST, OMDET_TEXT_GRAPH, OMDET_WEIGHTS, OmDetManifest
 from tools.models.onnx_graphs import finish_graphs
 from tools.models.torch_models import prepare_torch
 
-OMDET_GRAPH = "omdet-turbo.onnx"
-OMDET_WEIGHTS = "omdet-turbo.weights"
+TASK_TEMPLATE = "Detect {}."  # transformers' processor's task sentence when it is given none
 INPUT_NAMES = ["pixel_values", "class_features", "task_features", "task_mask"]
 OUTPUT_NAMES = ["class_logits", "boxes", "selection_scores"]
 
@@ -55,24 +57,35 @@ def encoded_prompt(model: Any, class_ids: Any, task_ids: Any) -> tuple[Any, Any,
 
 
 def export_omdet_turbo(model_dir: Path, out_dir: Path) -> Path:
-    """Export the OmDet-Turbo in ``model_dir`` into ``out_dir`` (its graph, its OpenVINO form and one weights file);
-    returns the graph's path."""
+    """Export the OmDet-Turbo in ``model_dir`` into ``out_dir``: its image and text graphs (with their OpenVINO
+    forms and one weights file), its tokenizer and a manifest; returns the image graph's path.
+
+    Raises:
+        ModelUnavailable: its image processor does what the runtime does not (another resize or rescale).
+    """
     import torch
+    from transformers import AutoProcessor
 
     prepare_torch(0)
     model = load_omdet_turbo(model_dir)
-    height, width = image_size(model)
+    processor = AutoProcessor.from_pretrained(model_dir)
+    manifest = _manifest(model, processor, model_dir)
+    processor.tokenizer.backend_tokenizer.save(str(out_dir / "tokenizer.json"))
     vocabulary = model.config.text_config.vocab_size
     class_ids, task_ids = torch.randint(1, vocabulary - 1, (2, 4)), torch.randint(1, vocabulary - 1, (1, 9))
-    example = (torch.zeros(1, 3, height, width), *encoded_prompt(model, class_ids, task_ids))
-    traced, graph = out_dir / "omdet-turbo.traced", out_dir / OMDET_GRAPH
+    example = (torch.zeros(1, 3, *manifest.size), *encoded_prompt(model, class_ids, task_ids))
+    traced = {
+        out_dir / "omdet-turbo.traced": out_dir / OMDET_GRAPH,
+        out_dir / "omdet-turbo-text.traced": out_dir / OMDET_TEXT_GRAPH,
+    }
+    [image_traced, text_traced] = traced
     with _selection_scores_kept(model), torch.no_grad(), warnings.catch_warnings():
         # Tracing warns at every shape it freezes: expected, as the graph takes one image size
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         torch.onnx.export(
             image_graph(model).eval(),
             example,
-            str(traced),
+            str(image_traced),
             input_names=INPUT_NAMES,
             output_names=OUTPUT_NAMES,
             dynamic_axes={
@@ -84,8 +97,42 @@ def export_omdet_turbo(model_dir: Path, out_dir: Path) -> Path:
             dynamo=False,  # as Grounding DINO's: the dynamo exporter fails on Swin's views
             opset_version=17,
         )
-    finish_graphs({traced: graph}, out_dir / OMDET_WEIGHTS, openvino=True)
-    return graph
+        torch.onnx.export(
+            text_graph(model).eval(),
+            (task_ids,),
+            str(text_traced),
+            input_names=["input_ids"],
+            output_names=["hidden", "pooled"],
+            dynamic_axes={"input_ids": {0: "texts", 1: "tokens"}},
+            dynamo=False,
+            opset_version=17,
+        )
+    finish_graphs(traced, out_dir / OMDET_WEIGHTS, openvino=True)
+    (out_dir / OMDET_MANIFEST).write_text(manifest.model_dump_json(indent=2))
+    return out_dir / OMDET_GRAPH
+
+
+def _manifest(model: Any, processor: Any, model_dir: Path) -> OmDetManifest:
+    images = processor.image_processor
+    size = images.size or {}
+    height, width = (
+        size.get(side) if isinstance(size, dict) else getattr(size, side, None) for side in ("height", "width")
+    )
+    if not (images.do_resize and height and width) or abs(images.rescale_factor - 1 / 255) > 1e-12:
+        raise ModelUnavailable(
+            f"{model_dir}'s image processor resizes to {size} and rescales by {images.rescale_factor}: the export "
+            "takes a fixed height and width, pixels rescaled by 1/255"
+        )
+    return OmDetManifest(
+        source=str(model_dir),
+        size=(int(height), int(width)),
+        resample=int(images.resample),
+        image_mean=[float(v) for v in images.image_mean],
+        image_std=[float(v) for v in images.image_std],
+        max_text_len=int(model.config.text_config.max_position_embeddings),
+        task_template=TASK_TEMPLATE,
+        queries=int(model.config.num_queries),
+    )
 
 
 def torch_outputs(model: Any, pixel_values: Any, class_features: Any, task_features: Any, task_mask: Any) -> tuple:
@@ -117,6 +164,26 @@ def image_graph(model: Any) -> Any:
             return decoded.decoder_classes[-1], decoded.decoder_coords[-1], _Kept.selection_scores
 
     return _ImageGraph()
+
+
+def text_graph(model: Any) -> Any:
+    """CLIP's text encoder as the model calls it: each token's features, and (for a class name) the projected
+    features at its end token, the highest id."""
+    import torch
+
+    backbone = model.language_backbone
+
+    class _TextGraph(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = backbone
+
+        def forward(self, input_ids: Any) -> tuple:
+            hidden = self.backbone.model(input_ids)[0]
+            ends = hidden[torch.arange(hidden.shape[0]), input_ids.argmax(dim=-1)]
+            return hidden, ends @ self.backbone.text_projection
+
+    return _TextGraph()
 
 
 @contextlib.contextmanager

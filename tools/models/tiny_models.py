@@ -163,8 +163,17 @@ def _build_omdet_turbo(folder: Path, full_size: bool = False) -> None:
     """OmDet-Turbo: its backbone is timm's Swin-T either way (random weights, built offline); the tiny one has a
     one-layer text encoder and a narrow, two-layer decoder. Its decoder's width differs from the class embedding's:
     where they are equal, transformers 5.23's decoder has no ``task_project`` and fails."""
+    import open_clip
     import torch
-    from transformers import CLIPTextConfig, OmDetTurboConfig, OmDetTurboForObjectDetection
+    from transformers import (
+        CLIPTextConfig,
+        DetrImageProcessor,
+        OmDetTurboConfig,
+        OmDetTurboForObjectDetection,
+        OmDetTurboProcessor,
+    )
+
+    from tools.models.describe_export import transformers_clip_tokenizer
 
     config = OmDetTurboConfig()  # the defaults are exactly omdet-turbo-swin-tiny-hf's
     if not full_size:
@@ -187,6 +196,10 @@ def _build_omdet_turbo(folder: Path, full_size: bool = False) -> None:
         )
     torch.manual_seed(_SEED)
     OmDetTurboForObjectDetection(config).eval().save_pretrained(folder)
+    # CLIP's own vocabulary (open_clip ships it), the model card's square 640 px
+    tokenizer = transformers_clip_tokenizer(open_clip.get_tokenizer("ViT-B-16"))
+    images = DetrImageProcessor(size={"height": 640, "width": 640})
+    OmDetTurboProcessor(image_processor=images, tokenizer=tokenizer).save_pretrained(folder)
 
 
 def imagenet_labels() -> list[str]:

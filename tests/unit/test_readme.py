@@ -20,6 +20,7 @@ GENERATED = {
     "bench/photo.md": "docs/performance.md",
     "bench/search.md": "docs/performance.md",
     "bench/flops.md": "docs/performance.md",
+    "bench/detectors.md": "docs/performance.md",
 }
 
 

@@ -77,7 +77,7 @@ def torch_flops(model: Any, processor: Any, size: ImageSize) -> dict[str, float]
     return {str(op).split(".")[1]: count / 1e9 for op, count in sorted(by_op.items(), key=lambda item: -item[1])}
 
 
-def _median_seconds(run: Callable[[], object], repeats: int) -> float:
+def median_seconds(run: Callable[[], object], repeats: int) -> float:
     """Median seconds of ``repeats`` calls of ``run``, after one that is not timed (its buffers allocated)."""
     run()
     runs = []
@@ -92,7 +92,7 @@ def detect_seconds(detector: OnnxGroundingDino, size: ImageSize, repeats: int) -
     """Median seconds of Detect's graph (the pipeline's session) on an image of exactly ``size``."""
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (*size, 3), dtype=np.uint8))
     phrases = [phrase.strip() for phrase in PROMPT.split(".") if phrase.strip()]
-    return _median_seconds(lambda: detector.forward(image, phrases), repeats)
+    return median_seconds(lambda: detector.forward(image, phrases), repeats)
 
 
 def _compiled(model: Any, threads: int, profile: bool = False) -> Any:
@@ -199,7 +199,7 @@ def gemm_rate(m: int, k: int, n: int, threads: int, repeats: int) -> float:
     compiled = _compiled(openvino.Model([ops.matmul(source, weight, False, False)], [source]), threads)
     request = compiled.create_infer_request()
     feeds = {"source": rng.standard_normal((m, k), dtype=np.float32)}
-    return 2 * m * k * n / _median_seconds(lambda: request.infer(feeds), repeats) / 1e9
+    return 2 * m * k * n / median_seconds(lambda: request.infer(feeds), repeats) / 1e9
 
 
 def measured_peak(products: list[dict[str, Any]], threads: int, repeats: int) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from PIL import Image
 
 from shared.detector_geometry import resized_size
 from shared.models.grounding_onnx import OnnxGroundingDino, load_detector, load_onnx_detector
-from shared.models.omdet_onnx import OnnxOmDetTurbo
+from shared.models.omdet_onnx import OMDET_GRAPH, OMDET_WEIGHTS, OnnxOmDetTurbo
 from shared.models.onnx_runtime import exported_session
 from shared.settings import Settings
 from tests.conftest import SAMPLES
@@ -20,9 +20,7 @@ from tests.integration.test_detector_onnx import PROMPTS, assert_equal_outputs, 
 from tools.models.detector_export import export_grounding_dino, exported_detector_dir
 from tools.models.omdet_export import (
     INPUT_NAMES,
-    OMDET_WEIGHTS,
     encoded_prompt,
-    export_omdet_turbo,
     image_size,
     load_omdet_turbo,
     torch_outputs,
@@ -40,19 +38,29 @@ def cat() -> Image.Image:
     return Image.open(SAMPLES / "chelsea-the-cat.jpg").convert("RGB")
 
 
+MM_SHORT_SIDE = 256
+
+
+@pytest.fixture(scope="module")
+def mm_export(tiny_settings: Settings, cat: Image.Image, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny MM Grounding DINO (transformers' MMGroundingDinoForObjectDetection), exported by Detect's export."""
+    folder = tmp_path_factory.mktemp("mm-grounding-dino")
+    size = resized_size(cat.height, cat.width, MM_SHORT_SIDE, MM_SHORT_SIDE * 1333 // 800)
+    export_grounding_dino(
+        build_model("tiny:mm-grounding-dino", tiny_settings.model_files), folder, [size], MM_SHORT_SIDE
+    )
+    return folder
+
+
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_mm_grounding_dino_exports_through_detects_own_export_with_its_torchs_outputs(
-    runtime: str, tiny_settings: Settings, cat: Image.Image, tmp_path_factory: pytest.TempPathFactory
+    runtime: str, mm_export: Path, tiny_settings: Settings, cat: Image.Image
 ) -> None:
-    # GIVEN a tiny MM Grounding DINO (transformers' MMGroundingDinoForObjectDetection), exported by Detect's export
-    source, short_side = "tiny:mm-grounding-dino", 256
-    folder = tmp_path_factory.mktemp(f"mm-grounding-dino-{runtime}")
-    size = resized_size(cat.height, cat.width, short_side, short_side * 1333 // 800)
-    export_grounding_dino(build_model(source, tiny_settings.model_files), folder, [size], short_side)
-    update = {"detection_short_side": short_side, "detector_runtime": runtime}
-    detector = load_onnx_detector(folder, tiny_settings.detection.model_copy(update=update))
+    # GIVEN the tiny MM Grounding DINO's export on each runtime
+    update = {"detection_short_side": MM_SHORT_SIDE, "detector_runtime": runtime}
+    detector = load_onnx_detector(mm_export, tiny_settings.detection.model_copy(update=update))
     assert isinstance(detector, OnnxGroundingDino)
-    model = torch_model(source, tiny_settings)
+    model = torch_model("tiny:mm-grounding-dino", tiny_settings)
     assert type(model).__name__ == "MMGroundingDinoForObjectDetection"
     # WHEN the export and torch run on the same image and prompts of 1, 3 and 8 phrases
     compared = [assert_equal_outputs(both_runtimes(detector, model, cat, phrases)) for phrases in PROMPTS.values()]
@@ -61,9 +69,10 @@ def test_mm_grounding_dino_exports_through_detects_own_export_with_its_torchs_ou
 
 
 @pytest.fixture(scope="module")
-def omdet_export(tiny_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    model_dir = build_model("tiny:omdet-turbo", tiny_settings.model_files)
-    return model_dir, export_omdet_turbo(model_dir, tmp_path_factory.mktemp("omdet-turbo"))
+def omdet_export(tiny_settings: Settings) -> tuple[Path, Path]:
+    """A tiny OmDet-Turbo and its image graph, exported as Detect exports the model it is named."""
+    settings = tiny_settings.detection.model_copy(update={"detector_model": "tiny:omdet-turbo"})
+    return build_model("tiny:omdet-turbo", settings), exported_detector_dir(settings) / OMDET_GRAPH
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -144,3 +153,29 @@ def test_omdet_turbo_without_torch_finds_the_boxes_transformers_finds(
             and np.abs(expected["boxes"][i].numpy() - corners).max() < 1.5
         ]
         assert matches, f"{detection} is not among transformers' boxes"
+
+
+def test_a_batch_runs_through_the_workflow_with_omdet_turbo_as_detect(tmp_path: Path, tiny_settings: Settings) -> None:
+    from typer.testing import CliRunner
+
+    from shared.contracts import ImageResult
+    from tools.cli import app
+
+    # GIVEN two photos, and OmDet-Turbo named as Detect's model, as a user names it
+    images = tmp_path / "images"
+    images.mkdir()
+    for name in ("chelsea-the-cat.jpg", "coffee.webp"):
+        (images / name).write_bytes((SAMPLES / name).read_bytes())
+    # WHEN they run through the local workflow
+    result = CliRunner().invoke(
+        app,
+        ["run", str(images), "--prompt", "dog. cat.", "--profile", "tiny", "--data-dir", str(tmp_path / "data")],
+        env={"ANNOTATE_DETECTOR_MODEL": "tiny:omdet-turbo"},
+    )
+    # THEN each has its result, its boxes labelled with the prompt's phrases and made by OmDet-Turbo
+    assert result.exit_code == 0 and "2 succeeded, 0 failed" in result.output, result.output
+    results = [ImageResult.model_validate_json(p.read_text()) for p in (tmp_path / "data/results").glob("b-*/*.json")]
+    assert len(results) == 2
+    for done in results:
+        assert done.detections and {d.label for d in done.detections} <= {"dog", "cat"}
+        assert done.made_by["detect"].model == "tiny:omdet-turbo"

@@ -209,8 +209,10 @@ def detectors_table(bench: BenchSeconds, bulk: BulkSeconds, prices: Prices, dete
     """The detector a user picks (annotate bench-detectors): each one's published accuracy, its seconds here, and a
     million 12 MP photos on Spot with it, the bulk worker's seconds changed by its difference from Grounding DINO's,
     measured side by side in one run (none where the difference is within either one's spread over its runs)."""
+    from tools.bench.detectors import DEFAULT
+
     rows = detectors["detectors"]
-    default = next(row for name, row in rows.items() if "(the default)" in name)
+    default = rows[DEFAULT]
     lines = [
         "| detector | checkpoint | COCO AP | LVIS minival AP | Detect s here | a million on Spot | published |",
         "|---|---|---:|---:|---:|---:|---|",

@@ -175,7 +175,7 @@ def _build_omdet_turbo(folder: Path, full_size: bool = False) -> None:
 
     from tools.models.describe_export import transformers_clip_tokenizer
 
-    config = OmDetTurboConfig()  # the defaults are exactly omdet-turbo-swin-tiny-hf's
+    config = OmDetTurboConfig()  # transformers documents its defaults as omdet-turbo-swin-tiny-hf's
     if not full_size:
         text = CLIPTextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
         config = OmDetTurboConfig(

@@ -440,5 +440,10 @@ def test_each_detector_is_priced_at_the_bulk_workers_seconds_changed_by_its_own(
         f"| ${as_it_is:.2f} |" in rows["Grounding DINO tiny (the default)"] and f"| ${as_it_is:.2f} |" in rows["Same"]
     )
     assert f"| ${faster:.2f} |" in rows["Faster"] and faster < as_it_is
+    # AND the steady load's dial moves with the worker's seconds: less of the always-on task with the faster one
+    def dial(row: str) -> float:
+        return float(row.split(" | ")[6])
+
+    assert dial(rows["Faster"]) < dial(rows["Grounding DINO tiny (the default)"]) == dial(rows["Same"])
     # AND an accuracy its authors did not publish is said to be so, not shown as a number
     assert "| 48.4 | not published |" in rows["Faster"]

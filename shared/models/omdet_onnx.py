@@ -22,9 +22,10 @@ from pydantic import BaseModel, ConfigDict
 
 from shared.contracts import Box, Detection
 from shared.detector_geometry import ImageSize
-from shared.errors import ModelUnavailable, RequestRejected
+from shared.errors import ModelUnavailable
 from shared.models.detection import non_max_suppression
 from shared.models.onnx_runtime import as_rgb, exported_session, normalized, openvino_graph_file
+from shared.observability import logger
 from shared.settings import DetectionSettings, ExportRuntime
 
 OMDET_MANIFEST = "omdet-turbo-export.json"
@@ -114,8 +115,8 @@ class OnnxOmDetTurbo:
             if key in self._encoded:
                 return self._encoded[key]
         task = self.manifest.task_template.format(", ".join(phrases))
-        class_ids = [self._ids(phrase) for phrase in phrases]
-        task_ids = self._ids(task)
+        class_ids = [self.token_ids(phrase) for phrase in phrases]
+        task_ids = self.token_ids(task)
         classes = [self._text(ids)[1][0] for ids in class_ids]
         task_hidden = self._text(task_ids)[0]
         encoded = {
@@ -129,13 +130,13 @@ class OnnxOmDetTurbo:
             self._encoded[key] = encoded
         return encoded
 
-    def _ids(self, text: str) -> np.ndarray:
-        ids = self.tokenizer.encode(text).ids[: self.manifest.max_text_len]
-        if len(ids) >= self.manifest.max_text_len:
-            raise RequestRejected(
-                f"{text[:60]!r} is {len(ids)} tokens or more; OmDet-Turbo reads at most {self.manifest.max_text_len}"
-            )
-        return np.asarray([ids], np.int64)
+    def token_ids(self, text: str) -> np.ndarray:
+        """The tokens of ``text``, cut to CLIP's context with its end token kept, as the processor cuts them (a
+        long task sentence names fewer phrases than the prompt has; each phrase still has its class embedding)."""
+        encoding = self.tokenizer.encode(text)
+        if encoding.overflowing:
+            logger.info("text cut to the detector's context", extra={"tokens": self.manifest.max_text_len})
+        return np.asarray([encoding.ids], np.int64)
 
     def _text(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """CLIP's token features (1, tokens, dim) and its projected embedding at the end token (1, dim). CLIP's
@@ -164,10 +165,12 @@ def load_omdet_detector(folder: Path, settings: DetectionSettings) -> OnnxOmDetT
     def session(graph: str) -> Any:
         return exported_session(folder / graph, runtime, settings.torch_threads, folder / OMDET_WEIGHTS, cache)
 
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.enable_truncation(manifest.max_text_len)  # the special tokens kept within it, as the processor's
     return OnnxOmDetTurbo(
         folder,
         manifest,
-        Tokenizer.from_file(str(folder / "tokenizer.json")),
+        tokenizer,
         session(OMDET_GRAPH),
         session(OMDET_TEXT_GRAPH),
         settings.max_detections,

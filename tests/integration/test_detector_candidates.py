@@ -112,9 +112,14 @@ def test_omdet_turbo_exports_with_its_torchs_outputs_for_prompts_of_any_length(
     assert compared, "every prompt's queries tied: no decoded output was compared"
 
 
+# The longest prompt a request may make: its task sentence is longer than CLIP's 77 tokens, which cuts it
+LONGEST = [f"striped wooden chair {index}" for index in range(32)]
+
+
 @pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("phrases", [["cat", "remote control", "dog"], LONGEST], ids=["3 phrases", "32 phrases"])
 def test_omdet_turbo_without_torch_finds_the_boxes_transformers_finds(
-    runtime: str, tiny_settings: Settings, cat: Image.Image
+    runtime: str, phrases: list[str], tiny_settings: Settings, cat: Image.Image
 ) -> None:
     import torch
     from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
@@ -129,7 +134,6 @@ def test_omdet_turbo_without_torch_finds_the_boxes_transformers_finds(
     folder = build_model("tiny:omdet-turbo", settings)
     processor = AutoProcessor.from_pretrained(folder)
     model = AutoModelForZeroShotObjectDetection.from_pretrained(folder).eval()
-    phrases = ["cat", "remote control", "dog"]
     # WHEN both detect in the cat photo: Detect's, and transformers' processor, model and post-processing
     found = detector.detect(cat, phrases, 0.0, 0.0)
     with torch.inference_mode():
@@ -137,8 +141,11 @@ def test_omdet_turbo_without_torch_finds_the_boxes_transformers_finds(
     [expected] = processor.post_process_grounded_object_detection(
         outputs, text_labels=phrases, threshold=0.0, nms_threshold=settings.nms_iou, target_sizes=[cat.size[::-1]]
     )
-    # THEN the same prompt tokens are read, the pixels are within a grey level of the processor's
-    assert detector.tokenizer.encode("cat").ids == processor.tokenizer("cat")["input_ids"]
+    # THEN the same prompt tokens are read (the task sentence cut where the processor cuts it), the pixels are
+    # within a grey level of the processor's
+    task = "Detect " + ", ".join(phrases) + "."
+    cut = processor.tokenizer(task, truncation=True, max_length=77)["input_ids"]
+    assert detector.token_ids(task)[0].tolist() == cut
     pixels = processor(images=cat, text=phrases, return_tensors="np")["pixel_values"]
     assert np.abs(detector.image_inputs(cat) - pixels).max() < 1.5 / 255 / min(detector.manifest.image_std)
     # AND every box transformers finds is found, with its phrase, its score and its corners

@@ -440,6 +440,7 @@ def test_each_detector_is_priced_at_the_bulk_workers_seconds_changed_by_its_own(
         f"| ${as_it_is:.2f} |" in rows["Grounding DINO tiny (the default)"] and f"| ${as_it_is:.2f} |" in rows["Same"]
     )
     assert f"| ${faster:.2f} |" in rows["Faster"] and faster < as_it_is
+
     # AND the steady load's dial moves with the worker's seconds: less of the always-on task with the faster one
     def dial(row: str) -> float:
         return float(row.split(" | ")[6])

@@ -53,9 +53,10 @@ def test_the_accounting_of_the_tiny_detector_is_consistent(tiny_settings: Settin
     assert sizes[(800, 1333)]["gflop"] == pytest.approx(sizes[(1333, 800)]["gflop"], rel=0.02)
     assert sizes[(800, 1066)]["gflop"] < sizes[(800, 1333)]["gflop"]
     profile = report["profile"]
-    # the counters account for the run they were read from (their sum may pass its wall time: 1.35x at full size),
-    # and every layer ran in fp32 (the pipeline's hint)
-    assert 0.5 * profile["wall_median_s"] < profile["counted_s"] < 2 * profile["wall_median_s"]
+    # the counters account for the run they were read from (their sum may pass its wall time: 1.35x at full size
+    # alone, 2.1x for the tiny model's small layers beside another test worker; compile time in them would be
+    # tens of times more), and every layer ran in fp32 (the pipeline's hint)
+    assert 0.5 * profile["wall_median_s"] < profile["counted_s"] < 4 * profile["wall_median_s"]
     assert profile["bf16_primitives"] == [] and "bf16" not in profile["runtime_precisions"]
     assert sum(entry["share"] for entry in profile["by_type"].values()) == pytest.approx(1.0)
     # OpenVINO's products are torch's linear layers and convolutions, give or take what a Subgraph fused

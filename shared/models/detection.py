@@ -46,11 +46,18 @@ def phrase_detections(
     keep = (scores >= min_score) & (boxes[:, 2] - boxes[:, 0] >= 1) & (boxes[:, 3] - boxes[:, 1] >= 1)
     boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
     kept = non_max_suppression(boxes, scores, labels, nms_iou)[:max_detections]
+    return as_detections(phrases, labels, scores, boxes, kept)
+
+
+def as_detections(
+    phrases: list[str], labels: np.ndarray, scores: np.ndarray, corners: np.ndarray, kept: list[int]
+) -> list[Detection]:
+    """The ``kept`` candidates as typed detections: each one's phrase, its score and its pixel corners, rounded."""
     return [
         Detection(
             label=phrases[int(labels[i])],
             score=round(float(scores[i]), 4),
-            box=Box(**{name: round(float(v), 2) for name, v in zip(("x0", "y0", "x1", "y1"), boxes[i], strict=True)}),
+            box=Box(**{name: round(float(v), 2) for name, v in zip(("x0", "y0", "x1", "y1"), corners[i], strict=True)}),
         )
         for i in kept
     ]

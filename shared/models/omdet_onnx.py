@@ -20,10 +20,10 @@ import numpy as np
 from PIL import Image
 from pydantic import BaseModel, ConfigDict
 
-from shared.contracts import Box, Detection
+from shared.contracts import Detection
 from shared.detector_geometry import ImageSize
 from shared.errors import ModelUnavailable
-from shared.models.detection import non_max_suppression
+from shared.models.detection import as_detections, non_max_suppression
 from shared.models.onnx_runtime import as_rgb, exported_session, normalized, openvino_graph_file
 from shared.observability import logger
 from shared.settings import DetectionSettings, ExportRuntime
@@ -86,15 +86,7 @@ class OnnxOmDetTurbo:
         kept = non_max_suppression(corners, pair_scores, labels, self.nms_iou)
         corners = np.minimum(corners.clip(min=0), scale)
         kept = [i for i in kept if corners[i, 2] - corners[i, 0] >= 1 and corners[i, 3] - corners[i, 1] >= 1]
-        kept = kept[: self.max_detections]
-        return [
-            Detection(
-                label=phrases[int(labels[i])],
-                score=round(float(pair_scores[i]), 4),
-                box=Box(**{n: round(float(v), 2) for n, v in zip(("x0", "y0", "x1", "y1"), corners[i], strict=True)}),
-            )
-            for i in kept
-        ]
+        return as_detections(phrases, labels, pair_scores, corners, kept[: self.max_detections])
 
     def forward(self, image: Image.Image, phrases: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Each query's logit per phrase (1, queries, phrases) and box (1, queries, 4: centre, size; relative)."""

@@ -105,19 +105,6 @@ print(first, *runs, peak)
 """
 
 
-def _timed_process(command: list[str]) -> dict[str, float]:
-    output = [
-        float(value) for value in subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
-    ]
-    warm = output[1:-1]
-    return {
-        "first_answer_s": round(output[0], 2),
-        "warm_s": round(statistics.median(warm), 3),
-        "warm_spread_s": round(max(warm) - min(warm), 3),  # a difference within it is not one
-        "peak_rss_mb": round(output[-1]),
-    }
-
-
 def _relative_agreement(
     selection: np.ndarray, reference: np.ndarray, decoded: list[tuple[np.ndarray, np.ndarray]], queries: int
 ) -> dict[str, Any]:
